@@ -1,0 +1,160 @@
+"""What crosses Redis between the API and the worker: jobs, events, keys.
+
+Both ends serialize with :func:`dumps` / :func:`loads` (JSON). Nothing read from
+Redis is ever unpickled, so write access to Redis is not code execution.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# --- run and error vocabulary -------------------------------------------------
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"  # in Redis only
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+
+
+class RunErrorCode(enum.StrEnum):
+    MODEL_UNAVAILABLE = "MODEL_UNAVAILABLE"
+    RECURSION_LIMIT = "RECURSION_LIMIT"
+    AGENT_FAILURE = "AGENT_FAILURE"
+    INTERRUPTED = "INTERRUPTED"
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    RUN_NOT_RESUMABLE = "RUN_NOT_RESUMABLE"
+
+
+class JobKind(enum.StrEnum):
+    RUN = "run"  # a new message
+    RESUME = "resume"  # continue the thread from its last checkpoint
+
+
+# --- jobs -----------------------------------------------------------------------
+
+#: The one arq function the worker registers; the job id is the run id.
+JOB_FUNCTION = "execute_run"
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    """Payload of a run or resume job. The arq job id is ``run_id``."""
+
+    run_id: str
+    conversation_id: str
+    kind: JobKind
+    message: str | None
+    enqueued_at: float
+    new_conversation: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunJob:
+        return cls(
+            run_id=str(data["run_id"]),
+            conversation_id=str(data["conversation_id"]),
+            kind=JobKind(data["kind"]),
+            message=data.get("message"),
+            enqueued_at=float(data["enqueued_at"]),
+            new_conversation=bool(data.get("new_conversation", False)),
+        )
+
+
+# --- events ---------------------------------------------------------------------
+
+
+class EventType(enum.StrEnum):
+    TOKEN = "token"
+    TRACE = "trace"
+    END = "end"
+    CHAT_ERROR = "chat-error"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (EventType.END, EventType.CHAT_ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event of a run. ``id`` is its position in the run's log (1, 2, ...)."""
+
+    id: int
+    type: EventType
+    data: Any
+
+    @property
+    def terminal(self) -> bool:
+        return self.type.terminal
+
+
+# --- Redis keys -----------------------------------------------------------------
+
+QUEUE_NAME = "sophos:queue"
+#: hash conversation_id -> run_id of its queued or running run; HSETNX is the lock
+#: that makes "one run per conversation" atomic across API processes.
+ACTIVE_RUNS = "sophos:active"
+#: key with a short TTL, refreshed by the live worker: {pid, started_at, beat_at}
+WORKER_HEARTBEAT = "sophos:worker:heartbeat"
+
+
+def run_key(run_id: str) -> str:
+    """Hash describing a queued run (conversation, kind, title, enqueued_at)."""
+    return f"sophos:run:{run_id}"
+
+
+def events_key(run_id: str) -> str:
+    """Redis Stream holding the run's events; entry ids are ``<n>-0``."""
+    return f"sophos:events:{run_id}"
+
+
+def arq_job_key(run_id: str) -> str:
+    return f"arq:job:{run_id}"
+
+
+def arq_in_progress_key(run_id: str) -> str:
+    return f"arq:in-progress:{run_id}"
+
+
+def arq_retry_key(run_id: str) -> str:
+    return f"arq:retry:{run_id}"
+
+
+# Lua: delete ACTIVE_RUNS[conversation] only if it still names this run.
+RELEASE_ACTIVE_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+# --- serialization --------------------------------------------------------------
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_default).encode()
+
+
+def loads(raw: bytes | str) -> Any:
+    return json.loads(raw)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, BaseException):
+        # arq stores a failed job's exception as its result; keep it as text.
+        return f"{type(obj).__name__}: {obj}"
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    raise TypeError(f"cannot serialize {type(obj).__name__}")

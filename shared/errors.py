@@ -1,0 +1,56 @@
+"""One error tree for the service. The API maps it to HTTP in one place.
+
+    SophosError                 code, message, http status
+    ├── BadRequest              400 BAD_REQUEST
+    ├── NotFound                404 NOT_FOUND
+    ├── SessionInProgress       409 SESSION_IN_PROGRESS
+    ├── RunNotResumable         409 RUN_NOT_RESUMABLE
+    ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
+    └── QueueUnavailable        503 QUEUE_UNAVAILABLE
+"""
+
+from __future__ import annotations
+
+
+class SophosError(Exception):
+    code = "INTERNAL_ERROR"
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(SophosError):
+    code = "BAD_REQUEST"
+    status = 400
+
+
+class NotFound(SophosError):
+    code = "NOT_FOUND"
+    status = 404
+
+
+class SessionInProgress(SophosError):
+    code = "SESSION_IN_PROGRESS"
+    status = 409
+
+
+class RunNotResumable(SophosError):
+    code = "RUN_NOT_RESUMABLE"
+    status = 409
+
+
+class PayloadTooLarge(SophosError):
+    code = "PAYLOAD_TOO_LARGE"
+    status = 413
+
+
+class QueueUnavailable(SophosError):
+    code = "QUEUE_UNAVAILABLE"
+    status = 503
+
+
+class NotReady(SophosError):
+    code = "NOT_READY"
+    status = 503

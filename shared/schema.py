@@ -1,0 +1,63 @@
+"""Application tables beside LangGraph's checkpoint tables, in one SQLite file.
+
+Migrations are numbered; ``PRAGMA user_version`` records how many have been
+applied. Only the worker applies them (it is the single writer); the API reads.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import aiosqlite
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: conversations and runs
+    """
+    CREATE TABLE conversations (
+        id            TEXT PRIMARY KEY,
+        title         TEXT NOT NULL,
+        created_at    TEXT NOT NULL,
+        updated_at    TEXT NOT NULL,
+        message_count INTEGER NOT NULL DEFAULT 0,
+        -- 1 when the thread's last checkpoint has tasks still to run; written by
+        -- the worker, which holds the graph, each time a run of it ends.
+        pending_tasks INTEGER NOT NULL DEFAULT 0,
+        last_run_id   TEXT
+    );
+    CREATE TABLE runs (
+        id              TEXT PRIMARY KEY,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        kind            TEXT NOT NULL,
+        status          TEXT NOT NULL,
+        error_code      TEXT,
+        error_message   TEXT,
+        enqueued_at     TEXT,
+        started_at      TEXT NOT NULL,
+        finished_at     TEXT,
+        step_count      INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX runs_conversation ON runs(conversation_id, started_at);
+    CREATE INDEX runs_status ON runs(status);
+    CREATE INDEX conversations_updated ON conversations(updated_at);
+    """,
+)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def iso_from_timestamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def migrate(conn: aiosqlite.Connection) -> int:
+    """Apply the migrations not yet recorded; return the resulting version."""
+    async with conn.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    version = int(row[0]) if row else 0
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        # executescript commits first; the version bump is part of the script so a
+        # crash leaves either the old or the new version, never a half-applied one.
+        await conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+    return len(MIGRATIONS)

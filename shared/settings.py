@@ -1,0 +1,193 @@
+"""Typed settings, read once from the environment by each entry point.
+
+Nothing here reads ``os.environ`` at import time: a process calls
+:meth:`Settings.from_env` in its entry point and passes the result down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+
+class SettingsError(ValueError):
+    """A variable of the environment has a value the service cannot use."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(name, f"expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(name, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(name, f"expected a number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(name, f"must be at least {minimum}, got {value}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise SettingsError(name, f"expected true or false, got {raw!r}")
+
+
+def _optional_bool(env: Mapping[str, str], name: str) -> bool | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    return _bool(env, name, False)
+
+
+def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> str:
+    raw = env.get(name) or default
+    parsed = urlparse(raw)
+    if parsed.scheme not in schemes or not parsed.hostname:
+        raise SettingsError(name, f"expected a {'/'.join(schemes)} URL, got {raw!r}")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise SettingsError(name, f"bad port in {raw!r}") from None
+    return raw.rstrip("/")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name) or default
+    if raw not in choices:
+        raise SettingsError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+def _path(env: Mapping[str, str], name: str, default: str) -> Path:
+    raw = env.get(name) or default
+    if "\x00" in raw:
+        raise SettingsError(name, "contains a NUL byte")
+    return Path(raw).expanduser().absolute()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a Sophos process can be configured with."""
+
+    database_path: Path = Path("data/db/sophos.db").absolute()
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    ollama_host: str = "http://localhost:11434"
+    ollama_model: str = "qwen3"
+    ollama_think: bool | None = None
+    config_dir: Path = Path("config").absolute()
+    memory_file_path: Path = Path("data/memory/memory.jsonl").absolute()
+    agent_recursion_limit: int = 25
+    shutdown_timeout: float = 30.0
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_token: str | None = None
+    log_format: str = "json"
+    log_content: bool = False
+    # Events of a finished run stay readable this long (seconds).
+    event_retention: int = 3600
+    # Newest events kept per run; older ones are trimmed (approximately).
+    event_max_per_run: int = 10_000
+    max_body_bytes: int = 1024 * 1024
+    max_message_chars: int = 32_000
+    # Seconds between SSE keep-alive comments.
+    sse_ping_interval: float = 15.0
+    # arq's wake-up interval: how long a queued job can wait for the worker to look.
+    poll_delay: float = 0.01
+    mcp_call_timeout: float = 60.0
+    mcp_start_timeout: float = 30.0
+    model_timeout: float = 300.0
+    # Test-only fault hook, off by default: the worker SIGKILLs itself right after
+    # its Nth checkpoint write of a run (see worker/faults.py).
+    fault_kill_after_checkpoint: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``env`` (the process environment by default).
+
+        Raises :class:`SettingsError` naming the first variable with a bad value.
+        """
+        env = os.environ if env is None else env
+        d = cls()
+        api_host = env.get("API_HOST") or d.api_host
+        try:
+            if api_host not in ("localhost",):
+                ipaddress.ip_address(api_host)
+        except ValueError:
+            if not api_host.replace("-", "").replace(".", "").isalnum():
+                raise SettingsError("API_HOST", f"not an address or host name: {api_host!r}") from None
+        port = _int(env, "API_PORT", d.api_port, minimum=0)
+        if port > 65535:
+            raise SettingsError("API_PORT", f"must be at most 65535, got {port}")
+        return cls(
+            database_path=_path(env, "DATABASE_PATH", "data/db/sophos.db"),
+            redis_url=_url(env, "REDIS_URL", d.redis_url, ("redis", "rediss", "unix")),
+            ollama_host=_url(env, "OLLAMA_HOST", d.ollama_host, ("http", "https")),
+            ollama_model=env.get("OLLAMA_MODEL") or d.ollama_model,
+            ollama_think=_optional_bool(env, "OLLAMA_THINK"),
+            config_dir=_path(env, "CONFIG_DIR", "config"),
+            memory_file_path=_path(env, "MEMORY_FILE_PATH", "data/memory/memory.jsonl"),
+            agent_recursion_limit=_int(env, "AGENT_RECURSION_LIMIT", d.agent_recursion_limit, minimum=1),
+            shutdown_timeout=_float(env, "SHUTDOWN_TIMEOUT", d.shutdown_timeout),
+            api_host=api_host,
+            api_port=port,
+            api_token=env.get("API_TOKEN") or None,
+            log_format=_choice(env, "LOG_FORMAT", d.log_format, ("json", "console")),
+            log_content=_bool(env, "LOG_CONTENT", d.log_content),
+            event_retention=_int(env, "EVENT_RETENTION", d.event_retention, minimum=1),
+            event_max_per_run=_int(env, "EVENT_MAX_PER_RUN", d.event_max_per_run, minimum=10),
+            max_body_bytes=_int(env, "MAX_BODY_BYTES", d.max_body_bytes, minimum=1024),
+            max_message_chars=_int(env, "MAX_MESSAGE_CHARS", d.max_message_chars, minimum=1),
+            sse_ping_interval=_float(env, "SSE_PING_INTERVAL", d.sse_ping_interval, minimum=0.01),
+            poll_delay=_float(env, "POLL_DELAY", d.poll_delay, minimum=0.001),
+            mcp_call_timeout=_float(env, "MCP_CALL_TIMEOUT", d.mcp_call_timeout, minimum=0.01),
+            mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),
+            model_timeout=_float(env, "MODEL_TIMEOUT", d.model_timeout, minimum=0.01),
+            fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
+        )
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def system_prompt_path(self) -> Path:
+        return self.config_dir / "system.md"
+
+    @property
+    def mcp_config_path(self) -> Path:
+        return self.config_dir / "mcp.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.database_path.with_name(self.database_path.name + ".lock")
