@@ -1,0 +1,1 @@
+"""The single worker: owns the SQLite file, runs the agent graph for arq jobs."""

@@ -1,0 +1,104 @@
+"""``python -m worker``: the single worker process.
+
+SIGTERM / SIGINT: stop taking jobs, ask the run in progress to stop at its next
+step boundary (``RunControl.request_drain``), wait up to SHUTDOWN_TIMEOUT, then
+close MCP sessions and SQLite and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import structlog
+
+from shared.settings import Settings, SettingsError
+
+
+def main() -> int:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"sophos-worker: {exc}", file=sys.stderr)
+        return 2
+    # Before LangGraph is imported: a tampered checkpoint must fail closed.
+    os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
+
+    from shared.logging import configure_logging
+    from worker.lock import WorkerLockHeld, WriterLock
+
+    configure_logging(settings.log_format)
+    lock = WriterLock(settings.lock_path)
+    try:
+        lock.acquire()
+    except WorkerLockHeld as exc:
+        print(f"sophos-worker: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        lock.release()
+    return 0
+
+
+async def serve(settings: Settings) -> None:
+    from arq.connections import RedisSettings
+    from arq.worker import Worker
+
+    from shared.contracts import QUEUE_NAME, dumps, loads
+    from worker.jobs import functions, on_shutdown, on_startup
+
+    log = structlog.get_logger("worker")
+    ctx: dict[str, object] = {"settings": settings}
+    worker = Worker(
+        functions=functions(),
+        queue_name=QUEUE_NAME,
+        redis_settings=RedisSettings.from_dsn(settings.redis_url),
+        on_startup=on_startup,
+        on_shutdown=on_shutdown,
+        handle_signals=False,
+        max_jobs=1,  # one run at a time; per-conversation exclusivity is Redis's ACTIVE_RUNS
+        job_timeout=24 * 3600,  # runs end by themselves (recursion limit, model timeout)
+        keep_result=60,
+        poll_delay=settings.poll_delay,
+        job_serializer=dumps,
+        job_deserializer=loads,
+        ctx=ctx,
+    )
+    loop = asyncio.get_running_loop()
+    stopping = False
+
+    async def drain_then_stop(sig: signal.Signals) -> None:
+        service = ctx.get("service")
+        draining = service.drain() if service is not None else 0  # type: ignore[attr-defined]
+        log.info("worker.stopping", signal=sig.name, draining_runs=draining)
+        pending = [t for t in worker.tasks.values() if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=settings.shutdown_timeout)
+            if late:
+                log.warning("worker.drain_timeout", runs=len(late))
+        worker.handle_sig(sig)
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        worker.allow_pick_jobs = False
+        loop.create_task(drain_then_stop(sig))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await worker.async_run()
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await worker.close()
+        log.info("worker.stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The agent graph: START → agent ⇄ tools → END."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import SystemMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+AGENT = "agent"
+TOOLS = "tools"
+
+
+def build_graph(
+    *,
+    model: BaseChatModel,
+    tools: list[BaseTool],
+    system_prompt: Callable[[], str],
+    checkpointer: BaseCheckpointSaver[Any],
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """Compile the agent graph.
+
+    ``system_prompt`` is called on every model call (edits to ``system.md``
+    apply to the next call) and its text is prepended to the messages sent to
+    the model, never written to the thread.
+    """
+    bound = model.bind_tools(tools) if tools else model
+
+    async def agent(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        prompt = system_prompt()
+        messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
+        response = await bound.ainvoke(messages, config)
+        return {"messages": [response]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node(AGENT, agent)
+    # Errors of a tool go back to the model as a ToolMessage with status "error".
+    graph.add_node(TOOLS, ToolNode(tools, handle_tool_errors=True))
+    graph.add_edge(START, AGENT)
+    graph.add_conditional_edges(AGENT, tools_condition, {"tools": TOOLS, END: END})
+    graph.add_edge(TOOLS, AGENT)
+    return graph.compile(checkpointer=checkpointer)
+
+
+def read_system_prompt(path: Any) -> Callable[[], str]:
+    def read() -> str:
+        try:
+            return str(path.read_text()).strip()
+        except FileNotFoundError:
+            return ""
+
+    return read

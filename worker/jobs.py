@@ -1,0 +1,44 @@
+"""arq wiring: the job function and the worker's start-up and shut-down hooks."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Any
+
+import structlog
+from arq import func
+from arq.worker import Function
+
+from shared.contracts import JOB_FUNCTION, RunJob
+from shared.settings import Settings
+from worker.resources import worker_resources
+from worker.runs import RunService
+
+
+async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
+    """Decode, bind log context, hand over to the run service."""
+    job = RunJob.from_dict(payload)
+    with structlog.contextvars.bound_contextvars(
+        run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
+    ):
+        service: RunService = ctx["service"]
+        return await service.execute(job)
+
+
+async def on_startup(ctx: dict[str, Any]) -> None:
+    settings: Settings = ctx["settings"]
+    stack = AsyncExitStack()
+    ctx["stack"] = stack
+    ctx["service"] = await stack.enter_async_context(worker_resources(settings, ctx["redis"]))
+
+
+async def on_shutdown(ctx: dict[str, Any]) -> None:
+    stack: AsyncExitStack | None = ctx.pop("stack", None)
+    if stack is not None:
+        await stack.aclose()
+
+
+def functions() -> list[Function]:
+    # A run is never retried by arq behind the user's back: execute_run returns
+    # without doing anything for a run that already started (see RunService.execute).
+    return [func(execute_run, name=JOB_FUNCTION)]

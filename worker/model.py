@@ -1,0 +1,34 @@
+"""The chat model (Ollama) and what its failures mean for a run."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+from langchain_ollama import ChatOllama
+
+from shared.settings import Settings
+
+
+def build_model(settings: Settings) -> ChatOllama:
+    return ChatOllama(
+        base_url=settings.ollama_host,
+        model=settings.ollama_model,
+        reasoning=settings.ollama_think,
+        client_kwargs={"timeout": settings.model_timeout},
+    )
+
+
+def is_model_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says the model cannot be reached or is missing."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, httpx.TransportError | ConnectionError):
+            return True  # refused, reset, dropped mid-stream, timed out
+        if isinstance(current, ollama.ResponseError) and (
+            current.status_code == 404 or current.status_code >= 500
+        ):
+            return True  # unknown model, or the server failing
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,91 @@
+"""Start-up reconciliation: what a dead worker left behind.
+
+Runs before the worker takes any job. There is exactly one worker (it holds the
+writer lock), so every ``running`` row and every arq in-progress marker found
+now belongs to a worker that died.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from shared.contracts import (
+    ACTIVE_RUNS,
+    QUEUE_NAME,
+    RunErrorCode,
+    RunStatus,
+    arq_in_progress_key,
+    arq_job_key,
+    arq_retry_key,
+)
+from shared.queue import release_conversation
+from worker.events import EventPublisher
+from worker.runs import Outcome, RunService, notify_outcome
+
+log = structlog.get_logger(__name__)
+
+NOT_RECORDED = "the worker stopped before your message was recorded; please send it again"
+RESUMABLE = "the worker stopped during the run; resume the conversation to finish it"
+COMPLETE = "the worker stopped after the run's last step; its answer is complete"
+
+
+async def forget_job(service: RunService, run_id: str) -> None:
+    """Remove a run's arq job so arq never re-runs it (it would after job_timeout + 10 s)."""
+    async with service.redis.pipeline(transaction=True) as pipe:
+        pipe.zrem(QUEUE_NAME, run_id)
+        pipe.delete(arq_job_key(run_id), arq_in_progress_key(run_id), arq_retry_key(run_id))
+        await pipe.execute()
+
+
+async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
+    """Mark orphaned runs ``interrupted``, clear their jobs, free their conversations."""
+    orphans = await service.store.running_runs()
+    for run in orphans:
+        thread = service.thread_config(run.conversation_id)
+        recorded = [c async for c in saver.alist(thread, filter={"run_id": run.id}, limit=1)]
+        state = await service.graph.aget_state(thread)
+        pending = bool(state.tasks)
+        if not recorded:
+            message = NOT_RECORDED
+        elif pending:
+            message = RESUMABLE
+        else:
+            message = COMPLETE
+        outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
+        await service.store.finish_run(
+            run.id, run.conversation_id,
+            status=outcome.status, error_code=outcome.code, error_message=outcome.message,
+            message_count=len((state.values or {}).get("messages", [])), pending_tasks=pending,
+        )
+        await forget_job(service, run.id)
+        events = EventPublisher(
+            service.redis, run.id,
+            retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
+        )
+        await events.start()
+        await notify_outcome(service.redis, events, run.conversation_id, run.id, outcome)
+        log.warning(
+            "run.interrupted_by_crash", run_id=run.id, conversation_id=run.conversation_id,
+            input_recorded=bool(recorded), resumable=pending,
+        )
+
+    # Queued jobs: a marker left by the dead worker would hold them back until it
+    # expires; jobs of runs that already started are done with (see above).
+    for raw in await service.redis.zrange(QUEUE_NAME, 0, -1):
+        run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if await service.store.get_run(run_id) is not None:
+            await forget_job(service, run_id)
+        else:
+            await service.redis.delete(arq_in_progress_key(run_id))
+
+    # Conversations claimed by a run that is no longer queued (its outcome was
+    # recorded but the worker died before freeing the conversation).
+    for conv_raw, run_raw in (await service.redis.hgetall(ACTIVE_RUNS)).items():
+        conversation_id, run_id = conv_raw.decode(), run_raw.decode()
+        if await service.redis.zscore(QUEUE_NAME, run_id) is None:
+            await release_conversation(service.redis, conversation_id, run_id)
+            log.warning("run.released_stale_claim", run_id=run_id, conversation_id=conversation_id)
+    return len(orphans)

@@ -1,0 +1,100 @@
+"""Everything the worker holds for its life, opened and closed in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import aiosqlite
+import structlog
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from shared.contracts import WORKER_HEARTBEAT
+from shared.settings import Settings
+from worker.faults import KillAfterCheckpoints
+from worker.graph import build_graph, read_system_prompt
+from worker.mcp_tools import McpToolbox, load_config
+from worker.model import build_model
+from worker.recovery import recover
+from worker.runs import RunService
+from worker.store import RunStore, connect
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_INTERVAL = 2.0
+HEARTBEAT_TTL = 10
+
+
+@asynccontextmanager
+async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSaver]:
+    # Its own connection: the saver commits its own writes and must not share a
+    # transaction with the application tables.
+    conn = await connect(settings.database_path)
+    try:
+        saver: AsyncSqliteSaver
+        if settings.fault_kill_after_checkpoint:
+            saver = KillAfterCheckpoints(conn)
+            saver.kill_after = settings.fault_kill_after_checkpoint  # type: ignore[attr-defined]
+            log.warning("faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint)
+        else:
+            saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        yield saver
+    finally:
+        await conn.close()
+
+
+async def _heartbeat(redis: Redis, started_at: float) -> None:
+    body = {"pid": os.getpid(), "started_at": started_at}
+    while True:
+        try:
+            await redis.set(WORKER_HEARTBEAT, json.dumps({**body, "beat_at": time.time()}), ex=HEARTBEAT_TTL)
+        except RedisError as exc:
+            log.warning("worker.heartbeat_failed", error=str(exc))
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+
+@asynccontextmanager
+async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[RunService]:
+    """Open the database, checkpointer, MCP sessions and graph; recover; beat."""
+    async with AsyncExitStack() as stack:
+        store = await RunStore.open(settings.database_path)
+        stack.push_async_callback(store.close)
+        saver = await stack.enter_async_context(open_checkpointer(settings))
+
+        variables = {**os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path)}
+        settings.memory_file_path.parent.mkdir(parents=True, exist_ok=True)
+        toolbox = McpToolbox.from_config(
+            load_config(settings.mcp_config_path, variables),
+            start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
+        )
+        stack.push_async_callback(toolbox.close)
+        await toolbox.open()
+
+        graph = build_graph(
+            model=build_model(settings),
+            tools=toolbox.tools,
+            system_prompt=read_system_prompt(settings.system_prompt_path),
+            checkpointer=saver,
+        )
+        service = RunService(settings=settings, redis=redis, store=store, graph=graph)
+        recovered = await recover(service, saver)
+        log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
+
+        beat = asyncio.create_task(_heartbeat(redis, time.time()), name="heartbeat")
+
+        async def stop_beating() -> None:
+            beat.cancel()
+            try:
+                await redis.delete(WORKER_HEARTBEAT)
+            except RedisError:
+                pass
+
+        stack.push_async_callback(stop_beating)
+        yield service

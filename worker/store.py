@@ -1,0 +1,113 @@
+"""The worker's writes to the application tables (conversations, runs).
+
+Uses its own connection to the database file, separate from the checkpointer's:
+the saver shares its connection's transaction, so mixing both on one connection
+would let one side commit the other's half-done work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiosqlite
+
+from shared.contracts import RunJob, RunStatus
+from shared.schema import iso_from_timestamp, migrate, now_iso
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    id: str
+    conversation_id: str
+    kind: str
+    status: str
+
+
+def title_of(message: str | None) -> str:
+    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "New conversation"
+    return first[:80]
+
+
+async def connect(path: Path) -> aiosqlite.Connection:
+    """Open the database for writing, in WAL mode so the API can read beside us."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = await aiosqlite.connect(path, timeout=5.0)
+    await conn.execute("PRAGMA journal_mode=WAL")
+    await conn.execute("PRAGMA synchronous=FULL")
+    await conn.execute("PRAGMA foreign_keys=ON")
+    await conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+class RunStore:
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, path: Path) -> RunStore:
+        conn = await connect(path)
+        await migrate(conn)
+        return cls(conn)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        async with self.conn.execute(
+            "SELECT id, conversation_id, kind, status FROM runs WHERE id = ?", (run_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        return RunRow(*row) if row else None
+
+    async def running_runs(self) -> list[RunRow]:
+        async with self.conn.execute(
+            "SELECT id, conversation_id, kind, status FROM runs WHERE status = ?", (RunStatus.RUNNING,)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [RunRow(*r) for r in rows]
+
+    async def start_run(self, job: RunJob) -> None:
+        """Record the run ``running`` (and its conversation, if new) in one transaction."""
+        now = now_iso()
+        await self.conn.execute(
+            "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
+            " VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
+            " last_run_id = excluded.last_run_id",
+            (job.conversation_id, title_of(job.message), now, now, job.run_id),
+        )
+        await self.conn.execute(
+            "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
+             iso_from_timestamp(job.enqueued_at), now),
+        )
+        await self.conn.commit()
+
+    async def finish_run(
+        self,
+        run_id: str,
+        conversation_id: str,
+        *,
+        status: RunStatus,
+        error_code: str | None = None,
+        error_message: str | None = None,
+        message_count: int | None = None,
+        pending_tasks: bool | None = None,
+        step_count: int | None = None,
+    ) -> None:
+        """Record a run's outcome and its conversation's new shape in one transaction."""
+        now = now_iso()
+        await self.conn.execute(
+            "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
+            " step_count = COALESCE(?, step_count) WHERE id = ?",
+            (status, error_code, error_message, now, step_count, run_id),
+        )
+        await self.conn.execute(
+            "UPDATE conversations SET updated_at = ?,"
+            " message_count = COALESCE(?, message_count),"
+            " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
+            (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
+        )
+        await self.conn.commit()
