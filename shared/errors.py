@@ -2,11 +2,14 @@
 
     SophosError                 code, message, http status
     ├── BadRequest              400 BAD_REQUEST
+    ├── Unauthorized            401 UNAUTHORIZED
     ├── NotFound                404 NOT_FOUND
     ├── SessionInProgress       409 SESSION_IN_PROGRESS
     ├── RunNotResumable         409 RUN_NOT_RESUMABLE
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
-    └── QueueUnavailable        503 QUEUE_UNAVAILABLE
+    ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
+    ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
+    └── NotReady                503 NOT_READY
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ class SophosError(Exception):
 class BadRequest(SophosError):
     code = "BAD_REQUEST"
     status = 400
+
+
+class Unauthorized(SophosError):
+    code = "UNAUTHORIZED"
+    status = 401
 
 
 class NotFound(SophosError):
@@ -48,6 +56,11 @@ class PayloadTooLarge(SophosError):
 
 class QueueUnavailable(SophosError):
     code = "QUEUE_UNAVAILABLE"
+    status = 503
+
+
+class DatabaseUnavailable(SophosError):
+    code = "DATABASE_UNAVAILABLE"
     status = 503
 
 

@@ -59,7 +59,7 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
         "new_conversation": "1" if job.new_conversation else "0",
     }
     flat = [x for kv in fields.items() for x in kv]
-    holder = await redis.eval(  # type: ignore[misc]
+    holder = await redis.eval(  # type: ignore[misc, arg-type]
         _SUBMIT_LUA,
         4,
         ACTIVE_RUNS,
@@ -69,8 +69,8 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
         job.conversation_id,
         job.run_id,
         payload,
-        expires_extra_ms,
-        enqueue_ms,
+        str(expires_extra_ms),
+        str(enqueue_ms),
         *flat,
     )
     if holder is None:

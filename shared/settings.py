@@ -101,13 +101,13 @@ def _path(env: Mapping[str, str], name: str, default: str) -> Path:
 class Settings:
     """Everything a Sophos process can be configured with."""
 
-    database_path: Path = Path("data/db/sophos.db").absolute()
+    database_path: Path = Path("data/db/sophos.db")
     redis_url: str = "redis://127.0.0.1:6379/0"
     ollama_host: str = "http://localhost:11434"
     ollama_model: str = "qwen3"
     ollama_think: bool | None = None
-    config_dir: Path = Path("config").absolute()
-    memory_file_path: Path = Path("data/memory/memory.jsonl").absolute()
+    config_dir: Path = Path("config")
+    memory_file_path: Path = Path("data/memory/memory.jsonl")
     agent_recursion_limit: int = 25
     shutdown_timeout: float = 30.0
     api_host: str = "127.0.0.1"

@@ -87,7 +87,7 @@ async def serve(settings: Settings) -> None:
             return
         stopping = True
         worker.allow_pick_jobs = False
-        loop.create_task(drain_then_stop(sig))
+        ctx["stop_task"] = loop.create_task(drain_then_stop(sig))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)

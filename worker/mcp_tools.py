@@ -88,6 +88,7 @@ class McpServer:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reopen = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def up(self) -> bool:
@@ -136,6 +137,11 @@ class McpServer:
             if await self.open():
                 log.info("mcp.session_reopened", server=self.name)
 
+    def _reopen_soon(self) -> None:
+        task = asyncio.create_task(self.reopen())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def list_tools(self) -> list[BaseTool]:
         if self.session is None:
             return []
@@ -164,12 +170,12 @@ class McpServer:
             result = await asyncio.wait_for(session.call_tool(tool_name, arguments), self.call_timeout)
         except TimeoutError:
             # A hung server: answer the model now, and start afresh for the next call.
-            asyncio.create_task(self.reopen())
+            self._reopen_soon()
             raise ToolException(
                 f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"
             ) from None
         except Exception as exc:
-            asyncio.create_task(self.reopen())
+            self._reopen_soon()
             raise ToolException(f"tool server {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
         text = _result_text(result)
         if result.isError:

@@ -83,7 +83,8 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
 
     # Conversations claimed by a run that is no longer queued (its outcome was
     # recorded but the worker died before freeing the conversation).
-    for conv_raw, run_raw in (await service.redis.hgetall(ACTIVE_RUNS)).items():
+    claims: dict[bytes, bytes] = await service.redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
+    for conv_raw, run_raw in claims.items():
         conversation_id, run_id = conv_raw.decode(), run_raw.decode()
         if await service.redis.zscore(QUEUE_NAME, run_id) is None:
             await release_conversation(service.redis, conversation_id, run_id)

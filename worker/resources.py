@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
-import aiosqlite
 import structlog
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from redis.asyncio import Redis
@@ -39,8 +38,9 @@ async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSave
     try:
         saver: AsyncSqliteSaver
         if settings.fault_kill_after_checkpoint:
-            saver = KillAfterCheckpoints(conn)
-            saver.kill_after = settings.fault_kill_after_checkpoint  # type: ignore[attr-defined]
+            faulty = KillAfterCheckpoints(conn)
+            faulty.kill_after = settings.fault_kill_after_checkpoint
+            saver = faulty
             log.warning("faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint)
         else:
             saver = AsyncSqliteSaver(conn)

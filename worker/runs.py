@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphDrained, GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
@@ -55,7 +56,7 @@ class RunService:
     #: controls of the runs in progress, so a shutdown can drain them
     controls: dict[str, RunControl] = field(default_factory=dict)
 
-    def thread_config(self, conversation_id: str) -> dict[str, Any]:
+    def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
 
     def drain(self, reason: str = "shutdown") -> int:
@@ -115,7 +116,9 @@ class RunService:
                 )
             else:
                 log.exception("run.agent_failure")
-                outcome = Outcome(RunStatus.FAILED, RunErrorCode.AGENT_FAILURE, f"{type(exc).__name__}: {exc}")
+                outcome = Outcome(
+                    RunStatus.FAILED, RunErrorCode.AGENT_FAILURE, f"{type(exc).__name__}: {exc}"
+                )
         await self._conclude(job, outcome, events, steps, started)
         return outcome.status.value
 
@@ -137,7 +140,7 @@ class RunService:
         await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
 
     async def _stream(self, job: RunJob, events: EventPublisher, control: RunControl) -> int:
-        config: dict[str, Any] = {
+        config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id},
             # Stored on every checkpoint this run writes: exports can tell runs apart,
             # and start-up can tell whether the run's input was ever recorded.
@@ -154,10 +157,11 @@ class RunService:
             graph_input = {"messages": [HumanMessage(job.message or "")]}
 
         step = 0
-        async for mode, payload in self.graph.astream(
-            graph_input, config,  # type: ignore[arg-type]
+        async for item in self.graph.astream(
+            graph_input, config,
             stream_mode=["messages", "tasks"], durability="sync", control=control,
         ):
+            mode, payload = cast(tuple[str, Any], item)
             if mode == "messages":
                 chunk, meta = payload
                 if meta.get("langgraph_node") == AGENT and isinstance(chunk, AIMessageChunk):
