@@ -59,7 +59,7 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
         "new_conversation": "1" if job.new_conversation else "0",
     }
     flat = [x for kv in fields.items() for x in kv]
-    holder = await redis.eval(  # type: ignore[misc, arg-type]
+    holder = await redis.eval(  # type: ignore[misc]
         _SUBMIT_LUA,
         4,
         ACTIVE_RUNS,
@@ -68,7 +68,7 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
         run_key(job.run_id),
         job.conversation_id,
         job.run_id,
-        payload,
+        payload,  # type: ignore[arg-type]  # redis-py accepts bytes; its stubs say str
         str(expires_extra_ms),
         str(enqueue_ms),
         *flat,
