@@ -1,0 +1,92 @@
+"""What Redis knows and SQLite does not yet: queued runs, claimed conversations, the worker.
+
+A run is *queued* while it is in arq's queue and has no row in ``runs`` (the
+worker writes the row when it starts the run). Its ``run_key`` hash describes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, WORKER_HEARTBEAT, arq_in_progress_key, run_key
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    id: str
+    conversation_id: str
+    kind: str
+    title: str
+    enqueued_at: float
+    new_conversation: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    run_id: str
+    enqueued_ms: float
+    #: arq has handed the job to the worker (its run row may not be written yet)
+    taken: bool
+
+
+def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
+    if not fields.get("conversation"):
+        return None
+    try:
+        enqueued_at = float(fields.get("enqueued_at") or 0.0)
+    except ValueError:
+        enqueued_at = 0.0
+    return QueuedRun(
+        id=run_id,
+        conversation_id=fields["conversation"],
+        kind=fields.get("kind") or "run",
+        title=fields.get("title") or "",
+        enqueued_at=enqueued_at,
+        new_conversation=fields.get("new_conversation") == "1",
+    )
+
+
+async def active_run(redis: Redis, conversation_id: str) -> str | None:
+    """The run holding ``conversation_id`` (queued or running), if any."""
+    return await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[no-any-return, misc]
+
+
+async def active_runs(redis: Redis) -> dict[str, str]:
+    """conversation id -> run id, for every conversation with a queued or running run."""
+    return await redis.hgetall(ACTIVE_RUNS)  # type: ignore[no-any-return, misc]
+
+
+async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRun]:
+    """The ``run_key`` descriptions of these runs (kept for a day after enqueue)."""
+    if not run_ids:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.hgetall(run_key(run_id))
+        replies = await pipe.execute()
+    found = {}
+    for run_id, fields in zip(run_ids, replies, strict=True):
+        if fields and (run := _queued_run(run_id, fields)) is not None:
+            found[run_id] = run
+    return found
+
+
+async def queue(redis: Redis) -> list[QueueEntry]:
+    """arq's queue in order, each entry marked when the worker has taken it."""
+    members: list[tuple[str, float]] = await redis.zrange(QUEUE_NAME, 0, -1, withscores=True)
+    if not members:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id, _ in members:
+            pipe.exists(arq_in_progress_key(run_id))
+        taken = await pipe.execute()
+    return [
+        QueueEntry(run_id=run_id, enqueued_ms=score, taken=bool(flag))
+        for (run_id, score), flag in zip(members, taken, strict=True)
+    ]
+
+
+async def worker_alive(redis: Redis) -> bool:
+    return bool(await redis.exists(WORKER_HEARTBEAT))

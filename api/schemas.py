@@ -1,0 +1,146 @@
+"""Request and response bodies of the HTTP API (they also make the OpenAPI document).
+
+JSON field names are camelCase except in the JSON Lines export, whose lines keep
+the checkpointer's own snake_case names. Optional fields are left out, not null.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from shared.contracts import JobKind, RunStatus
+
+
+class ChatRequest(msgspec.Struct):
+    """Body of ``POST /api/chat``: a new message, or ``resume: true`` with a conversation.
+
+    Permissive on purpose: wrong types are rejected by validation, the rest is
+    checked by hand in the order the contract gives.
+    """
+
+    message: str | None = None
+    conversation: str | None = None
+    resume: bool = False
+
+
+class ChatAccepted(msgspec.Struct):
+    conversation: str
+    run: str
+
+
+class ErrorDetail(msgspec.Struct):
+    code: str
+    message: str
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class RunError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class ConversationSummary(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    id: str
+    title: str
+    created_at: str
+    updated_at: str
+    message_count: int
+    status: RunStatus
+    #: the last run's error, when it failed or was interrupted
+    error: RunError | UnsetType = UNSET
+
+
+class ConversationInfo(ConversationSummary, kw_only=True):
+    resumable: bool
+
+
+class ConversationList(msgspec.Struct):
+    conversations: list[ConversationSummary]
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    id: str
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+    #: a tool result's status: success or error
+    status: str | UnsetType = UNSET
+
+
+class ConversationDetail(msgspec.Struct):
+    conversation: ConversationInfo
+    messages: list[Message]
+    resumable: bool
+
+
+class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One line of the JSON Lines export: a checkpoint and the messages it added."""
+
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    step: int | None
+    source: str | None
+    run_id: str | None
+    created_at: str | None
+    #: nodes due to run after this checkpoint, when it can be told
+    next: list[str] | UnsetType = UNSET
+    messages: list[Message]
+
+
+class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    id: str
+    conversation: str
+    kind: JobKind
+    status: RunStatus
+    enqueued_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    step_count: int
+    error: RunError | UnsetType = UNSET
+    #: 0-based place among the queued runs, while queued
+    position: int | UnsetType = UNSET
+    #: time between enqueue and start (or now, while queued)
+    waited_ms: int | UnsetType = UNSET
+
+
+class RunList(msgspec.Struct):
+    runs: list[RunInfo]
+
+
+class Health(msgspec.Struct):
+    status: Literal["ok"] = "ok"
+
+
+class ReadinessChecks(msgspec.Struct):
+    redis: bool
+    database: bool
+    worker: bool
+    model: bool
+
+    def missing(self) -> list[str]:
+        return [name for name in self.__struct_fields__ if not getattr(self, name)]
+
+
+class Ready(msgspec.Struct):
+    status: Literal["ready"]
+    checks: ReadinessChecks
+
+
+class NotReadyBody(msgspec.Struct):
+    error: ErrorDetail
+    checks: ReadinessChecks

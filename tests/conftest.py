@@ -1,0 +1,178 @@
+"""Fixtures: a real Redis, the fake model, the test's environment, service processes.
+
+Each test gets its own ``tmp_path`` (database, config, logs), the session's Redis
+flushed and the session's fake model reset. Worker and API run as real
+subprocesses (``procs``); their logs are attached to the report of a failed test.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_sync
+from redis.asyncio import Redis
+
+from tests.fakes.ollama import FakeOllama
+from tests.support.env import SophosEnv, make_sophos_env
+from tests.support.ports import free_port
+from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.redis_server import RedisServer
+
+_PROCS_KEY = pytest.StashKey[ProcessGroup]()
+_REDIS_KEY = pytest.StashKey[list[RedisServer]]()
+
+
+# --- Redis ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session (no persistence). ``.url``, ``.port``."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-session"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., RedisServer]]:
+    """Factory for a Redis of the test's own, AOF on by default, stopped at teardown.
+
+    ``start_redis(appendonly=True, dir=None, port=None, extra_config=None)``; restart
+    it with ``server.restart(signal.SIGKILL)`` or ``server.stop(...)`` then
+    ``server.start()``: same port, same directory.
+    """
+    servers: list[RedisServer] = []
+    request.node.stash[_REDIS_KEY] = servers
+
+    def start(
+        appendonly: bool = True,
+        dir: Path | None = None,
+        port: int | None = None,
+        extra_config: dict[str, str] | None = None,
+    ) -> RedisServer:
+        server = RedisServer(
+            dir or tmp_path / f"redis-{len(servers) + 1}",
+            port=port,
+            appendonly=appendonly,
+            extra_config=extra_config,
+        )
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop(signal.SIGKILL)
+
+
+def _flush(url: str) -> None:
+    client = redis_sync.Redis.from_url(url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """An async client (``decode_responses=True``) to the session Redis, flushed first."""
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def redis_sync_client(redis_server: RedisServer) -> Iterator[redis_sync.Redis]:
+    """A synchronous client (``decode_responses=True``) to the session Redis, flushed first."""
+    client = redis_sync.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
+# --- the model -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fake_ollama() -> Iterator[FakeOllama]:
+    """The session's fake Ollama (model ``test-model``). Prefer ``model``, which resets it."""
+    with FakeOllama(["test-model"]) as fake:
+        yield fake
+
+
+@pytest.fixture
+def model(fake_ollama: FakeOllama) -> Iterator[FakeOllama]:
+    """The fake Ollama, script and records cleared for this test: ``model.script(Text(...))``."""
+    fake_ollama.reset()
+    fake_ollama.default_text = "ok"
+    fake_ollama.models = ["test-model:latest"]
+    yield fake_ollama
+    fake_ollama.reset()  # cuts replies still hanging, so no handler thread outlives the test
+
+
+# --- environment and processes -------------------------------------------------------------
+
+
+@pytest.fixture
+def sophos_env(tmp_path: Path, redis_server: RedisServer, model: FakeOllama) -> SophosEnv:
+    """Environment for worker and API of this test (Redis flushed, model reset).
+
+    A dict of variables with ``.root``, ``.tools_log``, ``.database_path``,
+    ``.config_dir``, ``.api_url``; ``env.with_(NAME=value)`` makes a changed copy.
+    """
+    _flush(redis_server.url)
+    return make_sophos_env(
+        tmp_path,
+        redis_url=redis_server.url,
+        ollama_url=model.url,
+        api_port=free_port(),
+    )
+
+
+@pytest.fixture
+def tools_log(sophos_env: SophosEnv) -> Path:
+    """The file the fake MCP tools server appends one line to per call."""
+    return sophos_env.tools_log
+
+
+@pytest.fixture
+def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessGroup]:
+    """Service processes of this test; every one is killed (with its children) at teardown."""
+    group = ProcessGroup(log_dir=tmp_path / "logs", cwd=tmp_path)
+    request.node.stash[_PROCS_KEY] = group
+    yield group
+    group.close()
+
+
+@pytest.fixture
+def start_worker(procs: ProcessGroup) -> Callable[..., ServiceProcess]:
+    """``start_worker(env, wait_ready=True, args=(), timeout=30) -> ServiceProcess``."""
+    return procs.start_worker
+
+
+@pytest.fixture
+def start_api(procs: ProcessGroup) -> Callable[..., ServiceProcess]:
+    """``start_api(env, port=None, wait_ready=True, args=(), timeout=30) -> ServiceProcess``."""
+    return procs.start_api
+
+
+# --- failure reports -----------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    """Attach the logs of the test's processes to the report of a failed phase."""
+    report = yield
+    if report.failed:
+        group = item.stash.get(_PROCS_KEY, None)
+        if group is not None:
+            for title, text in group.report_sections():
+                report.sections.append((f"{title} [{report.when}]", text))
+        for server in item.stash.get(_REDIS_KEY, []):
+            report.sections.append((f"redis port {server.port} log", server.log_text()[-5000:]))
+    return report

@@ -1,0 +1,75 @@
+"""A tiny MCP server over stdio for tests: ``python tests/fakes/tools_server.py``.
+
+Tools: ``echo``, ``add``, ``slow`` (sleeps, so a worker can be killed mid-tool) and
+``fail`` (raises, so the client gets an MCP tool error).
+
+Every call appends one JSON line ``{"tool", "args", "pid"}`` to the file named by
+``TOOLS_LOG`` (when set) *before* doing its work, so tests can count executions
+across worker restarts; ``slow`` appends ``{"tool": "slow", "event": "done"}``
+when it finishes. Lines are short single writes in append mode, so lines from
+several server processes do not interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from mcp.server.fastmcp import FastMCP
+
+# WARNING: FastMCP logs every request at INFO on stderr, which would flood the worker log.
+mcp = FastMCP("tools", log_level="WARNING")
+
+
+def _log(entry: dict[str, Any]) -> None:
+    path = os.environ.get("TOOLS_LOG")
+    if not path:
+        return
+    line = json.dumps(entry, ensure_ascii=False) + "\n"
+    # One os.write on an O_APPEND descriptor: atomic for a line this size, and
+    # on disk (page cache) before the tool does anything, even if we are killed.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _called(tool: str, **args: Any) -> None:
+    _log({"tool": tool, "args": args, "pid": os.getpid()})
+
+
+@mcp.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    _called("echo", text=text)
+    return text
+
+
+@mcp.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    _called("add", a=a, b=b)
+    return a + b
+
+
+@mcp.tool()
+async def slow(seconds: float) -> str:
+    """Sleep for the given number of seconds, then say so."""
+    _called("slow", seconds=seconds)
+    await asyncio.sleep(seconds)
+    _log({"tool": "slow", "event": "done", "pid": os.getpid()})
+    return f"slept {seconds}s"
+
+
+@mcp.tool()
+def fail(message: str) -> str:
+    """Always fail with the given message."""
+    _called("fail", message=message)
+    raise RuntimeError(message)
+
+
+if __name__ == "__main__":
+    mcp.run("stdio")

@@ -1,0 +1,151 @@
+"""The environment a test gives the worker and the API, and the files it points at."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+FAKES_DIR = Path(__file__).resolve().parent.parent / "fakes"
+TOOLS_SERVER = FAKES_DIR / "tools_server.py"
+
+SYSTEM_PROMPT = "You are Sophos under test. Answer briefly."
+
+#: Every variable shared/settings.py reads. Inherited values are dropped, so a
+#: developer's own API_TOKEN or OLLAMA_HOST never leaks into a test.
+SETTINGS_VARIABLES = (
+    "DATABASE_PATH",
+    "REDIS_URL",
+    "OLLAMA_HOST",
+    "OLLAMA_MODEL",
+    "OLLAMA_THINK",
+    "CONFIG_DIR",
+    "MEMORY_FILE_PATH",
+    "AGENT_RECURSION_LIMIT",
+    "SHUTDOWN_TIMEOUT",
+    "API_HOST",
+    "API_PORT",
+    "API_TOKEN",
+    "LOG_FORMAT",
+    "LOG_CONTENT",
+    "EVENT_RETENTION",
+    "EVENT_MAX_PER_RUN",
+    "MAX_BODY_BYTES",
+    "MAX_MESSAGE_CHARS",
+    "SSE_PING_INTERVAL",
+    "POLL_DELAY",
+    "MCP_CALL_TIMEOUT",
+    "MCP_START_TIMEOUT",
+    "MODEL_TIMEOUT",
+    "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT",
+)
+
+
+def mcp_servers(tools_log: Path) -> dict[str, object]:
+    """``config/mcp.json`` for tests: the fake tools server and the real fetch server."""
+    return {
+        "mcpServers": {
+            "tools": {
+                "command": sys.executable,
+                "args": [str(TOOLS_SERVER)],
+                "env": {"TOOLS_LOG": str(tools_log)},
+            },
+            "fetch": {
+                "command": sys.executable,
+                "args": ["-m", "mcp_server_fetch", "--allow-private-ips"],
+            },
+        }
+    }
+
+
+class SophosEnv(dict[str, str]):
+    """Environment variables for a worker or API process, with the test's paths at hand."""
+
+    root: Path
+    tools_log: Path
+
+    @property
+    def database_path(self) -> Path:
+        return Path(self["DATABASE_PATH"])
+
+    @property
+    def config_dir(self) -> Path:
+        return Path(self["CONFIG_DIR"])
+
+    @property
+    def redis_url(self) -> str:
+        return self["REDIS_URL"]
+
+    @property
+    def api_url(self) -> str:
+        """URL of an API started on this env's API_PORT."""
+        return f"http://{self.get('API_HOST', '127.0.0.1')}:{self['API_PORT']}"
+
+    def with_(self, **changes: str | int | float | None) -> SophosEnv:
+        """A copy with variables changed (``None`` removes one)."""
+        new = SophosEnv(self)
+        new.root, new.tools_log = self.root, self.tools_log
+        for key, value in changes.items():
+            if value is None:
+                new.pop(key, None)
+            else:
+                new[key] = str(value)
+        return new
+
+    def write_mcp_config(self, config: Mapping[str, object]) -> None:
+        (self.config_dir / "mcp.json").write_text(json.dumps(config, indent=2))
+
+    def write_system_prompt(self, text: str) -> None:
+        (self.config_dir / "system.md").write_text(text)
+
+
+def make_sophos_env(
+    root: Path,
+    *,
+    redis_url: str,
+    ollama_url: str,
+    api_port: int,
+    model: str = "test-model",
+    base: Mapping[str, str] | None = None,
+    **overrides: str,
+) -> SophosEnv:
+    """Write ``root/config`` and return the environment for processes using ``root``.
+
+    The database directory is not created: the worker must create it itself.
+    """
+    config_dir = root / "config"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    tools_log = root / "tools.log"
+    (config_dir / "system.md").write_text(SYSTEM_PROMPT + "\n")
+    (config_dir / "mcp.json").write_text(json.dumps(mcp_servers(tools_log), indent=2))
+
+    inherited = dict(os.environ if base is None else base)
+    for name in SETTINGS_VARIABLES:
+        inherited.pop(name, None)
+    env = SophosEnv(
+        {
+            **inherited,
+            "DATABASE_PATH": str(root / "db" / "sophos.db"),
+            "REDIS_URL": redis_url,
+            "OLLAMA_HOST": ollama_url,
+            "OLLAMA_MODEL": model,
+            "CONFIG_DIR": str(config_dir),
+            "MEMORY_FILE_PATH": str(root / "memory" / "memory.jsonl"),
+            "LOG_FORMAT": "json",
+            "API_HOST": "127.0.0.1",
+            "API_PORT": str(api_port),
+            "SSE_PING_INTERVAL": "1",
+            "SHUTDOWN_TIMEOUT": "10",
+            "LANGGRAPH_STRICT_MSGPACK": "true",
+            # Logs reach the file before a SIGKILL; loopback never goes through a proxy.
+            "PYTHONUNBUFFERED": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+            **overrides,
+        }
+    )
+    env.root = root
+    env.tools_log = tools_log
+    return env

@@ -1,0 +1,286 @@
+"""The worker and the API as real processes, killed with real signals.
+
+Each process runs ``python -m worker`` or ``python -m api`` in a session of its
+own (so teardown can kill it together with its MCP children), with stdout and
+stderr in one log file. :class:`ProcessGroup` (the ``procs`` fixture) keeps every
+process a test started and kills them all at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from tests.support.ports import free_port
+
+#: Written by the worker once it is up (see shared.contracts.WORKER_HEARTBEAT).
+HEARTBEAT_KEY = "sophos:worker:heartbeat"
+
+READY_TIMEOUT = 30.0
+LOG_TAIL_CHARS = 20_000
+
+
+class ProcessStartError(RuntimeError):
+    """A service process exited or never became ready; the message carries its log."""
+
+
+class ServiceProcess:
+    """One running ``python -m <module>`` with its log file."""
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        args: Sequence[str] = (),
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.env = dict(env)
+        self.log_path = log_path
+        self.argv = [sys.executable, "-m", module, *args]
+        self.url: str | None = None  # set for API processes
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: MCP children die with it at teardown
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int, *, group: bool = False) -> None:
+        """Send ``sig`` to the process (or to its whole process group)."""
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(self.popen.pid, sig)
+            else:
+                self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the process alone: its MCP children are left to notice on their own."""
+        self.signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Wait for the exit and return the return code (negative: killed by that signal)."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(
+                f"{self.name} (pid {self.pid}) still running after {timeout}s\n{self.log_tail()}"
+            ) from None
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL the group if it is not gone within ``timeout``."""
+        self.terminate()
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            return self.popen.wait(5)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process group (the process and any children still in it)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        text = self.log_text()
+        return text if len(text) <= chars else "...\n" + text[-chars:]
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """The log lines that are JSON objects (LOG_FORMAT=json), parsed."""
+        records = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    records.append(json.loads(line))
+        return records
+
+    def wait_for_log(self, needle: str | Callable[[str], bool], timeout: float = 10.0) -> str:
+        """Wait until the log contains ``needle`` (or a line satisfies it); return that line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log_text().splitlines():
+                if (needle in line) if isinstance(needle, str) else needle(line):
+                    return line
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: no log line matching {needle!r} within {timeout}s\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def __repr__(self) -> str:
+        return f"ServiceProcess({self.name!r}, pid={self.pid}, returncode={self.returncode})"
+
+
+def _heartbeat_pid(client: redis.Redis) -> int | None | bool:
+    """The pid in the worker heartbeat; None if there is none; True if present without a pid."""
+    kind = client.type(HEARTBEAT_KEY)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    raw: Any = None
+    if kind == "none":
+        return None
+    if kind == "hash":
+        raw = client.hget(HEARTBEAT_KEY, "pid")
+    elif kind == "string":
+        value = client.get(HEARTBEAT_KEY)
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            raw = json.loads(value).get("pid")  # type: ignore[arg-type]
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return True
+
+
+def wait_worker_ready(proc: ServiceProcess, redis_url: str, timeout: float = READY_TIMEOUT) -> None:
+    """Wait until the worker's heartbeat is in Redis (naming this pid, when it names one).
+
+    A heartbeat left by a worker killed a moment ago still lives for its TTL, so a
+    heartbeat naming another pid does not count.
+    """
+    deadline = time.monotonic() + timeout
+    client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        while True:
+            if not proc.alive:
+                raise ProcessStartError(
+                    f"{proc.name} exited with {proc.returncode} before it was ready\n{proc.log_tail()}"
+                )
+            with contextlib.suppress(redis.exceptions.RedisError):
+                pid = _heartbeat_pid(client)
+                if pid is True or pid == proc.pid:
+                    return
+            if time.monotonic() > deadline:
+                raise ProcessStartError(
+                    f"{proc.name} wrote no heartbeat ({HEARTBEAT_KEY}) within {timeout}s\n{proc.log_tail()}"
+                )
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def wait_api_ready(proc: ServiceProcess, timeout: float = READY_TIMEOUT) -> None:
+    """Wait until ``GET /api/healthz`` answers 200."""
+    assert proc.url
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=proc.url, timeout=2, trust_env=False) as http:
+        while True:
+            if not proc.alive:
+                raise ProcessStartError(
+                    f"{proc.name} exited with {proc.returncode} before it was ready\n{proc.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if http.get("/api/healthz").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ProcessStartError(f"{proc.name}: /api/healthz not 200 within {timeout}s\n{proc.log_tail()}")
+            time.sleep(0.05)
+
+
+class ProcessGroup:
+    """The service processes of one test; :meth:`close` kills whatever is left."""
+
+    def __init__(self, log_dir: Path, cwd: Path | None = None) -> None:
+        self.log_dir = log_dir
+        self.cwd = cwd
+        self.processes: list[ServiceProcess] = []
+        self._counts: dict[str, int] = {}
+
+    def _name(self, kind: str) -> str:
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        return f"{kind}-{self._counts[kind]}"
+
+    def start_worker(
+        self,
+        env: Mapping[str, str],
+        *,
+        wait_ready: bool = True,
+        args: Sequence[str] = (),
+        timeout: float = READY_TIMEOUT,
+    ) -> ServiceProcess:
+        """Start ``python -m worker``; by default wait for its heartbeat (or its death)."""
+        name = self._name("worker")
+        proc = ServiceProcess(name, "worker", env, self.log_dir / f"{name}.log", args=args, cwd=self.cwd)
+        self.processes.append(proc)
+        if wait_ready:
+            wait_worker_ready(proc, env["REDIS_URL"], timeout)
+        return proc
+
+    def start_api(
+        self,
+        env: Mapping[str, str],
+        *,
+        port: int | None = None,
+        wait_ready: bool = True,
+        args: Sequence[str] = (),
+        timeout: float = READY_TIMEOUT,
+    ) -> ServiceProcess:
+        """Start ``python -m api`` and wait for ``/api/healthz``.
+
+        The port is ``port`` if given, else the env's ``API_PORT`` unless a live API
+        of this test already uses it, else a fresh free port. ``proc.url`` is its base URL.
+        """
+        if port is None:
+            taken = {p.env.get("API_PORT") for p in self.processes if p.module == "api" and p.alive}
+            wanted = env.get("API_PORT")
+            port = int(wanted) if wanted and wanted not in taken else free_port()
+        env = {**env, "API_PORT": str(port)}
+        host = env.get("API_HOST") or "127.0.0.1"
+        name = self._name("api")
+        proc = ServiceProcess(name, "api", env, self.log_dir / f"{name}.log", args=args, cwd=self.cwd)
+        proc.url = f"http://{host}:{port}"
+        self.processes.append(proc)
+        if wait_ready:
+            wait_api_ready(proc, timeout)
+        return proc
+
+    def report_sections(self) -> list[tuple[str, str]]:
+        return [
+            (f"{p.name} (pid {p.pid}, returncode {p.returncode}) log {p.log_path}", p.log_tail() or "(empty)")
+            for p in self.processes
+        ]
+
+    def close(self) -> None:
+        for proc in self.processes:
+            proc.kill_group()
