@@ -117,7 +117,7 @@ class Hang:
         if not self.started.wait(timeout):
             raise TimeoutError(f"the model's Hang() reply did not start within {timeout}s")
 
-    async def wait_started_async(self, timeout: float = 10.0) -> None:
+    async def wait_started_async(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - twin of wait_started
         await asyncio.to_thread(self.wait_started, timeout)
 
     def wait_client_gone(self, timeout: float = 10.0) -> None:
@@ -301,12 +301,17 @@ class FakeOllama:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
-                        f"fake model got {len(self._requests)} chat request(s), expected {n} within {timeout}s"
+                        f"fake model got {len(self._requests)} chat request(s), "
+                        f"expected {n} within {timeout}s"
                     )
                 self._changed.wait(left)
             return list(self._requests)
 
-    async def wait_for_calls_async(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    async def wait_for_calls_async(
+        self,
+        n: int,
+        timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for_calls
+    ) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.wait_for_calls, n, timeout)
 
     def _record(self, method: str, path: str, body: dict[str, Any] | None) -> None:
@@ -342,6 +347,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # One small write per line: without TCP_NODELAY, Nagle and delayed ACKs add
+    # ~40 ms per response (Ollama, in Go, sets TCP_NODELAY too).
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

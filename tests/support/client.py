@@ -29,7 +29,9 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def chat_body(message: str | None = None, conversation: str | None = None, resume: bool = False) -> dict[str, Any]:
+def chat_body(
+    message: str | None = None, conversation: str | None = None, resume: bool = False
+) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if message is not None:
         body["message"] = message
@@ -61,13 +63,17 @@ async def post_chat_async(
     resume: bool = False,
     *,
     token: str | None = None,
-    timeout: float = 10.0,
+    timeout: float = 10.0,  # noqa: ASYNC109 - same signature as post_chat
 ) -> httpx.Response:
     async with httpx.AsyncClient(base_url=api_url, timeout=timeout, trust_env=False) as http:
-        return await http.post("/api/chat", json=chat_body(message, conversation, resume), headers=_headers(token))
+        return await http.post(
+            "/api/chat", json=chat_body(message, conversation, resume), headers=_headers(token)
+        )
 
 
-def get_json(api_url: str, path: str, *, token: str | None = None, timeout: float = 10.0, **params: Any) -> Any:
+def get_json(
+    api_url: str, path: str, *, token: str | None = None, timeout: float = 10.0, **params: Any
+) -> Any:
     """GET ``path``, assert 200, return the parsed body."""
     with httpx.Client(base_url=api_url, timeout=timeout, trust_env=False) as http:
         response = http.get(path, params=params or None, headers=_headers(token))
@@ -301,7 +307,7 @@ async def read_sse_async(
     last_event_id: str | int | None = None,
     *,
     via_query: bool = False,
-    timeout: float = 30.0,
+    timeout: float = 30.0,  # noqa: ASYNC109 - same signature as read_sse
     stop_after: int | None = None,
     token: str | None = None,
     raise_on_timeout: bool = True,
@@ -314,7 +320,9 @@ async def read_sse_async(
 
     async def consume() -> None:
         async with (
-            httpx.AsyncClient(base_url=api_url, timeout=httpx.Timeout(None, connect=5.0), trust_env=False) as http,
+            httpx.AsyncClient(
+                base_url=api_url, timeout=httpx.Timeout(None, connect=5.0), trust_env=False
+            ) as http,
             http.stream("GET", "/api/chat", params=params, headers=headers) as response,
         ):
             events.status_code = response.status_code
@@ -369,7 +377,7 @@ def wait_for(
 
 async def wait_for_async(
     predicate: Callable[[], T | Awaitable[T]],
-    timeout: float = 10.0,
+    timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
     *,
     interval: float = 0.05,
     message: str | Callable[[], str] = "condition",
@@ -381,7 +389,7 @@ async def wait_for_async(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
             raise TimeoutError(f"timed out after {timeout}s waiting for {text} (last value {value!r})")

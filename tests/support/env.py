@@ -43,8 +43,14 @@ SETTINGS_VARIABLES = (
 )
 
 
-def mcp_servers(tools_log: Path) -> dict[str, object]:
-    """``config/mcp.json`` for tests: the fake tools server and the real fetch server."""
+def mcp_servers(tools_log: Path, empty_dir: Path) -> dict[str, object]:
+    """``config/mcp.json`` for tests: the fake tools server and the real fetch server.
+
+    The fetch server gets a PATH without node (``empty_dir``): with node on PATH,
+    its first HTML page makes readabilipy run ``npm install`` into the venv, over
+    the network, printing onto the JSON-RPC stdout. Without node it converts HTML
+    in pure Python; text/plain is returned raw either way.
+    """
     return {
         "mcpServers": {
             "tools": {
@@ -55,6 +61,7 @@ def mcp_servers(tools_log: Path) -> dict[str, object]:
             "fetch": {
                 "command": sys.executable,
                 "args": ["-m", "mcp_server_fetch", "--allow-private-ips"],
+                "env": {"PATH": str(empty_dir)},
             },
         }
     }
@@ -82,6 +89,11 @@ class SophosEnv(dict[str, str]):
     def api_url(self) -> str:
         """URL of an API started on this env's API_PORT."""
         return f"http://{self.get('API_HOST', '127.0.0.1')}:{self['API_PORT']}"
+
+    def __repr__(self) -> str:
+        # Only what we set: the inherited environment would flood every traceback.
+        ours = {k: v for k, v in self.items() if k in SETTINGS_VARIABLES}
+        return f"SophosEnv(root={getattr(self, 'root', None)}, {ours})"
 
     def with_(self, **changes: str | int | float | None) -> SophosEnv:
         """A copy with variables changed (``None`` removes one)."""
@@ -118,8 +130,10 @@ def make_sophos_env(
     config_dir = root / "config"
     config_dir.mkdir(parents=True, exist_ok=True)
     tools_log = root / "tools.log"
+    empty_dir = root / "empty-bin"
+    empty_dir.mkdir(exist_ok=True)
     (config_dir / "system.md").write_text(SYSTEM_PROMPT + "\n")
-    (config_dir / "mcp.json").write_text(json.dumps(mcp_servers(tools_log), indent=2))
+    (config_dir / "mcp.json").write_text(json.dumps(mcp_servers(tools_log, empty_dir), indent=2))
 
     inherited = dict(os.environ if base is None else base)
     for name in SETTINGS_VARIABLES:

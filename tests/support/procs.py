@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import redis
 
+from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
 
 #: Written by the worker once it is up (see shared.contracts.WORKER_HEARTBEAT).
@@ -54,10 +55,13 @@ class ServiceProcess:
         self.log_path = log_path
         self.argv = [sys.executable, "-m", module, *args]
         self.url: str | None = None  # set for API processes
+        # Descendants seen so far, as (pid, start time): the MCP servers run in
+        # sessions of their own, and once we are dead they can only be found here.
+        self._seen: set[tuple[int, int]] = set()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                self.argv,
+                die_with_test_run(self.argv),
                 env=self.env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
@@ -82,6 +86,7 @@ class ServiceProcess:
         """Send ``sig`` to the process (or to its whole process group)."""
         if self.popen.poll() is not None:
             return
+        self.descendants()  # remember them: after this signal they may be orphans
         with contextlib.suppress(ProcessLookupError):
             if group:
                 os.killpg(self.popen.pid, sig)
@@ -113,10 +118,33 @@ class ServiceProcess:
             self.kill_group()
             return self.popen.wait(5)
 
+    def descendants(self) -> list[int]:
+        """Pids of the live process's children, grandchildren... (MCP servers among them)."""
+        pids = descendant_pids(self.pid) if self.alive else []
+        for pid in pids:
+            started = _start_time(pid)
+            if started is not None:
+                self._seen.add((pid, started))
+        return pids
+
+    def stray_descendants(self) -> list[int]:
+        """Descendants seen earlier that are still alive, though perhaps orphaned now."""
+        return [pid for pid, started in self._seen if _start_time(pid) == started and pid_alive(pid)]
+
     def kill_group(self) -> None:
-        """SIGKILL the process group (the process and any children still in it)."""
+        """SIGKILL the process, its process group and its descendants.
+
+        The MCP client starts each stdio server in a session of its own, so they are
+        not in our process group: they are found through their parent pids, or
+        remembered from earlier looks (signal, readiness) if their parent is gone.
+        """
+        self.descendants()
+        stray = self.stray_descendants()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
+        for pid in stray:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
 
@@ -147,14 +175,63 @@ class ServiceProcess:
                 if (needle in line) if isinstance(needle, str) else needle(line):
                     return line
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: no log line matching {needle!r} within {timeout}s\n{self.log_tail()}")
+                raise TimeoutError(
+                    f"{self.name}: no log line matching {needle!r} within {timeout}s\n{self.log_tail()}"
+                )
             time.sleep(0.05)
 
     def __repr__(self) -> str:
         return f"ServiceProcess({self.name!r}, pid={self.pid}, returncode={self.returncode})"
 
 
-def _heartbeat_pid(client: redis.Redis) -> int | None | bool:
+def _parent_pids() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+        fields = stat.rsplit(")", 1)[1].split()
+        parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot): tells a pid from its reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (Linux /proc), children first."""
+    parents = _parent_pids()
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop(0)
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _heartbeat_pid(client: redis.Redis) -> int | bool | None:
     """The pid in the worker heartbeat; None if there is none; True if present without a pid."""
     kind = client.type(HEARTBEAT_KEY)
     kind = kind.decode() if isinstance(kind, bytes) else kind
@@ -190,6 +267,7 @@ def wait_worker_ready(proc: ServiceProcess, redis_url: str, timeout: float = REA
             with contextlib.suppress(redis.exceptions.RedisError):
                 pid = _heartbeat_pid(client)
                 if pid is True or pid == proc.pid:
+                    proc.descendants()
                     return
             if time.monotonic() > deadline:
                 raise ProcessStartError(
@@ -214,7 +292,9 @@ def wait_api_ready(proc: ServiceProcess, timeout: float = READY_TIMEOUT) -> None
                 if http.get("/api/healthz").status_code == 200:
                     return
             if time.monotonic() > deadline:
-                raise ProcessStartError(f"{proc.name}: /api/healthz not 200 within {timeout}s\n{proc.log_tail()}")
+                raise ProcessStartError(
+                    f"{proc.name}: /api/healthz not 200 within {timeout}s\n{proc.log_tail()}"
+                )
             time.sleep(0.05)
 
 

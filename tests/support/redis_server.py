@@ -16,6 +16,7 @@ from pathlib import Path
 
 import redis
 
+from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
 
 
@@ -86,7 +87,7 @@ class RedisServer:
         config = self._write_config()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [redis_executable(), str(config)],
+                die_with_test_run([redis_executable(), str(config)]),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -97,9 +98,8 @@ class RedisServer:
         try:
             while True:
                 if self._proc.poll() is not None:
-                    raise RuntimeError(
-                        f"redis-server exited with {self._proc.returncode} at start:\n{self.log_text()[-3000:]}"
-                    )
+                    tail = self.log_text()[-3000:]
+                    raise RuntimeError(f"redis-server exited with {self._proc.returncode} at start:\n{tail}")
                 try:
                     if client.ping():
                         return self
@@ -140,7 +140,7 @@ class RedisServer:
 
     def client(self, **kwargs: object) -> redis.Redis:
         """A synchronous client (the caller closes it)."""
-        return redis.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
+        return redis.Redis.from_url(self.url, **kwargs)
 
     def log_text(self) -> str:
         try:
