@@ -131,6 +131,8 @@ class Settings:
     # Test-only fault hook, off by default: the worker SIGKILLs itself right after
     # its Nth checkpoint write of a run (see worker/faults.py).
     fault_kill_after_checkpoint: int = 0
+    # ... or right before its Nth checkpoint write (N=1: before the run's input is recorded).
+    fault_kill_before_checkpoint: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -175,6 +177,7 @@ class Settings:
             mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),
             model_timeout=_float(env, "MODEL_TIMEOUT", d.model_timeout, minimum=0.01),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
+            fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
         )
 
     def replace(self, **changes: object) -> Settings:

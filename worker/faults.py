@@ -1,9 +1,11 @@
-"""Test-only fault injection, off unless SOPHOS_FAULT_KILL_AFTER_CHECKPOINT is set.
+"""Test-only fault injection, off unless a SOPHOS_FAULT_* variable is set.
 
-Some crash windows are too narrow to hit with a signal from outside (for
-example: after the final checkpoint, before the outcome is recorded). With
-``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` the worker SIGKILLs itself right after
-its Nth checkpoint write since start-up, exactly as ``kill -9`` would.
+Some crash windows are too narrow to hit with a signal from outside (after the
+final checkpoint, before the outcome is recorded; after the run row, before
+the input checkpoint). With ``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` the worker
+SIGKILLs itself right after its Nth checkpoint write since start-up, with
+``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it: exactly what
+``kill -9`` at that instant would do.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from typing import Any
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 
-class KillAfterCheckpoints(AsyncSqliteSaver):
+class KillAtCheckpoint(AsyncSqliteSaver):
+    kill_before: int = 0
     kill_after: int = 0
     written: int = 0
 
     async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        if self.written + 1 == self.kill_before:
+            os.kill(os.getpid(), signal.SIGKILL)
         result = await super().aput(config, checkpoint, metadata, new_versions)
         self.written += 1
         if self.written == self.kill_after:

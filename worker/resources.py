@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from shared.contracts import WORKER_HEARTBEAT
 from shared.settings import Settings
-from worker.faults import KillAfterCheckpoints
+from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.mcp_tools import McpToolbox, load_config
 from worker.model import build_model
@@ -38,11 +38,15 @@ async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSave
     conn = await connect(settings.database_path)
     try:
         saver: AsyncSqliteSaver
-        if settings.fault_kill_after_checkpoint:
-            faulty = KillAfterCheckpoints(conn)
+        if settings.fault_kill_after_checkpoint or settings.fault_kill_before_checkpoint:
+            faulty = KillAtCheckpoint(conn)
             faulty.kill_after = settings.fault_kill_after_checkpoint
+            faulty.kill_before = settings.fault_kill_before_checkpoint
             saver = faulty
-            log.warning("faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint)
+            log.warning(
+                "faults.enabled",
+                kill_after_checkpoint=faulty.kill_after, kill_before_checkpoint=faulty.kill_before,
+            )
         else:
             saver = AsyncSqliteSaver(conn)
         await saver.setup()

@@ -72,13 +72,21 @@ async def post_chat_async(
 
 
 def get_json(
-    api_url: str, path: str, *, token: str | None = None, timeout: float = 10.0, **params: Any
+    api_url: str,
+    path: str,
+    *,
+    token: str | None = None,
+    timeout: float = 10.0,
+    expect: int = 200,
+    raw: bool = False,
+    **params: Any,
 ) -> Any:
-    """GET ``path``, assert 200, return the parsed body."""
+    """GET ``path``, assert the status (200 unless ``expect``), return the parsed body
+    (or its text when ``raw``)."""
     with httpx.Client(base_url=api_url, timeout=timeout, trust_env=False) as http:
         response = http.get(path, params=params or None, headers=_headers(token))
-    assert response.status_code == 200, f"GET {path}: {response.status_code} {response.text}"
-    return response.json()
+    assert response.status_code == expect, f"GET {path}: {response.status_code} {response.text}"
+    return response.text if raw else response.json()
 
 
 # --- Server-Sent Events ---------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""Crash semantics of DESIGN.md, with real processes killed by real signals."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.env import SophosEnv
+
+pytestmark = pytest.mark.fault
+
+
+def chat(api_url: str, message: str | None = None, conversation: str | None = None, resume: bool = False):
+    response = post_chat(api_url, message, conversation, resume)
+    assert response.status_code == 202, response.text
+    return response.json()["conversation"], response.json()["run"]
+
+
+async def test_kill_during_tool_then_resume_repeats_only_the_step_in_flight(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "do the slow thing")
+
+    wait_for(lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20)
+    worker.kill()
+    assert worker.wait(10) == -signal.SIGKILL
+    assert model.calls == 1
+
+    start_worker(sophos_env)
+    info = get_json(api.url, f"/api/runs/{run}")
+    assert info["status"] == "interrupted" and info["error"]["code"] == "INTERRUPTED"
+    stream = read_sse(api.url, conversation)
+    assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True
+
+    # arq will not run the job again behind the user's back, nor hold the conversation.
+    assert await redis.zcard(QUEUE_NAME) == 0
+    assert await redis.keys("arq:in-progress:*") == []
+    assert await redis.hget(ACTIVE_RUNS, conversation) is None
+
+    _, resumed = chat(api.url, conversation=conversation, resume=True)
+    assert resumed != run
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == resumed
+    assert events.text == "All done."
+
+    assert model.calls == 2  # the model call made before the kill was not made again
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight ran once more
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert detail["resumable"] is False
+    assert [m["content"] for m in detail["messages"] if m["role"] == "user"] == ["do the slow thing"]
+
+    again = post_chat(api.url, conversation=conversation, resume=True)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "RUN_NOT_RESUMABLE"
+
+
+def test_killed_before_the_input_checkpoint_asks_to_send_again(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    doomed = start_worker(sophos_env.with_(SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=1))
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "will this be kept?")
+    assert doomed.wait(20) == -signal.SIGKILL
+
+    start_worker(sophos_env)
+    info = get_json(api.url, f"/api/runs/{run}")
+    assert info["status"] == "interrupted"
+    assert "send it again" in info["error"]["message"]
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert detail["messages"] == [] and detail["resumable"] is False
+    assert model.calls == 0
+    # The conversation is free: the message can be sent again at once.
+    chat(api.url, "will this be kept?", conversation)
+    assert read_sse(api.url, conversation)[-1].event == "end"
+
+
+def test_killed_after_the_final_checkpoint_keeps_the_answer(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    model.script(Text("The answer is kept."))
+    # Checkpoints of a one-step run: input (1), after START (2), after the agent (3).
+    doomed = start_worker(sophos_env.with_(SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=3))
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "answer me")
+    assert doomed.wait(20) == -signal.SIGKILL
+
+    start_worker(sophos_env)
+    info = get_json(api.url, f"/api/runs/{run}")
+    assert info["status"] == "interrupted"
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is False
+    assert [m["content"] for m in detail["messages"]] == ["answer me", "The answer is kept."]
+    resume = post_chat(api.url, conversation=conversation, resume=True)
+    assert resume.status_code == 409 and resume.json()["error"]["code"] == "RUN_NOT_RESUMABLE"
+    assert model.calls == 1
+
+
+def test_sigterm_drains_at_a_step_boundary_and_resume_finishes(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    hang = Hang(text="thinking ", then=ToolCalls([("tools__echo", {"text": "x"})]))
+    model.script(hang, Text("Finished after restart."))
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "take your time")
+    hang.wait_started(15)
+
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    hang.release()  # the model step completes; the drain stops before the tools step
+    assert worker.wait(15) == 0
+    assert time.monotonic() - started < 10
+
+    stream = read_sse(api.url, conversation)
+    assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
+    assert get_json(api.url, f"/api/runs/{run}")["status"] == "interrupted"
+    assert tool_calls(sophos_env.tools_log) == []
+    assert worker.stray_descendants() == []  # MCP children closed
+
+    start_worker(sophos_env)
+    chat(api.url, conversation=conversation, resume=True)
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events.text == "Finished after restart."
+    assert model.calls == 2
+    assert len(tool_calls(sophos_env.tools_log, "echo")) == 1
+
+
+def test_sigterm_while_idle_exits_at_once(sophos_env: SophosEnv, start_worker) -> None:
+    worker = start_worker(sophos_env)
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(10) == 0
+    assert time.monotonic() - started < 5
+
+
+def test_second_worker_on_the_same_database_refuses_to_start(sophos_env: SophosEnv, start_worker) -> None:
+    start_worker(sophos_env)
+    second = start_worker(sophos_env, wait_ready=False)
+    assert second.wait(30) == 1
+    assert "another worker" in second.log_text()
+
+
+def test_bad_setting_stops_the_process_naming_the_variable(sophos_env: SophosEnv, start_worker, start_api):
+    worker = start_worker(sophos_env.with_(AGENT_RECURSION_LIMIT="many"), wait_ready=False)
+    assert worker.wait(30) == 2 and "AGENT_RECURSION_LIMIT" in worker.log_text()
+    api = start_api(sophos_env.with_(API_PORT="http"), wait_ready=False)
+    assert api.wait(30) == 2 and "API_PORT" in api.log_text()

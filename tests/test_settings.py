@@ -1,0 +1,35 @@
+"""Settings are read once from a mapping; a bad value names its variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.settings import Settings, SettingsError
+
+
+def test_defaults_and_overrides() -> None:
+    s = Settings.from_env({})
+    assert s.agent_recursion_limit == 25 and s.shutdown_timeout == 30 and s.api_host == "127.0.0.1"
+    assert s.database_path.is_absolute() and s.database_path.name == "sophos.db"
+    s = Settings.from_env({"AGENT_RECURSION_LIMIT": "7", "OLLAMA_THINK": "false", "API_TOKEN": "t"})
+    assert s.agent_recursion_limit == 7 and s.ollama_think is False and s.api_token == "t"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("AGENT_RECURSION_LIMIT", "many"),
+        ("AGENT_RECURSION_LIMIT", "0"),
+        ("SHUTDOWN_TIMEOUT", "-1"),
+        ("API_PORT", "70000"),
+        ("REDIS_URL", "localhost:6379"),
+        ("OLLAMA_HOST", "ftp://x"),
+        ("LOG_FORMAT", "xml"),
+        ("OLLAMA_THINK", "maybe"),
+        ("DATABASE_PATH", "a\x00b"),
+    ],
+)
+def test_bad_value_names_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({variable: value})
+    assert caught.value.variable == variable and variable in str(caught.value)
