@@ -155,5 +155,5 @@ def test_second_worker_on_the_same_database_refuses_to_start(sophos_env: SophosE
 def test_bad_setting_stops_the_process_naming_the_variable(sophos_env: SophosEnv, start_worker, start_api):
     worker = start_worker(sophos_env.with_(AGENT_RECURSION_LIMIT="many"), wait_ready=False)
     assert worker.wait(30) == 2 and "AGENT_RECURSION_LIMIT" in worker.log_text()
-    api = start_api(sophos_env.with_(API_PORT="http"), wait_ready=False)
-    assert api.wait(30) == 2 and "API_PORT" in api.log_text()
+    api = start_api(sophos_env.with_(REDIS_URL="localhost:6379"), wait_ready=False)
+    assert api.wait(30) == 2 and "REDIS_URL" in api.log_text()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -154,7 +155,9 @@ class RunService:
                 raise NotResumable("the conversation has no unfinished step to resume")
             graph_input = None
         else:
-            graph_input = {"messages": [HumanMessage(job.message or "")]}
+            # An id of its own, so the message is the same one in the input checkpoint
+            # (``__start__``) and in the thread once the first step applies it.
+            graph_input = {"messages": [HumanMessage(job.message or "", id=str(uuid.uuid4()))]}
 
         step = 0
         async for item in self.graph.astream(
