@@ -48,6 +48,15 @@ async def serve(settings: Settings) -> None:
     from arq.worker import Worker
 
     from shared.contracts import QUEUE_NAME, dumps, loads
+    from shared.redis import RETRY_ON, retry_policy
+
+    def redis_settings(url: str) -> RedisSettings:
+        base = RedisSettings.from_dsn(url)
+        base.retry = retry_policy()
+        base.retry_on_error = list(RETRY_ON)
+        base.conn_retries = 30  # at start-up, wait for Redis rather than exit
+        return base
+
     from worker.jobs import functions, on_shutdown, on_startup
 
     log = structlog.get_logger("worker")
@@ -55,7 +64,7 @@ async def serve(settings: Settings) -> None:
     worker = Worker(
         functions=functions(),
         queue_name=QUEUE_NAME,
-        redis_settings=RedisSettings.from_dsn(settings.redis_url),
+        redis_settings=redis_settings(settings.redis_url),
         on_startup=on_startup,
         on_shutdown=on_shutdown,
         handle_signals=False,

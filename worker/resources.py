@@ -73,7 +73,9 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         stack.push_async_callback(store.close)
         saver = await stack.enter_async_context(open_checkpointer(settings))
 
-        variables = {**os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable}
+        variables = {
+            **os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable,
+        }
         settings.memory_file_path.parent.mkdir(parents=True, exist_ok=True)
         toolbox = McpToolbox.from_config(
             load_config(settings.mcp_config_path, variables),
