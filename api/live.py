@@ -50,12 +50,12 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
 
 async def active_run(redis: Redis, conversation_id: str) -> str | None:
     """The run holding ``conversation_id`` (queued or running), if any."""
-    return await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[no-any-return, misc]
+    return await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[misc]
 
 
 async def active_runs(redis: Redis) -> dict[str, str]:
     """conversation id -> run id, for every conversation with a queued or running run."""
-    return await redis.hgetall(ACTIVE_RUNS)  # type: ignore[no-any-return, misc]
+    return await redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
 
 
 async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRun]:

@@ -89,7 +89,11 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
 
 
 def _run(row: Sequence[Any]) -> RunRow:
-    return RunRow(*row[:9], step_count=int(row[9] or 0))
+    return RunRow(
+        id=row[0], conversation_id=row[1], kind=row[2], status=row[3], error_code=row[4],
+        error_message=row[5], enqueued_at=row[6], started_at=row[7], finished_at=row[8],
+        step_count=int(row[9] or 0),
+    )
 
 
 def thread_config(conversation_id: str) -> RunnableConfig:
@@ -235,7 +239,8 @@ class Store:
         if not self._checkpoints_ready:
             rows = await self._query(
                 conn,
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
+                "SELECT count(*) FROM sqlite_master"
+                " WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
             )
             if not rows or rows[0][0] < 2:
                 return None

@@ -175,7 +175,7 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
                           _fence(arguments, "json")]
         else:
             name = _code(message.name) if message.name else "tool"
-            call = f" for call {_code(message.tool_call_id)}" if message.tool_call_id else ""
+            for_call = f" for call {_code(message.tool_call_id)}" if message.tool_call_id else ""
             failed = " (error)" if message.status == "error" else ""
-            lines += [f"## Tool result: {name}{call}{failed}", "", _fence(message.content, "text")]
+            lines += [f"## Tool result: {name}{for_call}{failed}", "", _fence(message.content, "text")]
     return "\n".join(lines) + "\n"

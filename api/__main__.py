@@ -1,0 +1,55 @@
+"""``python -m api``: read settings, configure logging, serve the app with uvicorn."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import FrameType
+
+#: Seconds uvicorn waits for open requests before cancelling them on SIGTERM. Event
+#: streams end by themselves within a second of the signal (see ``draining``).
+GRACEFUL_SHUTDOWN_SECONDS = 3
+
+
+def main() -> int:
+    # Read by LangGraph when its serializer module is imported: set it first.
+    os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
+
+    import uvicorn
+
+    from api.app import create_app
+    from shared.logging import configure_logging
+    from shared.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"sophos-api: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format)
+
+    draining = threading.Event()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            draining.set()  # a plain flag: safe to set from a signal handler
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        create_app(settings, draining=draining),
+        host=settings.api_host,
+        port=settings.api_port,
+        access_log=False,  # api.access_log logs each request through structlog
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        server_header=False,
+    )
+    server = Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

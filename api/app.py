@@ -1,0 +1,68 @@
+"""The Litestar application: routes under /api, one error mapping, OpenAPI at /schema."""
+
+from __future__ import annotations
+
+import threading
+
+from litestar import Litestar, Router
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from api import routes_chat, routes_read
+from api.access_log import access_log
+from api.auth import token_guard
+from api.errors import exception_handlers
+from api.resources import Resources, lifespan
+from shared.settings import Settings
+
+
+def _resources(state: State) -> Resources:
+    resources: Resources = state.resources
+    return resources
+
+
+def create_app(settings: Settings, *, draining: threading.Event | None = None) -> Litestar:
+    """Build the API for ``settings``; resources are opened by the app's lifespan.
+
+    ``draining``, once set (by the server, on SIGTERM), makes open event streams end
+    cleanly so their clients reconnect elsewhere; it is also ``app.state.draining``.
+    """
+    draining = draining if draining is not None else threading.Event()
+    api = Router(
+        path="/api",
+        route_handlers=[
+            routes_chat.post_chat,
+            routes_chat.stream_chat,
+            routes_read.list_conversations,
+            routes_read.get_conversation,
+            routes_read.export_conversation,
+            routes_read.list_runs,
+            routes_read.get_run,
+            routes_read.healthz,
+            routes_read.readyz,
+        ],
+        guards=[token_guard(settings.api_token)] if settings.api_token else [],
+        security=[{"bearer": []}] if settings.api_token else None,
+    )
+    components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
+    openapi = OpenAPIConfig(
+        title="Sophos",
+        version="0.1.0",
+        description="A durable chat agent: send messages, stream a run's events, read conversations.",
+        path="/schema",
+        components=components if settings.api_token else [],
+    )
+    return Litestar(
+        route_handlers=[api],
+        lifespan=[lifespan(settings, draining)],
+        state=State({"draining": draining}),
+        dependencies={"resources": Provide(_resources, sync_to_thread=False)},
+        exception_handlers=exception_handlers(),
+        middleware=[access_log],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=openapi,
+        logging_config=None,
+        debug=False,
+    )

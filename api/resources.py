@@ -1,0 +1,95 @@
+"""The API process's resources, opened and closed once by the app's lifespan.
+
+Nothing here connects eagerly: the API starts while Redis is down or before the
+worker has created the database, and answers 503 for what needs them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import structlog
+from litestar import Litestar
+from redis.asyncio import Redis
+
+from api.chat import ChatService
+from api.conversations import Conversations
+from api.runs import Runs
+from api.store import Store
+from shared.redis import connection_kwargs, retry_policy
+from shared.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+REDIS_CONNECT_SECONDS = 2.0
+REDIS_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    settings: Settings
+    redis: Redis
+    store: Store
+    http: httpx.AsyncClient
+    #: set when the server begins to shut down: open event streams end promptly
+    draining: threading.Event
+    chat: ChatService
+    conversations: Conversations
+    runs: Runs
+
+
+def redis_client(settings: Settings) -> Redis:
+    """A lazily connecting client; its socket timeout outlasts one SSE XREAD BLOCK.
+
+    Few retries, unlike the worker's: enough to replace pooled connections that a
+    Redis restart closed, short enough to answer 503 promptly while Redis is down.
+    """
+    return Redis.from_url(
+        settings.redis_url,
+        **{**connection_kwargs(), "retry": retry_policy(REDIS_ATTEMPTS)},
+        decode_responses=True,
+        socket_connect_timeout=REDIS_CONNECT_SECONDS,
+        socket_timeout=settings.sse_ping_interval + 10.0,
+    )
+
+
+@asynccontextmanager
+async def open_resources(settings: Settings, draining: threading.Event) -> AsyncIterator[Resources]:
+    async with AsyncExitStack() as stack:
+        redis = redis_client(settings)
+        stack.push_async_callback(redis.aclose)
+        store = Store(settings.database_path)
+        stack.push_async_callback(store.close)
+        http = await stack.enter_async_context(httpx.AsyncClient())
+        yield Resources(
+            settings=settings,
+            redis=redis,
+            store=store,
+            http=http,
+            draining=draining,
+            chat=ChatService(settings, store, redis),
+            conversations=Conversations(store, redis),
+            runs=Runs(store, redis),
+        )
+
+
+def lifespan(
+    settings: Settings, draining: threading.Event
+) -> Callable[[Litestar], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: open the resources, put them in ``app.state``, close them."""
+
+    @asynccontextmanager
+    async def run(app: Litestar) -> AsyncIterator[None]:
+        async with open_resources(settings, draining) as resources:
+            app.state.resources = resources
+            log.info("api.started", database=str(settings.database_path), auth=settings.api_token is not None)
+            try:
+                yield
+            finally:
+                log.info("api.stopping")
+
+    return run

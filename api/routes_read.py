@@ -1,0 +1,113 @@
+"""Reads: conversations, their exports, runs, health and readiness."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+import structlog
+from litestar import Response, get
+from litestar.openapi import ResponseSpec
+from litestar.params import Parameter
+
+from api import readiness
+from api.ids import parse_id
+from api.openapi import errors
+from api.resources import Resources
+from api.schemas import ConversationDetail, ConversationList, Health, NotReadyBody, Ready, RunInfo, RunList
+from shared.contracts import RunStatus
+from shared.errors import BadRequest
+
+MARKDOWN = "text/markdown; charset=utf-8"
+NDJSON = "application/x-ndjson"
+
+
+@get("/conversations", summary="Conversations, newest first", responses=errors(401, 503))
+async def list_conversations(resources: Resources) -> ConversationList:
+    return ConversationList(conversations=await resources.conversations.newest_first())
+
+
+@get(
+    "/conversations/{conversation_id:str}",
+    summary="A conversation and the messages of its thread",
+    responses=errors(400, 401, 404, 503),
+)
+async def get_conversation(conversation_id: str, resources: Resources) -> ConversationDetail:
+    conversation_id = parse_id(conversation_id, "conversation id")
+    structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+    return await resources.conversations.detail(conversation_id)
+
+
+@get(
+    "/conversations/{conversation_id:str}/export",
+    summary="Export a conversation",
+    description=(
+        "Markdown transcript (`text/markdown`) by default. With `format=jsonl`: `application/x-ndjson`, "
+        "one line per checkpoint, oldest first: `{checkpoint_id, parent_checkpoint_id, step, source, "
+        "run_id, created_at, next?, messages}` where `messages` are those the checkpoint added."
+    ),
+    media_type=MARKDOWN,
+    responses=errors(400, 401, 404, 503),
+)
+async def export_conversation(
+    conversation_id: str,
+    resources: Resources,
+    format: Annotated[
+        str | None, Parameter(description="`markdown` (default) or `jsonl`", required=False)
+    ] = None,
+) -> Response[str]:
+    conversation_id = parse_id(conversation_id, "conversation id")
+    structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+    if format in (None, "", "markdown", "md"):
+        text = await resources.conversations.markdown(conversation_id)
+        filename = f"conversation-{conversation_id}.md"
+        media_type = MARKDOWN
+    elif format == "jsonl":
+        lines = await resources.conversations.checkpoint_lines(conversation_id)
+        text = "".join(msgspec.json.encode(line).decode() + "\n" for line in lines)
+        filename = f"conversation-{conversation_id}.jsonl"
+        media_type = NDJSON
+    else:
+        raise BadRequest(f"format must be markdown or jsonl, got {format[:32]!r}")
+    return Response(
+        text, media_type=media_type, headers={"Content-Disposition": f'inline; filename="{filename}"'}
+    )
+
+
+@get("/runs", summary="Runs across conversations, queued ones included, newest first",
+     responses=errors(400, 401, 503))
+async def list_runs(
+    resources: Resources,
+    status: RunStatus | None = None,
+    conversation: str | None = None,
+    limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
+) -> RunList:
+    conversation_id = parse_id(conversation, "conversation") if conversation is not None else None
+    runs = await resources.runs.newest_first(status=status, conversation_id=conversation_id, limit=limit)
+    return RunList(runs=runs)
+
+
+@get("/runs/{run_id:str}", summary="One run: status, timings, error, place in queue",
+     responses=errors(400, 401, 404, 503))
+async def get_run(run_id: str, resources: Resources) -> RunInfo:
+    run_id = parse_id(run_id, "run id")
+    structlog.contextvars.bind_contextvars(run_id=run_id)
+    return await resources.runs.get(run_id)
+
+
+@get("/healthz", summary="The process is up", opt={"public": True})
+async def healthz() -> Health:
+    return Health()
+
+
+@get(
+    "/readyz",
+    summary="Redis, the database, a live worker and the model are all there",
+    responses={503: ResponseSpec(data_container=NotReadyBody, description="Something is missing")},
+)
+async def readyz(resources: Resources) -> Ready:
+    checks = await readiness.check(resources.redis, resources.store, resources.http, resources.settings)
+    missing = checks.missing()
+    if missing:
+        raise readiness.NotReadyError(checks)
+    return Ready(status="ready", checks=checks)
