@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -114,9 +115,9 @@ def test_tool_call_appears_in_traces_detail_and_both_exports(
 
 
 class _Page(BaseHTTPRequestHandler):
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         type(self).hits.append(self.path)
         if self.path != "/page.txt":
             self.send_error(404)
