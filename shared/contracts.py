@@ -20,10 +20,11 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"  # by POST /api/runs/{id}/cancel, queued or running
 
     @property
     def finished(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED)
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.CANCELLED)
 
 
 class RunErrorCode(enum.StrEnum):
@@ -105,6 +106,8 @@ QUEUE_NAME = "sophos:queue"
 #: hash conversation_id -> run_id of its queued or running run; HSETNX is the lock
 #: that makes "one run per conversation" atomic across API processes.
 ACTIVE_RUNS = "sophos:active"
+#: list the submit script pushes to, so an idle worker blocked on BLPOP wakes at once
+WAKE_LIST = "sophos:wake"
 #: key with a short TTL, refreshed by the live worker: {pid, started_at, beat_at}
 WORKER_HEARTBEAT = "sophos:worker:heartbeat"
 
@@ -117,6 +120,25 @@ def run_key(run_id: str) -> str:
 def events_key(run_id: str) -> str:
     """Redis Stream holding the run's events; entry ids are ``<n>-0``."""
     return f"sophos:events:{run_id}"
+
+
+#: key without expiry, rewritten with each heartbeat: the last beat survives the worker
+WORKER_LAST_BEAT = "sophos:worker:last-beat"
+#: sorted set run_id -> enqueue time (ms) of the runs cancelled while queued; their
+#: ``run_key`` hash (with ``status`` and ``cancelled_at``) is the record, kept
+#: ``CANCELLED_RETENTION_SECONDS``.
+CANCELLED_RUNS = "sophos:cancelled"
+CANCELLED_RETENTION_SECONDS = 7 * 24 * 3600
+
+
+def cancel_key(run_id: str) -> str:
+    """Set by the API to ask the worker to stop a started run at its next step boundary."""
+    return f"sophos:cancel:{run_id}"
+
+
+def progress_key(run_id: str) -> str:
+    """Hash the worker keeps while a run is running: {node, step, started_at, updated_at}."""
+    return f"sophos:progress:{run_id}"
 
 
 def arq_job_key(run_id: str) -> str:

@@ -21,13 +21,14 @@ from shared.contracts import (
     JOB_FUNCTION,
     QUEUE_NAME,
     RELEASE_ACTIVE_LUA,
+    WAKE_LIST,
     RunJob,
     arq_job_key,
     dumps,
     run_key,
 )
 
-# KEYS: active hash, arq job key, arq queue, run hash
+# KEYS: active hash, arq job key, arq queue, run hash, wake list
 # ARGV: conversation, run, job bytes, job ttl ms, score, then run-hash field/value pairs
 _SUBMIT_LUA = """
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
@@ -39,6 +40,8 @@ redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
 redis.call('HSET', KEYS[4], unpack(ARGV, 6))
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
+redis.call('LPUSH', KEYS[5], '1')
+redis.call('LTRIM', KEYS[5], 0, 15)
 return false
 """
 
@@ -61,11 +64,12 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
     flat = [x for kv in fields.items() for x in kv]
     holder = await redis.eval(  # type: ignore[misc]
         _SUBMIT_LUA,
-        4,
+        5,
         ACTIVE_RUNS,
         arq_job_key(job.run_id),
         QUEUE_NAME,
         run_key(job.run_id),
+        WAKE_LIST,
         job.conversation_id,
         job.run_id,
         payload,  # type: ignore[arg-type]  # redis-py accepts bytes; its stubs say str

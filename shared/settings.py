@@ -123,8 +123,9 @@ class Settings:
     max_message_chars: int = 32_000
     # Seconds between SSE keep-alive comments.
     sse_ping_interval: float = 15.0
-    # arq's wake-up interval: how long a queued job can wait for the worker to look.
-    poll_delay: float = 0.01
+    # The idle worker waits on a wake-up from the submit script; it also looks at the
+    # queue at least this often (seconds), in case a wake-up was missed.
+    poll_delay: float = 1.0
     mcp_call_timeout: float = 60.0
     mcp_start_timeout: float = 30.0
     model_timeout: float = 300.0

@@ -45,10 +45,10 @@ def main() -> int:
 
 async def serve(settings: Settings) -> None:
     from arq.connections import RedisSettings
-    from arq.worker import Worker
 
     from shared.contracts import QUEUE_NAME, dumps, loads
     from shared.redis import RETRY_ON, retry_policy
+    from worker.wakeup import WakeableWorker
 
     def redis_settings(url: str) -> RedisSettings:
         base = RedisSettings.from_dsn(url)
@@ -61,7 +61,7 @@ async def serve(settings: Settings) -> None:
 
     log = structlog.get_logger("worker")
     ctx: dict[str, object] = {"settings": settings}
-    worker = Worker(
+    worker = WakeableWorker(
         functions=functions(),
         queue_name=QUEUE_NAME,
         redis_settings=redis_settings(settings.redis_url),
@@ -71,7 +71,7 @@ async def serve(settings: Settings) -> None:
         max_jobs=1,  # one run at a time; per-conversation exclusivity is Redis's ACTIVE_RUNS
         job_timeout=24 * 3600,  # runs end by themselves (recursion limit, model timeout)
         keep_result=60,
-        poll_delay=settings.poll_delay,
+        idle_timeout=settings.poll_delay,
         job_serializer=dumps,
         job_deserializer=loads,
         ctx=ctx,
