@@ -4,12 +4,13 @@ Some crash windows are too narrow to hit with a signal from outside (after the
 final checkpoint, before the outcome is recorded; after the run row, before
 the input checkpoint). With ``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` the worker
 SIGKILLs itself right after its Nth checkpoint write since start-up, with
-``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it: exactly what
-``kill -9`` at that instant would do.
+``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it (once the step's task
+results are saved): exactly what ``kill -9`` at that instant would do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import Any
@@ -24,7 +25,12 @@ class KillAtCheckpoint(AsyncSqliteSaver):
 
     async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         if self.written + 1 == self.kill_before:
-            os.kill(os.getpid(), signal.SIGKILL)
+            # "Right before" means after everything the step saved first: LangGraph
+            # writes a finished task's result (put_writes) in a background task that
+            # may still hold the saver's lock. Let it finish, then die.
+            await asyncio.sleep(0.05)
+            async with self.lock:
+                os.kill(os.getpid(), signal.SIGKILL)
         result = await super().aput(config, checkpoint, metadata, new_versions)
         self.written += 1
         if self.written == self.kill_after:

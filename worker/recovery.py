@@ -15,6 +15,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from shared.contracts import (
     ACTIVE_RUNS,
     QUEUE_NAME,
+    JobKind,
     RunErrorCode,
     RunStatus,
     arq_in_progress_key,
@@ -48,7 +49,7 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
         recorded = [c async for c in saver.alist(thread, filter={"run_id": run.id}, limit=1)]
         state = await service.graph.aget_state(thread)
         pending = bool(state.tasks)
-        if not recorded:
+        if not recorded and run.kind == JobKind.RUN.value:
             message = NOT_RECORDED
         elif pending:
             message = RESUMABLE

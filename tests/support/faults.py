@@ -1,0 +1,125 @@
+"""Helpers for the fault suites: what the user sees, what the database holds, what ran.
+
+A fault test compares a run that was hit by a fault with the same script run
+without one, so the helpers here turn both into comparable values: the
+transcript without its generated ids, the executions counted at the model server
+and in the tools' log, and SQLite's own verdict on the file.
+"""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis as redis_sync
+
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
+from tests.fakes.ollama import FakeOllama
+from tests.support.client import get_json, post_chat, tool_calls
+
+
+def accepted(api_url: str, message: str | None = None, conversation: str | None = None,
+             resume: bool = False) -> tuple[str, str]:
+    """POST /api/chat, assert 202, return ``(conversation, run)``."""
+    response = post_chat(api_url, message, conversation, resume)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    return body["conversation"], body["run"]
+
+
+def transcript(api_url: str, conversation: str) -> list[tuple[Any, ...]]:
+    """The conversation's messages as the API shows them, minus generated ids."""
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
+    shown = []
+    for m in detail["messages"]:
+        calls = tuple((c["name"], tuple(sorted(c["arguments"].items()))) for c in m.get("toolCalls", []))
+        shown.append((m["role"], m["content"], calls, m.get("name"), m.get("status")))
+    return shown
+
+
+def integrity(database: Path) -> str:
+    """``PRAGMA integrity_check`` of the file, read-only (beside a live or dead writer)."""
+    conn = sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=10)
+    try:
+        return "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check"))
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Executions:
+    """What was executed: chat requests at the model server, calls per tool."""
+
+    model: int
+    tools: dict[str, int]
+
+    @classmethod
+    def now(cls, model: FakeOllama, tools_log: Path) -> Executions:
+        counted = collections.Counter(entry["tool"] for entry in tool_calls(tools_log))
+        return cls(model.calls, dict(counted))
+
+    def __sub__(self, other: Executions) -> Executions:
+        tools = {t: n - other.tools.get(t, 0) for t, n in self.tools.items()}
+        return Executions(self.model - other.model, {t: n for t, n in tools.items() if n})
+
+
+def queue_is_clean(redis_url: str, conversation: str) -> list[str]:
+    """Problems that would block or re-run the conversation: claims, queued jobs, arq markers."""
+    client = redis_sync.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        problems = []
+        if (holder := client.hget(ACTIVE_RUNS, conversation)) is not None:
+            problems.append(f"conversation still claimed by {holder}")
+        if queued := client.zrange(QUEUE_NAME, 0, -1):
+            problems.append(f"jobs still queued: {queued}")
+        for pattern in ("arq:in-progress:*", "arq:retry:*"):
+            if keys := client.keys(pattern):
+                problems.append(f"stale arq keys: {keys}")
+        return problems
+    finally:
+        client.close()
+
+
+class DatabaseLock:
+    """Another process holding the database's write lock (``BEGIN IMMEDIATE``) until released."""
+
+    def __init__(self, database: Path) -> None:
+        script = (
+            "import sqlite3, sys\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE')\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "c.execute('ROLLBACK')\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(database)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip() == "locked", f"lock holder failed: {line!r}"
+        self.taken_at = time.monotonic()
+
+    def release(self) -> float:
+        """Let go of the lock; return how long it was held (seconds)."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            self.proc.wait(10)
+        return time.monotonic() - self.taken_at
+
+    def __enter__(self) -> DatabaseLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        if self.proc.poll() is None:
+            self.proc.kill()
