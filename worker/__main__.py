@@ -1,4 +1,4 @@
-"""``python -m worker``: the single worker process.
+"""``python -m worker``: the single worker process. ``python -m worker --check``: is one alive?
 
 SIGTERM / SIGINT: stop taking jobs, ask the run in progress to stop at its next
 step boundary (``RunControl.request_drain``), wait up to SHUTDOWN_TIMEOUT, then
@@ -18,6 +18,10 @@ from shared.settings import Settings, SettingsError
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--check"]:
+        from worker.check import check
+
+        return check()
     try:
         settings = Settings.from_env()
     except SettingsError as exc:

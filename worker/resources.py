@@ -15,7 +15,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts import WORKER_HEARTBEAT
+from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
 from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
@@ -59,7 +59,12 @@ async def _heartbeat(redis: Redis, started_at: float) -> None:
     body = {"pid": os.getpid(), "started_at": started_at}
     while True:
         try:
-            await redis.set(WORKER_HEARTBEAT, json.dumps({**body, "beat_at": time.time()}), ex=HEARTBEAT_TTL)
+            beat = json.dumps({**body, "beat_at": time.time()})
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.set(WORKER_HEARTBEAT, beat, ex=HEARTBEAT_TTL)
+                # Outlives the worker, so "no worker since ..." can be told (heartbeat age).
+                pipe.set(WORKER_LAST_BEAT, beat)
+                await pipe.execute()
         except RedisError as exc:
             log.warning("worker.heartbeat_failed", error=str(exc))
         await asyncio.sleep(HEARTBEAT_INTERVAL)

@@ -31,11 +31,14 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.contracts import EventType, JobKind, RunErrorCode, RunJob, RunStatus
+from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import release_conversation
 from shared.settings import Settings
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
+from worker.metrics import CallTimer
 from worker.model import is_model_unavailable
+from worker.progress import CANCEL_REASON, RunTracker
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
@@ -62,7 +65,8 @@ class RunService:
 
     def drain(self, reason: str = "shutdown") -> int:
         for control in self.controls.values():
-            control.request_drain(reason)
+            if control.drain_reason != CANCEL_REASON:  # a cancelled run stays cancelled
+                control.request_drain(reason)
         return len(self.controls)
 
     async def execute(self, job: RunJob) -> str:
@@ -83,10 +87,10 @@ class RunService:
         await events.start()
         control = RunControl()
         self.controls[job.run_id] = control
-        steps = 0
+        tracker = RunTracker(self.redis, job.run_id)
         try:
             try:
-                steps = await self._stream(job, events, control)
+                await self._stream(job, events, control, tracker)
                 outcome = Outcome(RunStatus.COMPLETED)
             finally:
                 self.controls.pop(job.run_id, None)
@@ -95,18 +99,21 @@ class RunService:
                 RunStatus.FAILED, RunErrorCode.RECURSION_LIMIT,
                 f"the agent took more than {self.settings.agent_recursion_limit} steps",
             )
-        except GraphDrained:
-            outcome = Outcome(
-                RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED,
-                "the worker shut down during the run; resume the conversation to finish it",
-            )
+        except GraphDrained as exc:
+            if exc.reason == CANCEL_REASON:
+                outcome = Outcome(RunStatus.CANCELLED)
+            else:
+                outcome = Outcome(
+                    RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED,
+                    "the worker shut down during the run; resume the conversation to finish it",
+                )
         except NotResumable as exc:
             outcome = Outcome(RunStatus.FAILED, RunErrorCode.RUN_NOT_RESUMABLE, str(exc))
         except asyncio.CancelledError:
             # arq cancels the job (timeout, or a shutdown that could not drain).
             # Record it, shielded from the cancellation, then let it propagate.
             outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, "the run was cancelled")
-            await asyncio.shield(self._conclude(job, outcome, events, steps, started))
+            await asyncio.shield(self._conclude(job, outcome, events, tracker, started))
             raise
         except Exception as exc:
             if is_model_unavailable(exc):
@@ -120,12 +127,13 @@ class RunService:
                 outcome = Outcome(
                     RunStatus.FAILED, RunErrorCode.AGENT_FAILURE, f"{type(exc).__name__}: {exc}"
                 )
-        await self._conclude(job, outcome, events, steps, started)
+        await self._conclude(job, outcome, events, tracker, started)
         return outcome.status.value
 
     async def _conclude(
-        self, job: RunJob, outcome: Outcome, events: EventPublisher, steps: int, started: float
+        self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float
     ) -> None:
+        steps = tracker.steps
         state = await self.graph.aget_state(self.thread_config(job.conversation_id))
         messages = state.values.get("messages", []) if state.values else []
         await self.store.finish_run(
@@ -133,20 +141,31 @@ class RunService:
             status=outcome.status, error_code=outcome.code, error_message=outcome.message,
             message_count=len(messages), pending_tasks=bool(state.tasks), step_count=steps,
         )
+        duration = time.monotonic() - started
         log.info(
             "run.finished", status=outcome.status.value, error_code=outcome.code,
-            steps=steps, duration_ms=round((time.monotonic() - started) * 1000),
+            steps=steps, duration_ms=round(duration * 1000),
             event_publish_failures=events.failures,
         )
+        await tracker.close(duration)
         await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
 
-    async def _stream(self, job: RunJob, events: EventPublisher, control: RunControl) -> int:
+    async def _stream(
+        self, job: RunJob, events: EventPublisher, control: RunControl, tracker: RunTracker
+    ) -> int:
+        def check(cancel: bool) -> None:
+            # Takes effect at the next step boundary (LangGraph checks between steps).
+            if cancel and not control.drain_requested:
+                log.info("run.cancel_requested", step=tracker.steps)
+                control.request_drain(CANCEL_REASON)
+
         config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id},
             # Stored on every checkpoint this run writes: exports can tell runs apart,
             # and start-up can tell whether the run's input was ever recorded.
             "metadata": {"run_id": job.run_id},
             "recursion_limit": self.settings.agent_recursion_limit,
+            "callbacks": [CallTimer(tracker.batch)],
         }
         graph_input: dict[str, Any] | None
         if job.kind is JobKind.RESUME:
@@ -159,6 +178,8 @@ class RunService:
             # (``__start__``) and in the thread once the first step applies it.
             graph_input = {"messages": [HumanMessage(job.message or "", id=str(uuid.uuid4()))]}
 
+        # Cancelled between being taken from the queue and now: stop before the first step.
+        check(await tracker.cancel_requested())
         step = 0
         async for item in self.graph.astream(
             graph_input, config,
@@ -175,6 +196,7 @@ class RunService:
                 node = payload["name"]
                 if "input" in payload:
                     step += 1
+                    check(await tracker.step_started(step, node))
                     await events.trace(step, node, "enter", node)
                     continue
                 for message in (payload.get("result") or {}).get("messages", []):
@@ -190,6 +212,7 @@ class RunService:
                         })
                 leave: dict[str, Any] | None = {"error": payload["error"]} if payload.get("error") else None
                 await events.trace(step, node, "leave", node, leave)
+                check(await tracker.task_finished())
         return step
 
 
@@ -200,13 +223,20 @@ class NotResumable(Exception):
 async def notify_outcome(
     redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome
 ) -> None:
-    """Free the conversation, then publish the run's terminal event (after the outcome is stored)."""
+    """Free the conversation, then publish the run's terminal event (after the outcome is stored).
+
+    A cancelled run ends with ``end`` like a completed one: it stopped as asked.
+    """
     try:
         await release_conversation(redis, conversation_id, run_id)
     except RedisError as exc:
         # Start-up reconciliation frees conversations whose run has finished.
         log.warning("run.release_failed", error=str(exc))
-    if outcome.status is RunStatus.COMPLETED:
+    try:
+        await redis.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))  # type: ignore[misc]
+    except RedisError as exc:
+        log.warning("run.metrics_failed", error=str(exc))
+    if outcome.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
         await events.publish(EventType.END, {
             "conversation": conversation_id, "run": run_id, "status": outcome.status.value,
         })

@@ -1,0 +1,87 @@
+"""What operators see of a run while it runs, and how they stop it.
+
+One :class:`RunTracker` per run, driven by the run service at each step:
+
+* ``progress_key(run)`` holds the current node and step (the API shows them with
+  the elapsed time); it is deleted when the run ends.
+* ``cancel_key(run)``, set by the API's cancel route, is read at each step's
+  start and end. Reading it at the end of every task is what makes a cancel take
+  effect at the *next* step boundary: LangGraph checks ``RunControl`` between
+  steps, after the task results are streamed.
+* Model and tool call latencies noted by :class:`worker.metrics.CallTimer`
+  travel in the same round trips.
+
+Every call rides one pipeline and never fails the run: Redis is the view, the
+checkpoint is the truth. A Redis outage hides progress and delays a cancel.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from shared.contracts import cancel_key, progress_key
+from shared.metrics import RUN_DURATION, MetricBatch, queue_increments
+
+log = structlog.get_logger(__name__)
+
+#: the drain reason that turns a drained run into a cancelled one
+CANCEL_REASON = "cancel"
+#: a live run's progress must outlast any pause between steps
+_PROGRESS_TTL_SECONDS = 24 * 3600
+
+
+class RunTracker:
+    def __init__(self, redis: Redis, run_id: str) -> None:
+        self.redis = redis
+        self.run_id = run_id
+        self.batch = MetricBatch()
+        self.started_at = time.time()
+        #: steps started so far (the run's step count, whatever its outcome)
+        self.steps = 0
+
+    async def _run(self, *, step: int | None = None, node: str | None = None) -> bool:
+        """One round trip: progress (if given), pending metrics, the cancel marker."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                if step is not None:
+                    key = progress_key(self.run_id)
+                    pipe.hset(key, mapping={
+                        "node": node or "", "step": step,
+                        "started_at": f"{self.started_at:.6f}", "updated_at": f"{time.time():.6f}",
+                    })
+                    pipe.expire(key, _PROGRESS_TTL_SECONDS)
+                queue_increments(pipe, self.batch)
+                pipe.exists(cancel_key(self.run_id))
+                replies = await pipe.execute()
+        except RedisError as exc:
+            log.warning("run.progress_failed", error=str(exc))
+            return False
+        return bool(replies[-1])
+
+    async def cancel_requested(self) -> bool:
+        return await self._run()
+
+    async def step_started(self, step: int, node: str) -> bool:
+        """Record the step; True when a cancel has been requested."""
+        self.steps = step
+        return await self._run(step=step, node=node)
+
+    async def task_finished(self) -> bool:
+        """Write the latencies gathered so far; True when a cancel has been requested."""
+        return await self._run()
+
+    async def close(self, duration: float | None) -> None:
+        """The run has its outcome: note its duration, forget its progress and cancel marker."""
+        if duration is not None:
+            self.batch.observe(RUN_DURATION, duration)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                queue_increments(pipe, self.batch)
+                pipe.delete(progress_key(self.run_id), cancel_key(self.run_id))
+                await pipe.execute()
+        except RedisError as exc:
+            log.warning("run.progress_failed", error=str(exc))
