@@ -10,7 +10,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from api import routes_chat, routes_read
+from api import routes_chat, routes_ops, routes_read
 from api.access_log import access_log
 from api.auth import token_guard
 from api.errors import exception_handlers
@@ -41,12 +41,20 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             routes_read.list_runs,
             routes_read.get_run,
             routes_read.healthz,
+            routes_ops.cancel,
             routes_read.readyz,
         ],
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
     )
     components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
+    # Prometheus scrapes the root; the token, when set, guards it like /api.
+    scrape = Router(
+        path="/",
+        route_handlers=[routes_ops.scrape],
+        guards=[token_guard(settings.api_token)] if settings.api_token else [],
+        security=[{"bearer": []}] if settings.api_token else None,
+    )
     openapi = OpenAPIConfig(
         title="Sophos",
         version="0.1.0",
@@ -55,7 +63,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         components=components if settings.api_token else [],
     )
     return Litestar(
-        route_handlers=[api],
+        route_handlers=[api, scrape],
         lifespan=[lifespan(settings, draining)],
         state=State({"draining": draining}),
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},

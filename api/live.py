@@ -1,7 +1,10 @@
-"""What Redis knows and SQLite does not yet: queued runs, claimed conversations, the worker.
+"""What Redis knows and SQLite does not (yet): queued runs, claimed conversations, the worker.
 
 A run is *queued* while it is in arq's queue and has no row in ``runs`` (the
 worker writes the row when it starts the run). Its ``run_key`` hash describes it.
+A run cancelled while queued never gets a row: its ``run_key`` hash, marked
+``status=cancelled``, is its record, listed through ``CANCELLED_RUNS``. While a
+run is running, ``progress_key`` holds its current step and node.
 """
 
 from __future__ import annotations
@@ -10,7 +13,16 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, WORKER_HEARTBEAT, arq_in_progress_key, run_key
+from shared.contracts import (
+    ACTIVE_RUNS,
+    CANCELLED_RUNS,
+    QUEUE_NAME,
+    WORKER_HEARTBEAT,
+    arq_in_progress_key,
+    cancel_key,
+    progress_key,
+    run_key,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +33,18 @@ class QueuedRun:
     title: str
     enqueued_at: float
     new_conversation: bool
+    #: set when the run was cancelled while queued (seconds since the epoch)
+    cancelled_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A running run as the worker last reported it."""
+
+    node: str | None
+    step: int
+    started_at: float | None
+    cancel_requested: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +69,15 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
         title=fields.get("title") or "",
         enqueued_at=enqueued_at,
         new_conversation=fields.get("new_conversation") == "1",
+        cancelled_at=_float(fields.get("cancelled_at")) if fields.get("status") == "cancelled" else None,
     )
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 async def active_run(redis: Redis, conversation_id: str) -> str | None:
@@ -90,3 +122,57 @@ async def queue(redis: Redis) -> list[QueueEntry]:
 
 async def worker_alive(redis: Redis) -> bool:
     return bool(await redis.exists(WORKER_HEARTBEAT))
+
+
+async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:
+    """What the worker reports of these running runs (a run it has not reported yet is left out)."""
+    if not run_ids:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.hgetall(progress_key(run_id))
+            pipe.exists(cancel_key(run_id))
+        replies = await pipe.execute()
+    found = {}
+    for i, run_id in enumerate(run_ids):
+        fields, cancel = replies[2 * i], replies[2 * i + 1]
+        if fields or cancel:
+            try:
+                step = int(fields.get("step") or 0)
+            except ValueError:
+                step = 0
+            found[run_id] = Progress(
+                node=fields.get("node") or None, step=step,
+                started_at=_float(fields.get("started_at")), cancel_requested=bool(cancel),
+            )
+    return found
+
+
+async def cancelled_runs(
+    redis: Redis, *, before_ms: float | None, conversation_id: str | None, limit: int
+) -> list[QueuedRun]:
+    """Runs cancelled while queued, newest enqueued first, from ``before_ms`` (inclusive) down.
+
+    Entries whose record has expired are dropped from the index on the way.
+    """
+    found: list[QueuedRun] = []
+    high: str = "+inf" if before_ms is None else repr(before_ms)
+    batch = max(limit, 50)
+    offset = 0
+    while len(found) < limit:
+        ids: list[str] = await redis.zrevrangebyscore(CANCELLED_RUNS, high, "-inf", start=offset, num=batch)
+        if not ids:
+            break
+        offset += len(ids)
+        described = await described_runs(redis, ids)
+        expired = [run_id for run_id in ids if run_id not in described]
+        if expired:
+            await redis.zrem(CANCELLED_RUNS, *expired)
+            offset -= len(expired)
+        for run_id in ids:
+            run = described.get(run_id)
+            if run is not None and (conversation_id is None or run.conversation_id == conversation_id):
+                found.append(run)
+        if len(ids) < batch:
+            break
+    return found

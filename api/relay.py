@@ -58,7 +58,7 @@ def ping() -> ServerSentEventMessage:
 def terminal_from_row(run: RunRow, event_id: int) -> ServerSentEventMessage:
     """The terminal event of a finished run, rebuilt from its row (same shape as the worker's)."""
     body: dict[str, Any] = {"conversation": run.conversation_id, "run": run.id, "status": run.status}
-    if run.status == RunStatus.COMPLETED:
+    if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):  # a cancelled run stopped as asked
         event = EventType.END
     else:
         event = EventType.CHAT_ERROR

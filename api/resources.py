@@ -73,7 +73,7 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
             draining=draining,
             chat=ChatService(settings, store, redis),
             conversations=Conversations(store, redis),
-            runs=Runs(store, redis),
+            runs=Runs(store, redis, settings),
         )
 
 

@@ -11,6 +11,7 @@ from litestar import Request, get, post
 from litestar.params import Parameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from api import metrics
 from api.ids import parse_id
 from api.openapi import errors
 from api.relay import Relay, current_run, parse_last_event_id
@@ -85,5 +86,5 @@ async def stream_chat(
     )
     # Decided before the answer starts, so Redis or database errors still get an envelope.
     ending = await relay.ending()
-    content = _once(ending) if ending is not None else relay.events()
+    content = metrics.counted(_once(ending) if ending is not None else relay.events())
     return ServerSentEvent(content, headers=SSE_HEADERS)

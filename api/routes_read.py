@@ -74,17 +74,27 @@ async def export_conversation(
     )
 
 
-@get("/runs", summary="Runs across conversations, queued ones included, newest first",
-     responses=errors(400, 401, 503))
+@get(
+    "/runs",
+    summary="Runs across conversations, queued ones included, newest first",
+    description=(
+        "Queued runs come from the queue itself, with `position` (0: next) and `waitedMs`; running runs "
+        "carry `node`, `stepCount` and `elapsedMs`; finished runs `durationMs` and `error`. Page with "
+        "`cursor` = the previous page's `nextCursor`. `worker`: is a worker alive, and since when."
+    ),
+    responses=errors(400, 401, 503),
+)
 async def list_runs(
     resources: Resources,
     status: RunStatus | None = None,
     conversation: str | None = None,
     limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
 ) -> RunList:
     conversation_id = parse_id(conversation, "conversation") if conversation is not None else None
-    runs = await resources.runs.newest_first(status=status, conversation_id=conversation_id, limit=limit)
-    return RunList(runs=runs)
+    return await resources.runs.page(
+        status=status, conversation_id=conversation_id, limit=limit, cursor=cursor
+    )
 
 
 @get("/runs/{run_id:str}", summary="One run: status, timings, error, place in queue",

@@ -1,9 +1,27 @@
-"""Runs for operators: the ``runs`` table joined with the runs still queued in Redis."""
+"""Runs for operators: the ``runs`` table joined with what only Redis knows.
+
+Three sources make one listing, newest first by (enqueued_at, id):
+
+* runs still queued, read from arq's queue itself (what is listed is what will run),
+  with their position and how long they have waited;
+* runs cancelled while queued, whose only record is their Redis description
+  (they never reached the worker, so they have no row; see api/cancel.py);
+* the ``runs`` table (running and finished runs), with the progress the worker
+  reports for running ones: current node, step, elapsed time.
+
+The cursor is the (enqueued_at, id) of the last run of a page. A run keeps its
+key from enqueue to outcome, so a run that starts or finishes between two pages
+is neither skipped nor listed twice, and new runs only ever appear before the
+first page.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import structlog
 from msgspec import UNSET
@@ -12,15 +30,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import live
-from api.schemas import RunError, RunInfo
+from api.ids import parse_id
+from api.schemas import RunError, RunInfo, RunList, WorkerInfo
 from api.store import RunRow, Store
-from api.timefmt import iso_from_timestamp, millis_between
+from api.timefmt import iso_from_timestamp, millis_between, parse_iso
 from shared.contracts import JobKind, RunErrorCode, RunStatus
-from shared.errors import NotFound, QueueUnavailable
+from shared.errors import BadRequest, NotFound, QueueUnavailable
+from shared.liveness import Liveness, read_liveness
+from shared.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+
+Key = tuple[str, str]
 
 
 def run_error(status: str, code: str | None, message: str | None) -> RunError | None:
@@ -38,10 +61,14 @@ def _kind(value: str) -> JobKind:
         return JobKind.RUN
 
 
-def from_row(row: RunRow) -> RunInfo:
+def _millis(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def from_row(row: RunRow, progress: live.Progress | None = None, now: float | None = None) -> RunInfo:
     error = run_error(row.status, row.error_code, row.error_message)
     waited = millis_between(row.enqueued_at, row.started_at)
-    return RunInfo(
+    info = RunInfo(
         id=row.id,
         conversation=row.conversation_id,
         kind=_kind(row.kind),
@@ -54,11 +81,20 @@ def from_row(row: RunRow) -> RunInfo:
         error=error if error is not None else UNSET,
         waited_ms=waited if waited is not None else UNSET,
     )
+    if row.status == RunStatus.RUNNING:
+        started = parse_iso(row.started_at)
+        if started is not None:
+            info.elapsed_ms = _millis((now or time.time()) - started.timestamp())
+        if progress is not None:
+            info.step_count = progress.step
+            if progress.node:
+                info.node = progress.node
+            if progress.cancel_requested:
+                info.cancel_requested = True
+    return info
 
 
-def from_queued(run: live.QueuedRun, position: int) -> RunInfo:
-    now = datetime.now(UTC)
-    enqueued = datetime.fromtimestamp(run.enqueued_at, UTC) if run.enqueued_at else None
+def from_queued(run: live.QueuedRun, position: int, now: float | None = None) -> RunInfo:
     return RunInfo(
         id=run.id,
         conversation=run.conversation_id,
@@ -70,18 +106,63 @@ def from_queued(run: live.QueuedRun, position: int) -> RunInfo:
         duration_ms=None,
         step_count=0,
         position=position,
-        waited_ms=millis_between(enqueued, now) or 0,
+        waited_ms=_millis((now or time.time()) - run.enqueued_at) if run.enqueued_at else 0,
     )
 
 
-def _newest_first(run: RunInfo) -> str:
-    return run.enqueued_at or run.started_at or ""
+def from_cancelled(run: live.QueuedRun) -> RunInfo:
+    """A run cancelled while queued: it never started, so it has no duration."""
+    cancelled_at = run.cancelled_at or run.enqueued_at
+    return RunInfo(
+        id=run.id,
+        conversation=run.conversation_id,
+        kind=_kind(run.kind),
+        status=RunStatus.CANCELLED,
+        enqueued_at=iso_from_timestamp(run.enqueued_at) if run.enqueued_at else None,
+        started_at=None,
+        finished_at=iso_from_timestamp(cancelled_at) if cancelled_at else None,
+        duration_ms=None,
+        step_count=0,
+        waited_ms=_millis(cancelled_at - run.enqueued_at) if run.enqueued_at else UNSET,
+    )
+
+
+def sort_key(run: RunInfo) -> Key:
+    return (run.enqueued_at or run.started_at or "", run.id)
+
+
+def encode_cursor(key: Key) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: str) -> Key:
+    try:
+        at, run_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if not isinstance(at, str) or parse_iso(at) is None:
+            raise ValueError(at)
+        return at, parse_id(run_id, "cursor")
+    except (ValueError, TypeError, binascii.Error, BadRequest):
+        raise BadRequest("cursor is not one this API gave out (pass nextCursor as it was)") from None
+
+
+def worker_info(liveness: Liveness, now: float | None = None) -> WorkerInfo:
+    beat = liveness.beat
+    if beat is None:
+        return WorkerInfo(alive=liveness.alive)
+    return WorkerInfo(
+        alive=liveness.alive,
+        pid=beat.pid if beat.pid is not None else UNSET,
+        started_at=iso_from_timestamp(beat.started_at),
+        last_beat_at=iso_from_timestamp(beat.beat_at),
+        heartbeat_age_ms=_millis(liveness.age(now) or 0.0),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Runs:
     store: Store
     redis: Redis
+    settings: Settings
 
     async def queued(self) -> list[RunInfo]:
         """Runs in arq's queue that the worker has not started, in queue order.
@@ -92,43 +173,94 @@ class Runs:
         started = await self.store.runs_by_id([e.run_id for e in entries])
         waiting = [e.run_id for e in entries if e.run_id not in started]
         described = await live.described_runs(self.redis, waiting)
+        now = time.time()
         return [
-            from_queued(described[run_id], position)
+            from_queued(described[run_id], position, now)
             for position, run_id in enumerate(waiting)
             if run_id in described
         ]
 
-    async def newest_first(
-        self, *, status: RunStatus | None, conversation_id: str | None, limit: int
+    async def worker(self) -> WorkerInfo | None:
+        try:
+            return worker_info(await read_liveness(self.redis))
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            return None
+
+    async def with_progress(self, rows: list[RunRow]) -> list[RunInfo]:
+        running = [r.id for r in rows if r.status == RunStatus.RUNNING]
+        try:
+            reports = await live.progress(self.redis, running)
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            reports = {}
+        now = time.time()
+        return [from_row(r, reports.get(r.id), now) for r in rows]
+
+    async def _from_redis(
+        self, status: RunStatus | None, conversation_id: str | None, before: Key | None, want: int
     ) -> list[RunInfo]:
         runs: list[RunInfo] = []
         if status in (None, RunStatus.QUEUED):
-            try:
-                queued = await self.queued()
-            except REDIS_DOWN as exc:
-                log.warning("runs.redis_unavailable", error=str(exc))
-                if status is RunStatus.QUEUED:
-                    raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
-                queued = []  # the rest is still worth showing
-            runs += [r for r in queued if conversation_id is None or r.conversation == conversation_id]
-        if status is not RunStatus.QUEUED:
-            rows = await self.store.runs(
-                status=status.value if status else None, conversation_id=conversation_id, limit=limit
+            runs += [r for r in await self.queued() if conversation_id in (None, r.conversation)]
+        if status in (None, RunStatus.CANCELLED):
+            before_ms = None
+            if before is not None and (at := parse_iso(before[0])) is not None:
+                before_ms = at.timestamp() * 1000 + 1  # inclusive of the whole millisecond
+            cancelled = await live.cancelled_runs(
+                self.redis, before_ms=before_ms, conversation_id=conversation_id, limit=want
             )
-            runs += [from_row(r) for r in rows]
-        runs.sort(key=_newest_first, reverse=True)
-        return runs[:limit]
+            runs += [from_cancelled(r) for r in cancelled]
+        return runs
+
+    async def page(
+        self, *, status: RunStatus | None, conversation_id: str | None, limit: int, cursor: str | None
+    ) -> RunList:
+        """One page of runs, newest first, and the cursor of the next one."""
+        before = decode_cursor(cursor) if cursor else None
+        want = limit + 1
+        runs: list[RunInfo] = []
+        try:
+            runs += await self._from_redis(status, conversation_id, before, want)
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            if status in (RunStatus.QUEUED, RunStatus.CANCELLED):
+                raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
+            # the rest is still worth showing
+        if status not in (RunStatus.QUEUED,):
+            rows = await self.store.runs(
+                status=status.value if status else None, conversation_id=conversation_id,
+                limit=want, before=before,
+            )
+            runs += await self.with_progress(rows)
+        # A run that started between the two reads is in both: its row wins.
+        unique: dict[str, RunInfo] = {}
+        for run in runs:
+            if run.id not in unique or unique[run.id].status is RunStatus.QUEUED:
+                unique[run.id] = run
+        ordered = sorted(
+            (r for r in unique.values() if before is None or sort_key(r) < before), key=sort_key, reverse=True
+        )
+        page = ordered[:limit]
+        worker = await self.worker()
+        return RunList(
+            runs=page,
+            next_cursor=encode_cursor(sort_key(page[-1])) if len(ordered) > limit else UNSET,
+            worker=worker if worker is not None else UNSET,
+        )
 
     async def get(self, run_id: str) -> RunInfo:
         row = await self.store.run(run_id)
         if row is not None:
-            return from_row(row)
+            return (await self.with_progress([row]))[0]
         try:
-            queued = await self.queued()
+            for run in await self.queued():
+                if run.id == run_id:
+                    return run
+            described = await live.described_runs(self.redis, [run_id])
         except REDIS_DOWN as exc:
             log.warning("runs.redis_unavailable", error=str(exc))
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
-        for run in queued:
-            if run.id == run_id:
-                return run
+        if run_id in described and described[run_id].cancelled_at is not None:
+            return from_cancelled(described[run_id])
         raise NotFound(f"run {run_id} not found")

@@ -114,12 +114,32 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     error: RunError | UnsetType = UNSET
     #: 0-based place among the queued runs, while queued
     position: int | UnsetType = UNSET
-    #: time between enqueue and start (or now, while queued)
+    #: time between enqueue and start (or now, while queued; or cancellation, if cancelled queued)
     waited_ms: int | UnsetType = UNSET
+    #: while running: the node of the current step and the time since the run started
+    node: str | UnsetType = UNSET
+    elapsed_ms: int | UnsetType = UNSET
+    #: a cancel was asked for and the run has not reached a step boundary yet
+    cancel_requested: bool | UnsetType = UNSET
 
 
-class RunList(msgspec.Struct):
+class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """The worker as its heartbeat tells it: alive or not, since when, last seen when."""
+
+    alive: bool
+    pid: int | UnsetType = UNSET
+    #: when the live worker (or the last one seen) started
+    started_at: str | UnsetType = UNSET
+    last_beat_at: str | UnsetType = UNSET
+    heartbeat_age_ms: int | UnsetType = UNSET
+
+
+class RunList(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     runs: list[RunInfo]
+    #: pass as ``cursor`` for the next (older) page; absent on the last page
+    next_cursor: str | UnsetType = UNSET
+    #: absent when Redis cannot be asked
+    worker: WorkerInfo | UnsetType = UNSET
 
 
 class Health(msgspec.Struct):

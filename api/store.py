@@ -79,6 +79,9 @@ SELECT id, conversation_id, kind, status, error_code, error_message, enqueued_at
 FROM runs
 """
 
+#: the order of the runs listing (with ``id``): when a run was accepted
+_RUN_KEY = "COALESCE(enqueued_at, started_at)"
+
 
 def _conversation(row: Sequence[Any]) -> ConversationRow:
     return ConversationRow(
@@ -214,20 +217,37 @@ class Store:
                 found[row[0]] = _run(row)
         return found
 
-    async def runs(self, *, status: str | None, conversation_id: str | None, limit: int) -> list[RunRow]:
-        where, params = [], []
+    async def runs(
+        self,
+        *,
+        status: str | None,
+        conversation_id: str | None,
+        limit: int,
+        before: tuple[str, str] | None = None,
+    ) -> list[RunRow]:
+        """Runs newest first by (enqueued_at, id); ``before``: only those older than that key."""
+        where: list[str] = []
+        params: list[Any] = []
         if status is not None:
             where.append("status = ?")
             params.append(status)
         if conversation_id is not None:
             where.append("conversation_id = ?")
             params.append(conversation_id)
+        if before is not None:
+            where.append(f"({_RUN_KEY} < ? OR ({_RUN_KEY} = ? AND id < ?))")
+            params += [before[0], before[0], before[1]]
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         rows = await self._fetch(
-            f"{_RUN_SQL} {clause} ORDER BY COALESCE(enqueued_at, started_at) DESC, id LIMIT ?",
+            f"{_RUN_SQL} {clause} ORDER BY {_RUN_KEY} DESC, id DESC LIMIT ?",
             [*params, limit],
         )
         return [_run(r) for r in rows]
+
+    async def run_counts(self) -> dict[str, int]:
+        """How many runs the table holds in each status."""
+        rows = await self._fetch("SELECT status, count(*) FROM runs GROUP BY status")
+        return {str(status): int(n) for status, n in rows}
 
     # --- checkpoints ------------------------------------------------------------
 

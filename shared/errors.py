@@ -7,6 +7,7 @@
     ├── SessionInProgress       409 SESSION_IN_PROGRESS
     ├── RunNotResumable         409 RUN_NOT_RESUMABLE
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
+    ├── RunFinished             409 RUN_FINISHED
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
     └── NotReady                503 NOT_READY
@@ -56,6 +57,11 @@ class PayloadTooLarge(SophosError):
 
 class QueueUnavailable(SophosError):
     code = "QUEUE_UNAVAILABLE"
+class RunFinished(SophosError):
+    code = "RUN_FINISHED"
+    status = 409
+
+
     status = 503
 
 

@@ -1,0 +1,145 @@
+"""``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one stops at a step boundary.
+
+**Queued.** One Lua script, so it is all or nothing and races neither arq nor a
+second cancel: if the run is in the queue and arq has not taken it (no
+in-progress key), remove it from the queue, delete its arq job (if arq is just
+taking it, arq finds no job and drops it: the run never starts), free its
+conversation, mark its description ``cancelled``, index it in ``CANCELLED_RUNS``,
+publish its terminal ``end`` event and count it. The API never writes SQLite and
+the run never reached the worker, so its Redis description *is* its record (kept
+``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
+and a conversation whose first run it was never existed in the database.
+
+**Running** (or taken by arq and about to be recorded). The API sets
+``cancel_key(run)``; the worker reads it at the start and end of every step and
+asks LangGraph to drain (``RunControl.request_drain("cancel")``), which stops the
+run at the next step boundary. The worker records ``cancelled`` and publishes
+``end``; the thread keeps its checkpoints, so the conversation is resumable when
+a step was still to run. A run that reaches its end before a boundary completes
+normally: the answer is then 409, as for any finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from api.runs import Runs
+from api.schemas import RunInfo
+from shared.contracts import (
+    ACTIVE_RUNS,
+    CANCELLED_RETENTION_SECONDS,
+    CANCELLED_RUNS,
+    QUEUE_NAME,
+    RunStatus,
+    arq_in_progress_key,
+    arq_job_key,
+    cancel_key,
+    events_key,
+    run_key,
+)
+from shared.errors import NotFound, RunFinished
+from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
+
+log = structlog.get_logger(__name__)
+
+#: how long a cancel request for a started run waits for the worker to see it
+CANCEL_MARKER_SECONDS = 24 * 3600
+
+# KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics
+# ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field
+_CANCEL_QUEUED_LUA = """
+if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
+  return 'already'
+end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then
+  return 'absent'
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 'taken'
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+local conversation = redis.call('HGET', KEYS[4], 'conversation')
+if conversation and redis.call('HGET', KEYS[5], conversation) == ARGV[1] then
+  redis.call('HDEL', KEYS[5], conversation)
+end
+redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
+redis.call('ZADD', KEYS[7], score, ARGV[1])
+local n = 1
+local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
+if last[1] then
+  n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+end
+local data = cjson.encode({conversation = conversation or '', run = ARGV[1], status = 'cancelled'})
+redis.call('XADD', KEYS[6], n .. '-0', 'type', 'end', 'data', data)
+redis.call('EXPIRE', KEYS[6], ARGV[4])
+redis.call('HINCRBY', KEYS[8], ARGV[5], 1)
+return 'cancelled'
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    run: RunInfo
+    #: True: the run is stopped; False: the worker has been asked to stop it
+    done: bool
+
+
+async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
+    """Cancel ``run_id`` (see the module docstring); idempotent. Raises NotFound, RunFinished."""
+    redis = runs.redis
+    result = await redis.eval(  # type: ignore[misc]
+        _CANCEL_QUEUED_LUA,
+        8,
+        QUEUE_NAME,
+        arq_job_key(run_id),
+        arq_in_progress_key(run_id),
+        run_key(run_id),
+        ACTIVE_RUNS,
+        events_key(run_id),
+        CANCELLED_RUNS,
+        METRICS_KEY,
+        run_id,
+        f"{time.time():.6f}",
+        str(CANCELLED_RETENTION_SECONDS),
+        str(runs.settings.event_retention),
+        counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
+    )
+    if result in ("cancelled", "already"):
+        info = await runs.get(run_id)
+        structlog.contextvars.bind_contextvars(conversation_id=info.conversation)
+        if result == "cancelled":
+            log.info("run.cancelled", while_status="queued", waited_ms=info.waited_ms or 0)
+        return Cancelled(info, done=True)
+
+    row = await runs.store.run(run_id)
+    if row is None and result == "absent":
+        raise NotFound(f"run {run_id} not found")
+    if row is not None:
+        structlog.contextvars.bind_contextvars(conversation_id=row.conversation_id)
+        if RunStatus(row.status).finished:
+            return _finished(await runs.get(run_id))
+
+    # Running, or taken by the worker and about to be recorded: ask the worker.
+    await redis.set(cancel_key(run_id), json.dumps({"requested_at": time.time()}), ex=CANCEL_MARKER_SECONDS)
+    info = await runs.get(run_id)
+    if info.status.finished:
+        # It ended between our two looks: the marker is moot.
+        await redis.delete(cancel_key(run_id))
+        return _finished(info)
+    info.cancel_requested = True
+    log.info("run.cancel_requested", while_status=info.status.value)
+    return Cancelled(info, done=False)
+
+
+def _finished(info: RunInfo) -> Cancelled:
+    if info.status is RunStatus.CANCELLED:
+        return Cancelled(info, done=True)  # cancelling twice is harmless
+    raise RunFinished(f"run {info.id} already finished ({info.status.value}); there is nothing to cancel")
+

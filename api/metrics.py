@@ -1,0 +1,177 @@
+"""``GET /metrics``: Prometheus text format, built afresh from Redis and SQLite on each scrape.
+
+What every API process agrees on comes from shared state, read at scrape time:
+
+* queue figures from arq's queue in Redis (the same reading as ``/api/runs``);
+* running runs from the ``runs`` table;
+* counters and histograms the worker keeps in Redis (shared/metrics.py): runs
+  finished by status, run duration, model-call and tool-call latency;
+* the worker's heartbeat.
+
+What only this process knows (its open event streams, and prometheus-client's
+process and Python collectors) comes from the process's default registry.
+A source that cannot be read is left out of the scrape and ``sophos_redis_up``
+/ ``sophos_database_up`` say so, rather than reporting zeros that are not true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from redis.exceptions import RedisError
+
+from api.resources import Resources
+from api.schemas import RunInfo
+from shared.contracts import RunStatus
+from shared.errors import SophosError
+from shared.liveness import Liveness, read_liveness
+from shared.metrics import (
+    BUCKETS,
+    METRICS_KEY,
+    MODEL_CALL,
+    RUN_DURATION,
+    RUNS_FINISHED,
+    TOOL_CALL,
+    MetricsSnapshot,
+    bound_label,
+    read_snapshot,
+)
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+SSE_SUBSCRIBERS = Gauge(
+    "sophos_sse_subscribers", "Event streams (GET /api/chat) this API process is serving now"
+)
+
+
+async def counted(events: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``events``, counted in ``sophos_sse_subscribers`` while the client is connected."""
+    SSE_SUBSCRIBERS.inc()
+    try:
+        # aclosing: a client that goes away closes the inner stream at once, not at GC.
+        async with contextlib.aclosing(events) as inner:  # type: ignore[type-var]
+            async for event in inner:
+                yield event
+    finally:
+        SSE_SUBSCRIBERS.dec()
+
+
+_HELP = {
+    RUNS_FINISHED: "Runs that reached an outcome, by status (queued runs cancelled included)",
+    RUN_DURATION: "Seconds from a run's start by the worker to its outcome",
+    MODEL_CALL: "Seconds of one chat-model call, request to last token",
+    TOOL_CALL: "Seconds of one tool call, by tool",
+}
+
+
+@dataclass(slots=True)
+class Figures:
+    """One scrape's reading of shared state; None where a source could not be read."""
+
+    queued: list[RunInfo] | None = None
+    snapshot: MetricsSnapshot | None = None
+    liveness: Liveness | None = None
+    run_counts: dict[str, int] | None = None
+    now: float = 0.0
+
+
+async def gather(resources: Resources) -> Figures:
+    figures = Figures(now=time.time())
+    try:
+        figures.snapshot = read_snapshot(await resources.redis.hgetall(METRICS_KEY))  # type: ignore[misc]
+        figures.liveness = await read_liveness(resources.redis)
+        figures.queued = await resources.runs.queued()
+    except (RedisError, OSError, SophosError) as exc:
+        log.warning("metrics.source_unavailable", error=str(exc))
+    try:
+        figures.run_counts = await resources.store.run_counts()
+    except SophosError as exc:
+        log.warning("metrics.source_unavailable", error=exc.message)
+    return figures
+
+
+class SharedStateCollector:
+    """Turns one :class:`Figures` into metric families (prometheus-client calls ``collect``)."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.figures
+        yield _gauge("sophos_redis_up", "1 when this scrape could read Redis", f.snapshot is not None)
+        yield _gauge("sophos_database_up", "1 when this scrape read the database", f.run_counts is not None)
+        if f.queued is not None:
+            yield _gauge("sophos_runs_queued", "Runs in the queue, not started", len(f.queued))
+            oldest = max((r.waited_ms or 0 for r in f.queued), default=0)
+            yield _gauge(
+                "sophos_queue_oldest_age_seconds", "How long the oldest queued run has waited (0: none)",
+                int(oldest) / 1000,
+            )
+        if f.run_counts is not None:
+            running = f.run_counts.get(RunStatus.RUNNING, 0)
+            yield _gauge("sophos_runs_running", "Runs recorded as running", running)
+        if f.snapshot is not None:
+            yield from self._worker_side(f.snapshot)
+        if f.liveness is not None:
+            yield from self._worker(f.liveness)
+
+    def _worker_side(self, snapshot: MetricsSnapshot) -> Iterator[Metric]:
+        finished = CounterMetricFamily(RUNS_FINISHED, _HELP[RUNS_FINISHED], labels=["status"])
+        for status in RunStatus:
+            if status.finished:
+                finished.add_metric([status.value], snapshot.counter(RUNS_FINISHED, status=status.value))
+        yield finished
+        for metric, labels in ((RUN_DURATION, []), (MODEL_CALL, []), (TOOL_CALL, ["tool"])):
+            family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
+            histograms = snapshot.histograms.get(metric, [])
+            for h in histograms:
+                values = dict(h.labels)
+                family.add_metric([values.get(name, "") for name in labels], h.buckets, h.sum)
+            if not histograms and not labels:
+                family.add_metric([], [(bound_label(b), 0.0) for b in BUCKETS[metric]] + [("+Inf", 0.0)], 0.0)
+            yield family
+
+    def _worker(self, liveness: Liveness) -> Iterator[Metric]:
+        yield _gauge("sophos_worker_up", "1 while a worker's heartbeat is fresh", liveness.alive)
+        if liveness.beat is not None:
+            yield _gauge(
+                "sophos_worker_heartbeat_age_seconds",
+                "Seconds since the worker's last heartbeat (it beats every 2 s)",
+                liveness.age(self.figures.now) or 0.0,
+            )
+            yield _gauge(
+                "sophos_worker_start_time_seconds", "When the live (or last seen) worker started, Unix time",
+                liveness.beat.started_at,
+            )
+
+
+def _gauge(name: str, documentation: str, value: float | bool) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=float(value))
+
+
+class _ThisProcess:
+    """The default registry's collectors (this process's own metrics), inside a per-scrape registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+
+async def render(resources: Resources) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SharedStateCollector(await gather(resources)))
+    registry.register(_ThisProcess())
+    return generate_latest(registry)
