@@ -143,7 +143,7 @@ def test_listing_and_paging_follow_a_queue_of_five_behind_a_slow_run(
     everything = ids(runs(api))
     page = runs(api, limit=2)
     pages = [ids(page)]
-    late_conversation, late = chat(api, "arrives while paging")
+    _, late = chat(api, "arrives while paging")
     while "nextCursor" in page:
         page = runs(api, limit=2, cursor=page["nextCursor"])
         pages.append(ids(page))
@@ -180,7 +180,7 @@ async def test_cancel_queued_running_twice_and_finished(
     conv_a, run_a = chat(api, "slow, then a tool")
     await slow.wait_started_async()
     conv_b, run_b = chat(api, "cancel me while I wait")
-    conv_c, run_c = chat(api, "keep my place")
+    _, run_c = chat(api, "keep my place")
     assert [r["position"] for r in runs(api, status="queued")["runs"]] == [1, 0]
 
     # A client watching the queued run: its stream must end with end/cancelled.
@@ -298,9 +298,9 @@ async def test_metrics_parse_and_match_the_runs_listing(
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 2})]), Text("Four."), slow)
     start_worker(sophos_env)
     api = start_api(sophos_env).url
-    conv_1, run_1 = chat(api, "add two and two")
+    _, run_1 = chat(api, "add two and two")
     wait_status(api, run_1, "completed")
-    conv_2, run_2 = chat(api, "think slowly")
+    conv_2, _ = chat(api, "think slowly")
     await slow.wait_started_async()
     _, run_3 = chat(api, "wait")
     _, run_4 = chat(api, "wait, then go away")
@@ -378,7 +378,8 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
         assert table.returncode == 0, table.stderr
         rows = table.stdout.splitlines()
         assert rows[0].startswith("worker: alive")
-        assert rows[1].split() == ["STATUS", "RUN", "CONVERSATION", "POS/NODE/ERROR", "STEPS", "WAITED", "TIME"]
+        header = ["STATUS", "RUN", "CONVERSATION", "POS/NODE/ERROR", "STEPS", "WAITED", "TIME"]
+        assert rows[1].split() == header
         running_row, queued_row = rows[2].split(), rows[3].split()
         assert running_row[0] == "running" and running_row[3] == "agent" and running_row[4] == "1"
         assert queued_row[0] == "queued" and queued_row[1] == queued and queued_row[3] == "#0"
@@ -402,7 +403,8 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.splitlines()[0] == "[tool] tools__add -> 2"
     assert resumed.stdout.splitlines()[-1] == "ok"
-    assert metrics(api, token="operator-secret")[("sophos_runs_finished_total", (("status", "cancelled"),))] == 1
+    cancelled = ("sophos_runs_finished_total", (("status", "cancelled"),))
+    assert metrics(api, token="operator-secret")[cancelled] == 1
     with httpx.Client(base_url=api, trust_env=False) as http:
         assert http.get("/metrics").status_code == 401
 
