@@ -8,8 +8,9 @@ import sys
 import structlog
 
 
-def configure_logging(log_format: str = "json", level: int = logging.INFO) -> None:
-    """JSON lines (``json``) or readable lines (``console``) on stderr.
+def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> None:
+    """JSON lines (``json``) or readable lines (``console``) on stderr; ``auto``:
+    readable on a terminal, JSON otherwise (a file, a pipe, a container's log).
 
     Context (run_id, conversation_id, job_id) is bound with
     ``structlog.contextvars.bind_contextvars`` at the start of a job or request.
@@ -20,6 +21,8 @@ def configure_logging(log_format: str = "json", level: int = logging.INFO) -> No
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.types.Processor
+    if log_format == "auto":
+        log_format = "console" if sys.stderr.isatty() else "json"
     if log_format == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     else:

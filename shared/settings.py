@@ -113,7 +113,8 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_token: str | None = None
-    log_format: str = "json"
+    # json, console, or auto: readable lines on a terminal, JSON lines otherwise.
+    log_format: str = "auto"
     log_content: bool = False
     # Events of a finished run stay readable this long (seconds).
     event_retention: int = 3600
@@ -166,7 +167,7 @@ class Settings:
             api_host=api_host,
             api_port=port,
             api_token=env.get("API_TOKEN") or None,
-            log_format=_choice(env, "LOG_FORMAT", d.log_format, ("json", "console")),
+            log_format=_choice(env, "LOG_FORMAT", d.log_format, ("auto", "json", "console")),
             log_content=_bool(env, "LOG_CONTENT", d.log_content),
             event_retention=_int(env, "EVENT_RETENTION", d.event_retention, minimum=1),
             event_max_per_run=_int(env, "EVENT_MAX_PER_RUN", d.event_max_per_run, minimum=10),
