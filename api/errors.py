@@ -49,6 +49,8 @@ def _sophos_error(request: Request[Any, Any, Any], exc: SophosError) -> Response
     response = envelope(exc.code, exc.message, exc.status, headers)
     if isinstance(exc, NotReadyError):
         response.content["checks"] = msgspec.to_builtins(exc.checks)
+        if exc.worker is not None:
+            response.content["worker"] = msgspec.to_builtins(exc.worker)
     return response
 
 

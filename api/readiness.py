@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from api import live
-from api.schemas import ReadinessChecks
+from api.schemas import ReadinessChecks, WorkerInfo
 from api.store import Store
 from shared.errors import NotReady, SophosError
 from shared.schema import MIGRATIONS
@@ -24,9 +24,11 @@ MODEL_CHECK_SECONDS = 2.0
 class NotReadyError(NotReady):
     """503 NOT_READY, naming what is missing; the answer also carries every check."""
 
-    def __init__(self, checks: ReadinessChecks) -> None:
+    def __init__(self, checks: ReadinessChecks, worker: WorkerInfo | None = None) -> None:
         super().__init__(f"not ready: {', '.join(checks.missing())}")
         self.checks = checks
+        #: the worker's heartbeat as /api/runs shows it (None: unknown)
+        self.worker = worker
 
 
 def _with_tag(name: str) -> str:

@@ -9,6 +9,7 @@ import structlog
 from litestar import Response, get
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
+from msgspec import UNSET
 
 from api import readiness
 from api.ids import parse_id
@@ -117,7 +118,8 @@ async def healthz() -> Health:
 )
 async def readyz(resources: Resources) -> Ready:
     checks = await readiness.check(resources.redis, resources.store, resources.http, resources.settings)
+    worker = await resources.runs.worker() if checks.redis else None
     missing = checks.missing()
     if missing:
-        raise readiness.NotReadyError(checks)
-    return Ready(status="ready", checks=checks)
+        raise readiness.NotReadyError(checks, worker)
+    return Ready(status="ready", checks=checks, worker=worker if worker is not None else UNSET)

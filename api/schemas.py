@@ -159,8 +159,11 @@ class ReadinessChecks(msgspec.Struct):
 class Ready(msgspec.Struct):
     status: Literal["ready"]
     checks: ReadinessChecks
+    #: the worker's heartbeat: alive, since when (absent when Redis cannot be asked)
+    worker: WorkerInfo | UnsetType = UNSET
 
 
 class NotReadyBody(msgspec.Struct):
     error: ErrorDetail
     checks: ReadinessChecks
+    worker: WorkerInfo | UnsetType = UNSET

@@ -255,7 +255,9 @@ def test_dead_worker_shows_in_readyz_runs_metrics_and_check(
 ) -> None:
     worker = start_worker(sophos_env)
     api = start_api(sophos_env).url
-    wait_for(lambda: get_json(api, "/api/readyz", expect=200), timeout=RUNNING_TIMEOUT)
+    ready = wait_for(lambda: get_json(api, "/api/readyz", expect=200), timeout=RUNNING_TIMEOUT)
+    assert ready["worker"]["alive"] is True and ready["worker"]["pid"] == worker.pid
+    assert ready["worker"]["startedAt"] <= ready["worker"]["lastBeatAt"]
     alive = worker_check(sophos_env)
     assert alive.returncode == 0, alive.stderr
     assert alive.stdout.startswith("worker alive") and f"pid {worker.pid}" in alive.stdout
@@ -274,6 +276,7 @@ def test_dead_worker_shows_in_readyz_runs_metrics_and_check(
     noticed = time.monotonic() - killed_at
     assert body["error"]["code"] == "NOT_READY" and body["checks"]["worker"] is False
     assert body["checks"]["redis"] is True and "worker" in body["error"]["message"]
+    assert body["worker"]["alive"] is False and body["worker"]["startedAt"] == ready["worker"]["startedAt"]
     assert noticed < 15, noticed  # a few heartbeats (2 s apart, 10 s expiry)
 
     dead = worker_check(sophos_env)
