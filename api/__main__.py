@@ -19,6 +19,7 @@ def main() -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.auth import exposure_problem
     from shared.logging import configure_logging
     from shared.settings import Settings, SettingsError
 
@@ -26,6 +27,10 @@ def main() -> int:
         settings = Settings.from_env()
     except SettingsError as exc:
         print(f"sophos-api: {exc}", file=sys.stderr)
+        return 2
+    problem = exposure_problem(settings)
+    if problem is not None:
+        print(f"sophos-api: refusing to start: {problem}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
 
@@ -45,6 +50,10 @@ def main() -> int:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         server_header=False,
+        # scope["client"] (what the per-client limits count) comes from
+        # X-Forwarded-For only when the peer is one of these proxies.
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     server = Server(config)
     server.run()

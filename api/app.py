@@ -12,8 +12,9 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from api import routes_chat, routes_ops, routes_read
 from api.access_log import access_log
-from api.auth import token_guard
+from api.auth import browser_guard, token_guard
 from api.errors import exception_handlers
+from api.limits import StreamLimit, SubmissionLimit
 from api.resources import Resources, lifespan
 from shared.settings import Settings
 
@@ -65,10 +66,14 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     return Litestar(
         route_handlers=[api, scrape],
         lifespan=[lifespan(settings, draining)],
-        state=State({"draining": draining}),
+        state=State(
+            {"draining": draining, "submission_limit": SubmissionLimit(settings.rate_limit_per_minute)}
+        ),
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
-        middleware=[access_log],
+        # Without a token: no cross-origin browser requests, no DNS rebinding (api/auth.py).
+        guards=[guard for guard in (browser_guard(settings),) if guard is not None],
+        middleware=[access_log, StreamLimit(settings.max_streams_per_client).middleware],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=openapi,
         logging_config=None,

@@ -1,19 +1,31 @@
-"""Optional bearer token on /api/*: ``Authorization: Bearer <token>`` or ``?access_token=``.
+"""Who may talk to the API: the optional bearer token, and where the API may listen without one.
 
-The query form exists for EventSource, which cannot set headers. Routes marked
-``opt={"public": True}`` (healthz) are open.
+With ``API_TOKEN`` set, every ``/api/*`` route needs ``Authorization: Bearer
+<token>`` or ``?access_token=<token>``; routes marked ``opt={"public": True}``
+(healthz) stay open. The query form exists for EventSource, which cannot set
+headers; no log line of ours contains a query string (api/access_log.py).
+
+Without a token, a web page in the local user's browser could still reach a
+loopback API: by a cross-origin "simple" POST (no preflight; the body is read
+as JSON whatever its content type) or by DNS rebinding (its own name resolving
+to 127.0.0.1, making the API same-origin). :func:`browser_guard` refuses both.
+With a token neither works: a browser never adds the token by itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
-from shared.errors import Unauthorized
+from shared.errors import Forbidden, Unauthorized
+from shared.settings import Settings
 
 
 def presented_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
@@ -25,9 +37,15 @@ def presented_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str | Non
     return connection.query_params.get("access_token") or None
 
 
+def _digest(token: str) -> bytes:
+    # Comparing digests keeps the comparison's time independent of the token's
+    # length too, which compare_digest on the raw values would reveal.
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
 def token_guard(token: str) -> Guard:
     """A Litestar guard admitting requests that present ``token``."""
-    expected = token.encode()
+    expected = _digest(token)
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         if handler.opt.get("public"):
@@ -35,7 +53,68 @@ def token_guard(token: str) -> Guard:
         presented = presented_token(connection)
         if presented is None:
             raise Unauthorized("a bearer token is required")
-        if not hmac.compare_digest(presented.encode(), expected):
+        if not hmac.compare_digest(_digest(presented), expected):
             raise Unauthorized("the bearer token is not valid")
+
+    return guard
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a wildcard (0.0.0.0, ::) or any
+    other name or address is reachable from elsewhere."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: Settings) -> str | None:
+    """Why the API must not start with ``settings``, or None.
+
+    Listening beyond loopback without a token would let anyone who can reach the
+    port read every conversation and make the agent act: allowed only when
+    ALLOW_UNAUTHENTICATED says so (e.g. a trusted network, or a proxy that
+    authenticates).
+    """
+    if settings.api_token or settings.allow_unauthenticated or is_loopback(settings.api_host):
+        return None
+    return (
+        f"API_HOST={settings.api_host} listens beyond loopback but API_TOKEN is not set: "
+        "set API_TOKEN, bind API_HOST to 127.0.0.1, or set ALLOW_UNAUTHENTICATED=true "
+        "to serve without authentication on purpose"
+    )
+
+
+def _hostname(authority: str) -> str | None:
+    try:
+        return urlsplit(f"//{authority}").hostname
+    except ValueError:
+        return None
+
+
+def browser_guard(settings: Settings) -> Guard | None:
+    """Without API_TOKEN: refuse cross-origin browser requests and, on loopback, foreign Host names.
+
+    Clients that are not browsers send no ``Origin`` and a loopback ``Host``, and
+    pass. None when a token is set.
+    """
+    if settings.api_token:
+        return None
+    check_host = is_loopback(settings.api_host)
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+        host = connection.headers.get("host", "")
+        if check_host:
+            name = _hostname(host)
+            if name is None or not is_loopback(name):
+                raise Forbidden(
+                    "without API_TOKEN this API answers only to loopback names "
+                    f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}"
+                )
+        origin = connection.headers.get("origin")
+        if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
+            raise Forbidden(f"cross-origin requests are not accepted (Origin {origin[:100]!r})")
 
     return guard

@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.readiness import NotReadyError
-from shared.errors import QueueUnavailable, SophosError, Unauthorized
+from shared.errors import QueueUnavailable, RateLimited, SophosError, Unauthorized
 
 log = structlog.get_logger(__name__)
 
@@ -27,7 +27,7 @@ HTTP_CODES = {
     406: "NOT_ACCEPTABLE",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
-    429: "TOO_MANY_REQUESTS",
+    429: "RATE_LIMITED",
     500: "INTERNAL_ERROR",
     503: "SERVICE_UNAVAILABLE",
 }
@@ -46,6 +46,8 @@ def _sophos_error(request: Request[Any, Any, Any], exc: SophosError) -> Response
     if exc.status >= 500:
         log.warning("request.unavailable", code=exc.code, error=exc.message)
     headers = {"WWW-Authenticate": 'Bearer realm="sophos"'} if isinstance(exc, Unauthorized) else None
+    if isinstance(exc, RateLimited) and exc.retry_after is not None:
+        headers = {"Retry-After": str(exc.retry_after)}
     response = envelope(exc.code, exc.message, exc.status, headers)
     if isinstance(exc, NotReadyError):
         response.content["checks"] = msgspec.to_builtins(exc.checks)

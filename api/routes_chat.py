@@ -13,6 +13,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from api import metrics
 from api.ids import parse_id
+from api.limits import limit_submissions
 from api.openapi import errors
 from api.relay import Relay, current_run, parse_last_event_id
 from api.resources import Resources
@@ -37,13 +38,14 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
     "/chat",
     status_code=202,
     before_request=require_json_object,
+    guards=[limit_submissions],
     summary="Send a message, or resume a conversation",
     description=(
         "Accepts `{message, conversation?}` (no conversation: a new one) or `{resume: true, conversation}`. "
         "Checks, in order: JSON, message, resume needs a conversation, id format, existence, "
         "active run, resumable."
     ),
-    responses=errors(400, 401, 404, 409, 413, 503),
+    responses=errors(400, 401, 404, 409, 413, 429, 503),
 )
 async def post_chat(data: ChatRequest, resources: Resources) -> ChatAccepted:
     return await resources.chat.submit(data)
@@ -62,7 +64,7 @@ async def _once(event: ServerSentEventMessage) -> AsyncIterator[ServerSentEventM
     ),
     media_type="text/event-stream",
     response_description="An event stream: `id`, `event` and JSON `data` per event",
-    responses=errors(400, 401, 404, 503),
+    responses=errors(400, 401, 404, 429, 503),
 )
 async def stream_chat(
     resources: Resources,

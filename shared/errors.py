@@ -3,10 +3,12 @@
     SophosError                 code, message, http status
     ├── BadRequest              400 BAD_REQUEST
     ├── Unauthorized            401 UNAUTHORIZED
+    ├── Forbidden               403 FORBIDDEN
     ├── NotFound                404 NOT_FOUND
     ├── SessionInProgress       409 SESSION_IN_PROGRESS
     ├── RunNotResumable         409 RUN_NOT_RESUMABLE
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
+    ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── RunFinished             409 RUN_FINISHED
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
@@ -35,6 +37,11 @@ class Unauthorized(SophosError):
     status = 401
 
 
+class Forbidden(SophosError):
+    code = "FORBIDDEN"
+    status = 403
+
+
 class NotFound(SophosError):
     code = "NOT_FOUND"
     status = 404
@@ -53,6 +60,16 @@ class RunNotResumable(SophosError):
 class PayloadTooLarge(SophosError):
     code = "PAYLOAD_TOO_LARGE"
     status = 413
+
+
+class RateLimited(SophosError):
+    code = "RATE_LIMITED"
+    status = 429
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        #: seconds until a retry can succeed, sent as ``Retry-After``
+        self.retry_after = retry_after
 
 
 class QueueUnavailable(SophosError):

@@ -90,6 +90,19 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return raw
 
 
+def _addresses(env: Mapping[str, str], name: str, default: str) -> str:
+    """A comma-separated list of IP addresses and networks, or ``*``."""
+    raw = env.get(name) or default
+    for item in (part.strip() for part in raw.split(",")):
+        if item == "*" and raw.strip() == "*":
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise SettingsError(name, f"expected IP addresses or networks (or *), got {item!r}") from None
+    return raw
+
+
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     raw = env.get(name) or default
     if "\x00" in raw:
@@ -113,6 +126,16 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_token: str | None = None
+    # Serve without API_TOKEN on an address beyond loopback (api/auth.py refuses otherwise).
+    allow_unauthenticated: bool = False
+    # Peers whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips): the
+    # address that the per-client limits count.
+    forwarded_allow_ips: str = "127.0.0.1"
+    # Chat submissions (POST /api/chat) per client address per minute, all API
+    # processes together (counted in Redis); 0 turns the limit off.
+    rate_limit_per_minute: int = 60
+    # Open event streams per client address, per API process; 0 turns the limit off.
+    max_streams_per_client: int = 32
     # json, console, or auto: readable lines on a terminal, JSON lines otherwise.
     log_format: str = "auto"
     log_content: bool = False
@@ -167,6 +190,10 @@ class Settings:
             api_host=api_host,
             api_port=port,
             api_token=env.get("API_TOKEN") or None,
+            allow_unauthenticated=_bool(env, "ALLOW_UNAUTHENTICATED", d.allow_unauthenticated),
+            forwarded_allow_ips=_addresses(env, "FORWARDED_ALLOW_IPS", d.forwarded_allow_ips),
+            rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
+            max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
             log_format=_choice(env, "LOG_FORMAT", d.log_format, ("auto", "json", "console")),
             log_content=_bool(env, "LOG_CONTENT", d.log_content),
             event_retention=_int(env, "EVENT_RETENTION", d.event_retention, minimum=1),
