@@ -7,6 +7,7 @@ COPY pyproject.toml requirements.lock ./
 COPY api api
 COPY worker worker
 COPY shared shared
+COPY sophos_cli sophos_cli
 COPY config config
 RUN pip install --no-cache-dir -c requirements.lock . \
     && npm install -g @modelcontextprotocol/server-memory \

@@ -91,7 +91,7 @@ class ChatService:
         # A holder equal to our own run id means a retried script had already run.
         if holder is not None and holder != job.run_id:
             raise _busy(conversation_id, holder)
-        structlog.contextvars.bind_contextvars(run_id=job.run_id)
+        structlog.contextvars.bind_contextvars(run_id=job.run_id, job_id=job.run_id)  # arq job id = run id
         log.info("run.accepted", kind=job.kind.value, new_conversation=new,
                  **({"message": message} if self.settings.log_content else {}))
         return ChatAccepted(conversation=conversation_id, run=job.run_id)
