@@ -118,9 +118,10 @@ def test_token_guards_every_api_route_and_never_reaches_a_log(
                 error_of(response, 401, "UNAUTHORIZED")
                 assert response.headers["WWW-Authenticate"].startswith("Bearer")
                 refused += 1
-        # /metrics (issue 5) answers only with the token, like /api/*; 404 while it does not exist.
-        assert http.get("/metrics").status_code in (401, 404)
-        assert http.get("/metrics", params={"access_token": wrong}).status_code in (401, 404)
+        # /metrics answers only with the token, like /api/*: it tells how busy and how healthy we are.
+        error_of(http.get("/metrics"), 401, "UNAUTHORIZED")
+        error_of(http.get("/metrics", params={"access_token": wrong}), 401, "UNAUTHORIZED")
+        assert http.get("/metrics", headers={"Authorization": f"Bearer {token}"}).status_code == 200
         # The API's description is public: it holds no data.
         assert http.get("/schema/openapi.json").status_code == 200
     assert refused == 5 * (len(routes) - 1)
