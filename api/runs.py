@@ -34,7 +34,7 @@ from api.ids import parse_id
 from api.schemas import RunError, RunInfo, RunList, WorkerInfo
 from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, millis_between, parse_iso
-from shared.contracts import JobKind, RunErrorCode, RunStatus
+from shared.contracts import QUEUE_NAME, JobKind, RunErrorCode, RunStatus
 from shared.errors import BadRequest, NotFound, QueueUnavailable
 from shared.liveness import Liveness, read_liveness
 from shared.settings import Settings
@@ -254,9 +254,11 @@ class Runs:
         if row is not None:
             return (await self.with_progress([row]))[0]
         try:
-            for run in await self.queued():
-                if run.id == run_id:
-                    return run
+            if await self.redis.zscore(QUEUE_NAME, run_id) is not None:
+                # Its position needs the runs ahead of it.
+                for run in await self.queued():
+                    if run.id == run_id:
+                        return run
             described = await live.described_runs(self.redis, [run_id])
         except REDIS_DOWN as exc:
             log.warning("runs.redis_unavailable", error=str(exc))
