@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import uvicorn
 
 #: Seconds uvicorn waits for open requests before cancelling them on SIGTERM. Event
 #: streams end by themselves within a second of the signal (see ``draining``).
 GRACEFUL_SHUTDOWN_SECONDS = 3
+
+
+def listening_socket(config: uvicorn.Config, client_timeout: float) -> socket.socket:
+    """uvicorn's socket, set so the kernel drops a connection whose client stops reading.
+
+    A client that stops reading shuts its TCP window, and uvicorn's ``send`` then
+    waits for the write buffer to drain, for ever. With TCP_USER_TIMEOUT (inherited
+    by every accepted connection) the kernel aborts a connection whose sent data has
+    waited that long, zero window included (Linux 5.11+); uvicorn sees the connection
+    lost and the stream's relay is cancelled, costing no one else anything.
+    """
+    sock = config.bind_socket()
+    if hasattr(socket, "TCP_USER_TIMEOUT") and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(client_timeout * 1000)))
+    return sock
 
 
 def main() -> int:
@@ -56,7 +76,7 @@ def main() -> int:
         forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     server = Server(config)
-    server.run()
+    server.run(sockets=[listening_socket(config, settings.sse_client_timeout)])
     return 0 if server.started else 1
 
 

@@ -2,13 +2,21 @@
 
 Entry ``<n>-0`` of ``events_key(run)`` becomes the SSE event with ``id: n``, so a
 client that reconnects with ``Last-Event-ID: n`` (to any API process) gets exactly
-the entries after it. Every stream ends with the run's terminal event (``end`` or
-``chat-error``); when the run finished long enough ago for its stream to expire,
-the terminal event is rebuilt from the ``runs`` row.
+the entries after it: the relay reads from an id, so there is no window between
+"replay" and "subscribe" in which an event could slip by or come twice.
+
+Every stream ends with the run's terminal event (``end`` or ``chat-error``). When
+entries the client has not seen were trimmed (``EVENT_MAX_PER_RUN``) or never
+reached Redis, a ``missed`` event says which ids are gone before the rest
+follows. When the run finished long enough ago for its stream to expire
+(``EVENT_RETENTION``), the client gets ``missed`` and the terminal event rebuilt
+from the ``runs`` row. A client that has already seen the terminal event gets
+204 No Content, which tells an ``EventSource`` to stop reconnecting.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import threading
 import time
@@ -24,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import live
+from api.feed import Entry, Feeds, entry_number
 from api.store import RunRow, Store
 from shared.contracts import EventType, RunErrorCode, RunStatus, events_key
 from shared.errors import BadRequest, NotFound, SophosError
@@ -31,9 +40,12 @@ from shared.errors import BadRequest, NotFound, SophosError
 log = structlog.get_logger(__name__)
 
 MISSED = "missed"
-_BATCH = 500
-_BLOCK_MAX_MS = 500
+#: Longest wait before the relay looks at the draining flag again.
+_WAIT_MAX_SECONDS = 0.5
 _RETRY_MAX_SECONDS = 2.0
+#: A chunk written to the client holds at most about this much (several events).
+_CHUNK_BYTES = 64 * 1024
+_TERMINAL = frozenset({EventType.END.value, EventType.CHAT_ERROR.value})
 
 
 def parse_last_event_id(header: str | None, query: str | None) -> int:
@@ -50,12 +62,17 @@ def parse_last_event_id(header: str | None, query: str | None) -> int:
     return value
 
 
-def ping() -> ServerSentEventMessage:
-    # data=None: an empty "data:" line would make browsers dispatch an empty message.
-    return ServerSentEventMessage(comment="ping", data=None)
+# data=None: an empty "data:" line would make browsers dispatch an empty message.
+PING = ServerSentEventMessage(comment="ping", data=None).encode()
 
 
-def terminal_from_row(run: RunRow, event_id: int) -> ServerSentEventMessage:
+def missed(first: int, last: int | None, event_id: int) -> bytes:
+    """The event saying ids ``first``..``last`` (None: unknown) will never come."""
+    body = json.dumps({"from": first, "to": last})
+    return ServerSentEventMessage(id=str(event_id), event=MISSED, data=body).encode()
+
+
+def terminal_from_row(run: RunRow, event_id: int) -> bytes:
     """The terminal event of a finished run, rebuilt from its row (same shape as the worker's)."""
     body: dict[str, Any] = {"conversation": run.conversation_id, "run": run.id, "status": run.status}
     if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):  # a cancelled run stopped as asked
@@ -65,7 +82,7 @@ def terminal_from_row(run: RunRow, event_id: int) -> ServerSentEventMessage:
         default_code = RunErrorCode.INTERRUPTED if run.status == RunStatus.INTERRUPTED else "AGENT_FAILURE"
         body["code"] = run.error_code or default_code
         body["message"] = run.error_message or f"the run {run.status}"
-    return ServerSentEventMessage(id=str(event_id), event=event.value, data=json.dumps(body))
+    return ServerSentEventMessage(id=str(event_id), event=event.value, data=json.dumps(body)).encode()
 
 
 def _finished(run: RunRow) -> bool:
@@ -83,12 +100,32 @@ async def current_run(store: Store, redis: Redis, conversation_id: str) -> str:
     return row.last_run_id
 
 
+async def run_of_conversation(store: Store, redis: Redis, conversation_id: str, run_id: str) -> str:
+    """``run_id``, if it is a run of this conversation (queued, running or finished)."""
+    row = await store.run(run_id)
+    found: str | None
+    if row is not None:
+        found = row.conversation_id
+    else:
+        queued = (await live.described_runs(redis, [run_id])).get(run_id)
+        found = queued.conversation_id if queued is not None else None
+    if found != conversation_id:
+        raise NotFound(f"run {run_id} of conversation {conversation_id} not found")
+    return run_id
+
+
+class Ending(enum.Enum):
+    #: the client has seen the terminal event: nothing more to say (204)
+    SEEN = "seen"
+
+
 @dataclass(slots=True)
 class Relay:
     """Relays one run's events, from ``after`` on, until its terminal event."""
 
     redis: Redis
     store: Store
+    feeds: Feeds
     conversation_id: str
     run_id: str
     after: int
@@ -100,23 +137,24 @@ class Relay:
     def key(self) -> str:
         return events_key(self.run_id)
 
-    async def ending(self) -> ServerSentEventMessage | None:
-        """The answer for a client that can only be told how the run ended, if so.
+    async def ending(self) -> bytes | Ending | None:
+        """What to answer without following the stream, if anything.
 
-        Either the run finished and its stream expired (the terminal event is rebuilt
-        from the run's row), or the client has already seen the stream's terminal
-        entry (it is sent again, with its own id).
+        :data:`Ending.SEEN` when the client has already seen the stream's terminal
+        entry; the rebuilt ending (``missed``, then the terminal event) when the
+        run finished and its stream expired; otherwise None: relay the stream.
         """
         newest = await self.redis.xrevrange(self.key, count=1)
         if newest:
             entry_id, fields = newest[0]
-            n = int(str(entry_id).split("-", 1)[0])
-            event_type = fields.get("type", "")
-            if n <= self.after and event_type in (EventType.END, EventType.CHAT_ERROR):
-                return ServerSentEventMessage(id=str(n), event=event_type, data=fields.get("data", "null"))
+            if entry_number(entry_id) <= self.after and fields.get("type") in _TERMINAL:
+                return Ending.SEEN
             return None
         run = await self.store.run(self.run_id)
-        return terminal_from_row(run, self.after + 1) if run is not None and _finished(run) else None
+        if run is None or not _finished(run):
+            return None
+        log.info("relay.expired", after=self.after)
+        return missed(self.after + 1, None, self.after) + terminal_from_row(run, self.after + 1)
 
     async def _finished_meanwhile(self) -> RunRow | None:
         try:
@@ -126,68 +164,97 @@ class Relay:
             return None
         return run if run is not None and _finished(run) else None
 
-    async def events(self) -> AsyncIterator[ServerSentEventMessage]:
-        """Yield the run's events after ``after``, pings while idle, then stop after the terminal one.
+    async def events(self) -> AsyncIterator[bytes]:
+        """Yield the run's events after ``after`` (as SSE bytes), pings while idle, then
+        stop after the terminal one.
 
         Also stops (cleanly, so the client reconnects elsewhere with ``Last-Event-ID``)
         soon after ``draining`` is set by a shutting-down server.
         """
-        # One connection of its own: XREAD BLOCK holds it while waiting.
-        client = self.redis.client()
-        expected = self.after + 1
+        feed = self.feeds.acquire(self.run_id)
+        pos = self.after
         sent = 0
-        idle_after_finish = False
         failures = 0
-        # Short blocks, so a draining server is noticed well within uvicorn's grace period.
-        block_ms = min(self.ping_ms, _BLOCK_MAX_MS)
-        last_yield = time.monotonic()
+        idle_after_finish = False
+        last_write = time.monotonic()
+        ping_s = self.ping_ms / 1000
         log.info("relay.opened", after=self.after)
         try:
             while not self.draining.is_set():
-                try:
-                    reply = await client.xread({self.key: f"{expected - 1}-0"}, count=_BATCH, block=block_ms)
-                except (RedisConnectionError, RedisTimeoutError) as exc:
-                    # Redis restarting: keep the client, retry from where we are.
-                    failures += 1
-                    log.warning("relay.redis_unavailable", error=str(exc), attempt=failures)
-                    yield ping()
-                    await anyio.sleep(min(_RETRY_MAX_SECONDS, 0.25 * 2 ** min(failures, 5)))
-                    continue
-                failures = 0
-                entries = reply[0][1] if reply else []
-                if not entries:
-                    if time.monotonic() - last_yield < self.ping_ms / 1000:
+                if feed.closed and not feed.ended:
+                    # Its reader was stopped (the process is closing): take a fresh one.
+                    self.feeds.release(feed)
+                    feed = self.feeds.acquire(self.run_id)
+                    if feed.closed:
+                        return
+                entries = feed.after(pos)
+                if entries is None:
+                    try:
+                        entries = await self.feeds.replay(self.run_id, pos)
+                    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                        # Redis restarting: keep the client, retry from where we are.
+                        failures += 1
+                        log.warning("relay.redis_unavailable", error=str(exc), attempt=failures)
+                        yield PING
+                        last_write = time.monotonic()
+                        await anyio.sleep(min(_RETRY_MAX_SECONDS, 0.25 * 2 ** min(failures, 5)))
                         continue
-                    # Idle for a ping interval. A run can end without a terminal entry
-                    # when its worker died: once its row says finished and a whole
-                    # interval brought nothing (the worker publishes right after
-                    # recording), rebuild the ending.
-                    run = await self._finished_meanwhile()
-                    if run is not None and idle_after_finish:
-                        yield terminal_from_row(run, expected)
+                    failures = 0
+                if entries:
+                    chunk, pos, count, done = _encode(entries, pos)
+                    yield chunk
+                    sent += count
+                    last_write = time.monotonic()
+                    idle_after_finish = False
+                    if done:
                         return
-                    idle_after_finish = run is not None
-                    yield ping()
-                    last_yield = time.monotonic()
                     continue
-                idle_after_finish = False
-                for entry_id, fields in entries:
-                    n = int(str(entry_id).split("-", 1)[0])
-                    if n > expected:
-                        # Trimmed before we read them: say so instead of skipping silently.
-                        gap = {"from": expected, "to": n - 1}
-                        yield ServerSentEventMessage(id=str(n - 1), event=MISSED, data=json.dumps(gap))
-                    event_type = fields.get("type", "")
-                    yield ServerSentEventMessage(id=str(n), event=event_type, data=fields.get("data", "null"))
-                    sent += 1
-                    expected = n + 1
-                    if event_type in (EventType.END, EventType.CHAT_ERROR):
-                        return
-                last_yield = time.monotonic()
+                idle = time.monotonic() - last_write
+                if idle < ping_s:
+                    await feed.wait(pos, min(_WAIT_MAX_SECONDS, ping_s - idle))
+                    continue
+                # Idle for a ping interval. A run can end without a terminal entry
+                # when its worker died or Redis lost the entry: once its row says
+                # finished and a whole interval brought nothing (the worker publishes
+                # right after recording), rebuild the ending.
+                run = await self._finished_meanwhile()
+                if run is not None and idle_after_finish:
+                    yield missed(pos + 1, None, pos) + terminal_from_row(run, pos + 1)
+                    return
+                idle_after_finish = run is not None
+                yield PING
+                last_write = time.monotonic()
             log.info("relay.drained")
         finally:
-            # Litestar cancels this generator when the client goes away: the
-            # connection must still go back to the pool.
-            with anyio.CancelScope(shield=True):
-                await client.aclose()
-                log.info("relay.closed", sent=sent, last_event_id=expected - 1)
+            # Synchronous on purpose: when the client goes away, Litestar cancels this
+            # generator, and nothing awaited here could be relied on to run.
+            self.feeds.release(feed)
+            log.info("relay.closed", sent=sent, last_event_id=pos)
+
+
+def _encode(entries: list[Entry], pos: int) -> tuple[bytes, int, int, bool]:
+    """SSE bytes for entries after ``pos`` (with ``missed`` for gaps), up to one chunk.
+
+    Returns the bytes, the new position, the number of events and whether the
+    terminal event was among them.
+    """
+    parts: list[bytes] = []
+    size = 0
+    count = 0
+    for entry in entries:
+        if entry.n <= pos:
+            continue
+        if entry.n > pos + 1:
+            # Trimmed before anyone read them, or never published: say so, never skip silently.
+            gap = missed(pos + 1, entry.n - 1, entry.n - 1)
+            parts.append(gap)
+            count += 1
+        parts.append(entry.wire)
+        size += len(entry.wire)
+        count += 1
+        pos = entry.n
+        if entry.terminal:
+            return b"".join(parts), pos, count, True
+        if size >= _CHUNK_BYTES:
+            break
+    return b"".join(parts), pos, count, False

@@ -6,6 +6,7 @@ worker has created the database, and answers 503 for what needs them.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 
 from api.chat import ChatService
 from api.conversations import Conversations
+from api.feed import Feeds
 from api.runs import Runs
 from api.store import Store
 from shared.redis import connection_kwargs, retry_policy
@@ -37,6 +39,8 @@ class Resources:
     http: httpx.AsyncClient
     #: set when the server begins to shut down: open event streams end promptly
     draining: threading.Event
+    #: one reader per watched run, shared by its event streams
+    feeds: Feeds
     chat: ChatService
     conversations: Conversations
     runs: Runs
@@ -54,6 +58,8 @@ def redis_client(settings: Settings) -> Redis:
         decode_responses=True,
         socket_connect_timeout=REDIS_CONNECT_SECONDS,
         socket_timeout=settings.sse_ping_interval + 10.0,
+        # Named, so CLIENT LIST tells each API process's connections apart.
+        client_name=f"sophos-api-{os.getpid()}",
     )
 
 
@@ -65,12 +71,15 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
         store = Store(settings.database_path)
         stack.push_async_callback(store.close)
         http = await stack.enter_async_context(httpx.AsyncClient())
+        feeds = Feeds(redis)
+        stack.push_async_callback(feeds.aclose)
         yield Resources(
             settings=settings,
             redis=redis,
             store=store,
             http=http,
             draining=draining,
+            feeds=feeds,
             chat=ChatService(settings, store, redis),
             conversations=Conversations(store, redis),
             runs=Runs(store, redis, settings),

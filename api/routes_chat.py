@@ -9,18 +9,19 @@ import msgspec
 import structlog
 from litestar import Request, get, post
 from litestar.params import Parameter
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import Response, Stream
 
 from api import metrics
 from api.ids import parse_id
 from api.limits import limit_submissions
 from api.openapi import errors
-from api.relay import Relay, current_run, parse_last_event_id
+from api.relay import Ending, Relay, current_run, parse_last_event_id, run_of_conversation
 from api.resources import Resources
 from api.schemas import ChatAccepted, ChatRequest
 from shared.errors import BadRequest
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_MEDIA_TYPE = "text/event-stream"
 
 
 async def require_json_object(request: Request[Any, Any, Any]) -> None:
@@ -51,16 +52,17 @@ async def post_chat(data: ChatRequest, resources: Resources) -> ChatAccepted:
     return await resources.chat.submit(data)
 
 
-async def _once(event: ServerSentEventMessage) -> AsyncIterator[ServerSentEventMessage]:
-    yield event
+async def _once(chunk: bytes) -> AsyncIterator[bytes]:
+    yield chunk
 
 
 @get(
     "/chat",
     summary="Stream the events of a conversation's current run (Server-Sent Events)",
     description=(
-        "Events `token`, `trace`, `end`, `chat-error` (and `missed` when trimmed entries were skipped), "
-        "each with an `id`; comment pings while idle. Resume with `Last-Event-ID` or `lastEventId`."
+        "Events `token`, `trace`, `end`, `chat-error` (and `missed` when events the client has not seen "
+        "are no longer kept), each with an `id`; comment pings while idle. Resume with `Last-Event-ID` "
+        "or `lastEventId`; 204 when the client has already seen the run's terminal event."
     ),
     media_type="text/event-stream",
     response_description="An event stream: `id`, `event` and JSON `data` per event",
@@ -69,17 +71,32 @@ async def _once(event: ServerSentEventMessage) -> AsyncIterator[ServerSentEventM
 async def stream_chat(
     resources: Resources,
     conversation: str | None = None,
+    run: Annotated[
+        str | None,
+        Parameter(
+            description=(
+                "Stream this run of the conversation rather than its current one. Event ids count per "
+                "run: a client that keeps one EventSource per run never resumes the wrong run."
+            )
+        ),
+    ] = None,
     last_event_id_query: Annotated[str | None, Parameter(query="lastEventId")] = None,
     last_event_id_header: Annotated[str | None, Parameter(header="Last-Event-ID", required=False)] = None,
-) -> ServerSentEvent:
+) -> Response[Any]:
     conversation_id = parse_id(conversation, "conversation")
     after = parse_last_event_id(last_event_id_header, last_event_id_query)
     structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
-    run_id = await current_run(resources.store, resources.redis, conversation_id)
+    if run is None:
+        run_id = await current_run(resources.store, resources.redis, conversation_id)
+    else:
+        run_id = await run_of_conversation(
+            resources.store, resources.redis, conversation_id, parse_id(run, "run")
+        )
     structlog.contextvars.bind_contextvars(run_id=run_id)
     relay = Relay(
         redis=resources.redis,
         store=resources.store,
+        feeds=resources.feeds,
         conversation_id=conversation_id,
         run_id=run_id,
         after=after,
@@ -88,5 +105,7 @@ async def stream_chat(
     )
     # Decided before the answer starts, so Redis or database errors still get an envelope.
     ending = await relay.ending()
+    if ending is Ending.SEEN:
+        return Response(None, status_code=204, headers=SSE_HEADERS)
     content = metrics.counted(_once(ending) if ending is not None else relay.events())
-    return ServerSentEvent(content, headers=SSE_HEADERS)
+    return Stream(content, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)

@@ -147,6 +147,9 @@ class Settings:
     max_message_chars: int = 32_000
     # Seconds between SSE keep-alive comments.
     sse_ping_interval: float = 15.0
+    # Seconds a client may leave sent data unread (its TCP window shut) before the
+    # API drops the connection (TCP_USER_TIMEOUT on the API's sockets, Linux).
+    sse_client_timeout: float = 30.0
     # The idle worker waits on a wake-up from the submit script; it also looks at the
     # queue at least this often (seconds), in case a wake-up was missed.
     poll_delay: float = 1.0
@@ -201,6 +204,7 @@ class Settings:
             max_body_bytes=_int(env, "MAX_BODY_BYTES", d.max_body_bytes, minimum=1024),
             max_message_chars=_int(env, "MAX_MESSAGE_CHARS", d.max_message_chars, minimum=1),
             sse_ping_interval=_float(env, "SSE_PING_INTERVAL", d.sse_ping_interval, minimum=0.01),
+            sse_client_timeout=_float(env, "SSE_CLIENT_TIMEOUT", d.sse_client_timeout, minimum=0.1),
             poll_delay=_float(env, "POLL_DELAY", d.poll_delay, minimum=0.001),
             mcp_call_timeout=_float(env, "MCP_CALL_TIMEOUT", d.mcp_call_timeout, minimum=0.01),
             mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),

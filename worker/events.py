@@ -4,27 +4,68 @@ Each event gets the next id of the run (1, 2, 3, ...) here, where it is
 produced, and is stored as stream entry ``<id>-0``: every API process reads the
 same ids, so ``Last-Event-ID`` means the same thing everywhere.
 
-Events are the view, the checkpoint is the truth: a failed publish is logged
-and dropped, never allowed to fail the run.
+Events are the view, the checkpoint is the truth, so publishing must never hold
+the run up nor fail it. :meth:`EventPublisher.publish` only appends the event to
+a bounded buffer; one background task per run writes the buffer to Redis in
+order, in batches (one pipelined round trip per batch). While Redis is away the
+buffer keeps the newest ``max(max_len, 1000)`` events and is written when it is back; events
+that cannot be written within :data:`GIVE_UP_SECONDS` are dropped and counted
+(an SSE client then gets a ``missed`` event for them, never silence). Only the
+terminal event waits for the buffer to reach Redis, so a client that sees it can
+trust it is the last one, and that wait is bounded by :data:`FLUSH_TIMEOUT`.
+
+Retention: every write sets the stream's expiry (a day while the run is live,
+``retention`` seconds once the terminal event is written) and trims it to about
+``max_len`` entries (``MAXLEN ~``: Redis may keep up to one radix-tree node,
+100 entries by default, more).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from shared.contracts import EventType, dumps, events_key
 
 log = structlog.get_logger(__name__)
 
-# While a run is live its stream must outlast any pause between events.
-_LIVE_TTL_SECONDS = 24 * 3600
+#: While a run is live its stream must outlast any pause between events.
+LIVE_TTL_SECONDS = 24 * 3600
+#: One batch write (or the look at the stream's last id) that takes longer has failed.
+WRITE_TIMEOUT = 2.0
+#: How long the terminal event may wait for the buffer to reach Redis.
+FLUSH_TIMEOUT = 5.0
+#: Events that could not be written for this long are dropped.
+GIVE_UP_SECONDS = 30.0
+_BATCH = 200
+#: Events held while Redis is away, at least (``max_len`` if larger).
+_BUFFER_FLOOR = 1000
+_RETRY_MAX_SECONDS = 1.0
+
+# Background writers must not be garbage collected while they run (asyncio keeps
+# only weak references to tasks).
+_writers: set[asyncio.Task[None]] = set()
+
+
+@dataclass(slots=True)
+class _Pending:
+    id: int
+    type: EventType
+    data: bytes
+    #: an earlier write of it failed in a way that may still have stored it
+    tried: bool = False
 
 
 class EventPublisher:
+    """Publishes the events of one run, in order, without making the run wait for Redis."""
+
     def __init__(self, redis: Redis, run_id: str, *, retention: int, max_len: int) -> None:
         self.redis = redis
         self.run_id = run_id
@@ -32,41 +73,55 @@ class EventPublisher:
         self.retention = retention
         self.max_len = max_len
         self.next_id = 1
+        #: events that never reached Redis
         self.failures = 0
+        self._pending: deque[_Pending] = deque()
+        self._inflight: list[_Pending] = []
+        self._buffer_limit = max(max_len, _BUFFER_FLOOR)
+        self._synced = False  # next_id is known to follow the stream's last entry
+        self._writer: asyncio.Task[None] | None = None
+        self._flushed = asyncio.Event()
+        self._flushed.set()
 
     async def start(self) -> None:
-        """Continue after the entries already in the stream (a re-delivered job)."""
-        try:
-            last = await self.redis.xrevrange(self.key, count=1)
-        except RedisError as exc:
-            log.warning("events.read_failed", error=str(exc))
-            return
-        if last:
-            entry_id = last[0][0]
-            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            self.next_id = int(entry_id.split("-")[0]) + 1
+        """Continue after the entries already in the stream (a run whose worker died).
 
-    async def publish(self, type_: EventType, data: Any) -> int | None:
-        event_id = self.next_id
-        self.next_id += 1
-        ttl = self.retention if type_.terminal else max(self.retention, _LIVE_TTL_SECONDS)
+        Bounded like a write; if Redis does not answer, the writer looks again
+        before its first write.
+        """
         try:
-            # One round trip: XADD and the expiry travel in one pipeline.
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(
-                    self.key,
-                    {"type": type_.value, "data": dumps(data)},
-                    id=f"{event_id}-0",
-                    maxlen=self.max_len,
-                    approximate=True,
-                )
-                pipe.expire(self.key, ttl)
-                await pipe.execute()
-        except RedisError as exc:
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await self._sync()
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("events.read_failed", error=str(exc) or type(exc).__name__)
+
+    async def publish(self, type_: EventType, data: Any) -> int:
+        """Queue an event and return its id. Only a terminal event waits, and boundedly."""
+        event = _Pending(self.next_id, type_, dumps(data))
+        self.next_id += 1
+        self._pending.append(event)
+        if len(self._pending) > self._buffer_limit:
+            # Redis has been away for a while: keep the newest, as the stream would.
+            self._pending.popleft()
             self.failures += 1
-            log.warning("events.publish_failed", event_type=type_.value, event_id=event_id, error=str(exc))
-            return None
-        return event_id
+        self._flushed.clear()
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_all(), name=f"events-{self.run_id}")
+            _writers.add(self._writer)
+            self._writer.add_done_callback(_writers.discard)
+        if type_.terminal:
+            await self.flush(FLUSH_TIMEOUT)
+        return event.id
+
+    async def flush(self, timeout: float) -> bool:  # noqa: ASYNC109 - a bound, not a deadline
+        """Wait until every queued event reached Redis (or was dropped); False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._flushed.wait()
+        except TimeoutError:
+            log.warning("events.flush_timeout", pending=len(self._pending), timeout=timeout)
+            return False
+        return True
 
     async def token(self, text: str) -> None:
         await self.publish(EventType.TOKEN, text)
@@ -76,3 +131,104 @@ class EventPublisher:
         if data is not None:
             body["data"] = data
         await self.publish(EventType.TRACE, body)
+
+    # --- the writer -------------------------------------------------------------
+
+    async def _sync(self) -> None:
+        """Number queued events after the stream's last entry."""
+        last = await self.redis.xrevrange(self.key, count=1)
+        top = _entry_number(last[0][0]) if last else 0
+        self._synced = True
+        first = self._pending[0].id if self._pending else self.next_id
+        if top >= first:
+            shift = top + 1 - first
+            for event in self._pending:
+                event.id += shift
+            self.next_id += shift
+
+    async def _write_all(self) -> None:
+        failing_since: float | None = None
+        attempt = 0
+        try:
+            while self._pending:
+                try:
+                    async with asyncio.timeout(WRITE_TIMEOUT):
+                        if not self._synced:
+                            await self._sync()
+                        await self._write_batch()
+                    failing_since, attempt = None, 0
+                except (RedisError, OSError, TimeoutError) as exc:
+                    # The batch may or may not have reached Redis: its next write tells.
+                    for event in self._inflight:
+                        event.tried = True
+                    now = time.monotonic()
+                    failing_since = failing_since or now
+                    attempt += 1
+                    log.warning(
+                        "events.publish_failed",
+                        error=str(exc) or type(exc).__name__,
+                        pending=len(self._pending),
+                        attempt=attempt,
+                    )
+                    if now - failing_since >= GIVE_UP_SECONDS:
+                        self.failures += len(self._pending)
+                        log.error("events.dropped", count=len(self._pending))
+                        self._pending.clear()
+                        break
+                    await asyncio.sleep(min(_RETRY_MAX_SECONDS, 0.05 * 2**attempt))
+        finally:
+            self._writer = None
+            self._inflight = []
+            if self._pending:
+                # Cancelled with events left (the worker is stopping): they are lost.
+                self.failures += len(self._pending)
+                self._pending.clear()
+            self._flushed.set()
+
+    async def _write_batch(self) -> None:
+        batch = self._inflight = [self._pending[i] for i in range(min(_BATCH, len(self._pending)))]
+        terminal = any(e.type.terminal for e in batch)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for event in batch:
+                pipe.xadd(
+                    self.key,
+                    {"type": event.type.value, "data": event.data},
+                    id=f"{event.id}-0",
+                    maxlen=self.max_len,
+                    approximate=True,
+                )
+            pipe.expire(self.key, self.retention if terminal else max(self.retention, LIVE_TTL_SECONDS))
+            replies = await pipe.execute(raise_on_error=False)
+        self._inflight = []
+        taken: list[_Pending] = []
+        for event, reply in zip(batch, replies, strict=False):
+            if isinstance(reply, ResponseError):
+                if _ID_TAKEN not in str(reply):
+                    self.failures += 1
+                    log.warning("events.rejected", event_id=event.id, error=str(reply))
+                elif not event.tried:
+                    # Entries we did not know of are ahead of ours (we could not look
+                    # at the stream before the first write): number ours after them.
+                    taken.append(event)
+                # else: an earlier write of it that timed out did reach Redis.
+            if self._pending and self._pending[0] is event:
+                self._pending.popleft()
+        if isinstance(replies[-1], ResponseError):
+            log.warning("events.expire_failed", error=str(replies[-1]))
+        if taken:
+            self._pending.extendleft(reversed(taken))
+            self._synced = False
+            raise _IdTaken(f"{len(taken)} event id(s) already in the stream")
+
+
+#: Redis's answer to an XADD whose id is not above the stream's last one.
+_ID_TAKEN = "equal or smaller"
+
+
+class _IdTaken(RedisError):
+    """Ids were taken: look at the stream again, then write the rest."""
+
+
+def _entry_number(entry_id: Any) -> int:
+    raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return int(raw.split("-", 1)[0])

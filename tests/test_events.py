@@ -1,0 +1,634 @@
+"""Events that are never lost: replayable SSE across API processes (issue 3).
+
+Real worker, real API processes (two of them where it matters), real Redis; the
+model is the fake Ollama, scripted with pauses (``Hang``) to stop a run at the
+moment a test needs. Every comparison is on ``(id, event, data)`` of whole event
+lists: no gap, no duplicate, same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from shared.contracts import ACTIVE_RUNS, EventType, events_key
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import (
+    SseEvent,
+    SseEvents,
+    SseParser,
+    post_chat_async,
+    read_sse_async,
+    wait_for_async,
+)
+from tests.support.env import SophosEnv
+from worker.events import FLUSH_TIMEOUT, EventPublisher
+
+#: Per-client limits (issue 7) would refuse a test that opens hundreds of streams from 127.0.0.1.
+NO_LIMITS = {"RATE_LIMIT_PER_MINUTE": 0, "MAX_STREAMS_PER_CLIENT": 0}
+
+
+def key(events: list[SseEvent]) -> list[tuple[str | None, str, str]]:
+    return [(e.id, e.event, e.raw) for e in events]
+
+
+async def chat(api_url: str, message: str, conversation: str | None = None) -> tuple[str, str]:
+    response = await post_chat_async(api_url, message, conversation)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    return body["conversation"], body["run"]
+
+
+async def read_until(
+    api_url: str,
+    conversation: str,
+    until: Callable[[SseEvents], bool] | None = None,
+    *,
+    last_event_id: str | int | None = None,
+    via_query: bool = False,
+    run: str | None = None,
+    timeout: float = 30.0,  # noqa: ASYNC109 - a bound for the test
+) -> SseEvents:
+    """Read events until the terminal one, or cut the connection once ``until(events)`` holds."""
+    params = {"conversation": conversation}
+    if run is not None:
+        params["run"] = run
+    headers = {"Accept": "text/event-stream"}
+    if last_event_id is not None:
+        if via_query:
+            params["lastEventId"] = str(last_event_id)
+        else:
+            headers["Last-Event-ID"] = str(last_event_id)
+    events = SseEvents()
+    parser = SseParser()
+    async with (
+        asyncio.timeout(timeout),
+        httpx.AsyncClient(base_url=api_url, timeout=httpx.Timeout(None, connect=5), trust_env=False) as http,
+        http.stream("GET", "/api/chat", params=params, headers=headers) as response,
+    ):
+        events.status_code = response.status_code
+        if response.status_code != 200:
+            return events
+        async for line in response.aiter_lines():
+            event = parser.feed(line)
+            events.pings = parser.pings
+            if event is None:
+                continue
+            events.append(event)
+            if event.terminal:
+                events.ended = True
+                return events
+            if until is not None and until(events):
+                events.cut = True
+                return events
+    events.dropped = True
+    return events
+
+
+def has_event(kind: str, **fields: Any) -> Callable[[SseEvents], bool]:
+    def matches(e: SseEvent) -> bool:
+        return isinstance(e.data, dict) and all(e.data.get(k) == v for k, v in fields.items())
+
+    def check(events: SseEvents) -> bool:
+        return any(e.event == kind and matches(e) for e in events)
+
+    return check
+
+
+async def stream_has(redis: Redis, run: str, predicate: Callable[[dict[str, str]], bool]) -> bool:
+    return any(predicate(fields) for _, fields in await redis.xrange(events_key(run)))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+async def api_connections(redis: Redis, pid: int) -> list[dict[str, Any]]:
+    """The Redis connections of the API process ``pid`` (named ``sophos-api-<pid>``)."""
+    return [c for c in await redis.client_list() if c.get("name") == f"sophos-api-{pid}"]
+
+
+async def run_info(api_url: str, run: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=api_url, trust_env=False) as http:
+        answer = await http.get(f"/api/runs/{run}")
+    assert answer.status_code == 200, answer.text
+    info: dict[str, Any] = answer.json()
+    return info
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# --- gap-free, duplicate-free, at every point of a run --------------------------------------
+
+
+async def test_reconnect_at_each_point_of_a_run_on_either_process(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """Clients join, or are cut and resume, before the start, after the first token, after a
+    tool call and after the end; half of them resume on the other API process."""
+    env = sophos_env.with_(**NO_LIMITS)
+    first_pause = Hang(text="Let me ", then=ToolCalls([("tools__add", {"a": 2, "b": 3})], text="add. "))
+    second_pause = Hang(text="The sum ", then=Text("is 5."))
+    model.script(first_pause, second_pause)
+    api1, api2 = start_api(env), start_api(env)
+    apis = [api1.url, api2.url]
+    conversation, run = await chat(api1.url, "add 2 and 3")  # no worker yet: the run is queued
+
+    readers: list[asyncio.Task[SseEvents]] = []  # fresh clients, each reading to the end
+    cuts: list[tuple[str, str, asyncio.Task[SseEvents]]] = []  # (point, api, first part)
+
+    def join() -> None:
+        for api in apis:
+            readers.append(asyncio.create_task(read_until(api, conversation)))
+
+    def cut(point: str, api: str, until: Callable[[SseEvents], bool]) -> None:
+        cuts.append((point, api, asyncio.create_task(read_until(api, conversation, until))))
+
+    # Before the start: fresh clients on each process, and one to be cut at the first event.
+    join()
+    cut("before start", api2.url, lambda ev: len(ev) >= 1)
+    await asyncio.sleep(0.3)
+    assert await redis.xlen(events_key(run)) == 0  # still queued: nothing published yet
+
+    await asyncio.to_thread(start_worker, env)  # blocking: the readers must go on meanwhile
+    # After the first token.
+    await first_pause.wait_started_async(20)
+    await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
+    join()
+    cut("first token", api1.url, lambda ev: bool(ev.of("token")))
+    await asyncio.sleep(0.2)
+    first_pause.release()
+
+    # After a tool call (its result is in, the next model call hangs).
+    await second_pause.wait_started_async(20)
+    await wait_for_async(
+        lambda: stream_has(redis, run, lambda f: f["type"] == "trace" and '"result"' in f["data"]), 10
+    )
+    join()
+    cut("tool call", api2.url, has_event("trace", event="result"))
+    await asyncio.sleep(0.2)
+    second_pause.release()
+
+    full = await readers[0]
+    assert full.ended and full[-1].event == "end" and full[-1].data["run"] == run
+    assert full.text == "Let me add. The sum is 5."
+    assert [e.id for e in full] == [str(n) for n in range(1, len(full) + 1)], "ids 1, 2, 3... no gap"
+    assert {e.event for e in full} == {"token", "trace", "end"}
+
+    # After the end: fresh joins, and a client cut halfway.
+    join()
+    half = len(full) // 2
+    cut("after end", api1.url, lambda ev: len(ev) >= half)
+
+    for task in readers:
+        assert key(await task) == key(full)
+    for n, (point, api, task) in enumerate(cuts):
+        first = await task
+        assert first.cut and len(first) > 0, point
+        assert key(first) == key(full[: len(first)]), point
+        # Resume on the other process, with the header or the query parameter.
+        other = api2.url if api == api1.url else api1.url
+        rest = await read_until(other, conversation, last_event_id=first.last_id, via_query=n % 2 == 1)
+        assert key(first) + key(rest) == key(full), point
+        # Without Last-Event-ID the reconnect is a fresh join: everything, from the start.
+        assert key(await read_until(other, conversation)) == key(full), point
+
+    # A client that has seen the terminal event is told there is nothing more (and to stop).
+    for api in apis:
+        done = await read_until(api, conversation, last_event_id=full.last_id)
+        assert done.status_code == 204 and len(done) == 0
+
+
+# --- API processes come and go --------------------------------------------------------------
+
+
+async def test_client_cut_mid_stream_resumes_on_the_other_process(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(**NO_LIMITS)
+    words = [f"w{i} " for i in range(300)]
+    model.script(Text("".join(words), token_delay=0.005))
+    start_worker(env)
+    api1, api2 = start_api(env), start_api(env)
+    conversation, _ = await chat(api1.url, "talk for a while")
+    reference = asyncio.create_task(read_until(api2.url, conversation))
+
+    first = await read_until(api1.url, conversation, lambda ev: len(ev.of("token")) >= 60)
+    assert first.cut and not first.ended
+    rest = await read_until(api2.url, conversation, last_event_id=first.last_id)
+    full = await reference
+    assert full.text == "".join(words)
+    assert key(first) + key(rest) == key(full)
+    # The cut stream's relay noticed at once, and let go of everything (before the run ended).
+    closed = json.loads(api1.wait_for_log('"relay.closed"'))
+    assert closed["last_event_id"] < int(full[-1].id or 0)
+
+
+async def test_api_killed_during_a_stream_client_resumes_on_another(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(**NO_LIMITS)
+    words = [f"k{i} " for i in range(300)]
+    model.script(Text("".join(words), token_delay=0.005))
+    start_worker(env)
+    doomed, survivor = start_api(env), start_api(env)
+    conversation, _ = await chat(survivor.url, "keep talking")
+    reference = asyncio.create_task(read_until(survivor.url, conversation))
+
+    async def kill_when_streaming() -> None:
+        await wait_for_async(lambda: doomed.log_text().count('"relay.opened"') >= 1, 10)
+        await asyncio.sleep(0.4)
+        doomed.kill()
+
+    killer = asyncio.create_task(kill_when_streaming())
+    first = await read_sse_async(doomed.url, conversation, allow_drop=True, timeout=30)
+    await killer
+    assert doomed.wait(5) == -signal.SIGKILL
+    assert first.dropped and not first.ended and len(first) > 0
+    rest = await read_until(survivor.url, conversation, last_event_id=first.last_id)
+    full = await reference
+    assert full.text == "".join(words)
+    assert key(first) + key(rest) == key(full)
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+
+async def test_expired_last_event_id_gets_missed_then_the_rest_and_the_terminal(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    env = sophos_env.with_(EVENT_MAX_PER_RUN=10, **NO_LIMITS)
+    words = [f"t{i} " for i in range(400)]
+    model.script(Text("".join(words)))
+    start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat(api.url, "many tokens")
+    # Joined after the end: the stream was trimmed to about EVENT_MAX_PER_RUN (MAXLEN ~).
+    await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "end"), 20)
+    kept = await redis.xrange(events_key(run))
+    oldest = int(kept[0][0].split("-")[0])
+    total = int(kept[-1][0].split("-")[0])
+    assert oldest > 5 and len(kept) <= 10 + 100, (oldest, len(kept))
+
+    for after, via_query in ((3, False), (oldest - 2, True)):
+        events = await read_until(api.url, conversation, last_event_id=after, via_query=via_query)
+        assert events[0].event == "missed"
+        assert events[0].data == {"from": after + 1, "to": oldest - 1}
+        assert [int(e.id) for e in events[1:]] == list(range(oldest, total + 1))
+        assert events[-1].event == "end" and events.ended
+    # A client that starts from the beginning is told too.
+    fresh = await read_until(api.url, conversation)
+    assert fresh[0].event == "missed" and fresh[0].data == {"from": 1, "to": oldest - 1}
+    assert [int(e.id) for e in fresh[1:]] == list(range(oldest, total + 1))
+
+    # Once the stream has expired (EVENT_RETENTION), the ending is rebuilt from the run's row.
+    await redis.delete(events_key(run))
+    gone = await read_until(api.url, conversation, last_event_id=7)
+    assert [e.event for e in gone] == ["missed", "end"]
+    assert gone[0].data == {"from": 8, "to": None}
+    assert gone[1].data == {"conversation": conversation, "run": run, "status": "completed"}
+
+
+async def test_retention_is_set_on_the_stream(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    env = sophos_env.with_(EVENT_RETENTION=120, **NO_LIMITS)
+    hang = Hang(text="waiting ")
+    model.script(hang)
+    start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat(api.url, "hold on")
+    await hang.wait_started_async(20)
+    await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
+    assert await redis.ttl(events_key(run)) > 23 * 3600  # live: kept while the run runs
+    hang.release()
+    events = await read_until(api.url, conversation)
+    assert events[-1].event == "end"
+    assert 100 < await redis.ttl(events_key(run)) <= 120  # EVENT_RETENTION after the end
+
+
+# --- slow and vanished clients -------------------------------------------------------------
+
+
+def frozen_client(api_url: str, conversation: str) -> socket.socket:
+    """A raw connection that asks for the stream and never reads a byte of it."""
+    host, port = api_url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: a small window
+    sock.connect((host, int(port)))
+    sock.sendall(
+        f"GET /api/chat?conversation={conversation} HTTP/1.1\r\nHost: {host}\r\n"
+        "Accept: text/event-stream\r\n\r\n".encode()
+    )
+    return sock
+
+
+async def test_frozen_client_is_dropped_and_costs_no_one_anything(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(SSE_CLIENT_TIMEOUT=1, **NO_LIMITS)
+    words = [f"{i:04d}" + "x" * 200 + " " for i in range(400)]
+    model.script(Text("".join(words), token_delay=0.01))
+    start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat(api.url, "a long answer")
+    rss_before = rss_kib(api.pid)
+    frozen = [frozen_client(api.url, conversation) for _ in range(5)]
+    try:
+        started = time.monotonic()
+        readers = [asyncio.create_task(read_until(api.url, conversation, timeout=60)) for _ in range(3)]
+        results = [await r for r in readers]
+        elapsed = time.monotonic() - started
+        # The run takes ~4 s of model time; a client that holds up the run would stretch it.
+        assert elapsed < 15, elapsed
+        for events in results:
+            assert events.text == "".join(words) and events[-1].event == "end"
+            assert key(events) == key(results[0])
+        info = await run_info(api.url, run)
+        assert info["status"] == "completed"
+        # The frozen streams were dropped before the run ended (their relays closed early).
+        closed = [json.loads(line) for line in api.log_text().splitlines() if '"relay.closed"' in line]
+        terminal_id = int(results[0][-1].id)
+        dropped = [c for c in closed if c["last_event_id"] < terminal_id]
+        assert len(dropped) == len(frozen), closed
+        rss_after = rss_kib(api.pid)
+        assert rss_after - rss_before < 30 * 1024, (rss_before, rss_after)
+        # The connection is gone on the server's side: the client finds it reset.
+        sock = frozen[0]
+        sock.settimeout(5)
+        with pytest.raises((ConnectionResetError, TimeoutError)):
+            while sock.recv(65536):
+                pass
+            raise ConnectionResetError("closed")
+    finally:
+        for sock in frozen:
+            sock.close()
+
+
+# --- many clients, one process -------------------------------------------------------------
+
+
+async def test_200_subscribers_on_one_process_all_receive_every_event(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    env = sophos_env.with_(**NO_LIMITS)
+    hang = Hang(text="ready ", then=Text("".join(f"s{i} " for i in range(300))))
+    model.script(hang, Text("warm up"))
+    start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat(api.url, "speak to everyone")
+    await hang.wait_started_async(20)
+    await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
+    idle_rss = rss_kib(api.pid)
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30, limits=limits, trust_env=False) as http:
+
+        async def subscribe(cut_after: int | None = None) -> SseEvents:
+            events = SseEvents()
+            parser = SseParser()
+            async with http.stream("GET", "/api/chat", params={"conversation": conversation}) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    event = parser.feed(line)
+                    if event is None:
+                        continue
+                    events.append(event)
+                    if event.terminal:
+                        events.ended = True
+                        return events
+                    if cut_after is not None and len(events) >= cut_after:
+                        events.cut = True
+                        return events
+            return events
+
+        started = time.monotonic()
+        tasks = [asyncio.create_task(subscribe()) for _ in range(200)]
+        # Every client is connected and has what was published so far.
+        await wait_for_async(
+            lambda: api.log_text().count('"relay.opened"') >= 200, 20, message="200 streams open"
+        )
+        await asyncio.sleep(0.5)
+        holding_rss = rss_kib(api.pid)
+        blocked = [c for c in await api_connections(redis, api.pid) if "b" in c.get("flags", "")]
+        assert len(blocked) <= 1, "one blocking XREAD per run, not one per client"
+        hang.release()
+        results = await asyncio.gather(*tasks)
+        elapsed = time.monotonic() - started
+
+        full = results[0]
+        assert full.ended and full.text.startswith("ready s0 ")
+        for events in results:
+            assert key(events) == key(full)
+        assert elapsed < 15, elapsed
+
+        # Vanishing clients leave no Redis connection behind: a second run, whose 200
+        # clients half go away mid-stream, ends with about as many connections as the first.
+        await asyncio.sleep(1.0)
+        after_first = len(await api_connections(redis, api.pid))
+        hang2 = Hang(text="again ", then=Text("".join(f"a{i} " for i in range(300)), token_delay=0.002))
+        model.reset()
+        model.script(hang2)
+        await chat(api.url, "once more", conversation)
+        await hang2.wait_started_async(20)
+        tasks = [asyncio.create_task(subscribe(cut_after=50 if i % 2 else None)) for i in range(200)]
+        await wait_for_async(lambda: api.log_text().count('"relay.opened"') >= 400, 20)
+        hang2.release()
+        second = await asyncio.gather(*tasks)
+    assert all(e.ended for e in second[::2]) and all(e.cut for e in second[1::2])
+    await wait_for_async(lambda: api.log_text().count('"relay.closed"') >= 400, 10, message="relays closed")
+    await asyncio.sleep(1.0)  # the feed's reader stops within one XREAD block once nobody watches
+    remaining = await api_connections(redis, api.pid)
+    assert not [c for c in remaining if "b" in c.get("flags", "")], remaining
+    # The pool keeps as many idle connections as were busy at the peak (a few dozen here);
+    # 100 cut streams holding on to theirs would show as 100 more.
+    assert len(remaining) < after_first + 20, (after_first, len(remaining))
+    print(
+        f"\n[events] 200 streams: {elapsed:.2f}s for {len(full)} events each; API RSS idle "
+        f"{idle_rss / 1024:.1f} MiB, holding 200 streams {holding_rss / 1024:.1f} MiB; "
+        f"API Redis connections after: {after_first} then {len(remaining)}"
+    )
+
+
+# --- latency -------------------------------------------------------------------------------
+
+
+async def test_relay_latency_from_publish_to_sse_client(
+    sophos_env: SophosEnv, start_api, redis: Redis
+) -> None:
+    """Events published with the worker's own publisher into a run that only Redis knows;
+    measured from ``publish()`` to the SSE client having parsed the event."""
+    env = sophos_env.with_(**NO_LIMITS)
+    api = start_api(env)
+    count = 400
+    results: dict[int, list[float]] = {}
+    # In-process clients parse in the test's own event loop: with many, the test is what is
+    # slow, so events come further apart.
+    for subscribers, spacing in ((1, 0.005), (50, 0.02)):
+        conversation, run = str(uuid.uuid4()), str(uuid.uuid4())
+        await redis.hset(ACTIVE_RUNS, conversation, run)
+        publisher = EventPublisher(redis, run, retention=60, max_len=10_000)
+        await publisher.start()
+        sent: dict[str, float] = {}
+        received: list[dict[str, float]] = [{} for _ in range(subscribers)]
+
+        async def subscribe(seen: dict[str, float], conversation: str = conversation) -> None:
+            parser = SseParser()
+            async with (
+                httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
+                http.stream("GET", "/api/chat", params={"conversation": conversation}) as response,
+            ):
+                async for line in response.aiter_lines():
+                    event = parser.feed(line)
+                    if event is not None:
+                        seen[event.id or ""] = time.perf_counter()
+                        if event.terminal:
+                            return
+
+        # The first event exists before anyone subscribes (so the relay follows a live stream).
+        sent["1"] = time.perf_counter()
+        await publisher.token("start ")
+        readers = [asyncio.create_task(subscribe(seen)) for seen in received]
+        await wait_for_async(lambda received=received: all("1" in seen for seen in received), 10)
+        for i in range(2, count + 1):
+            sent[str(i)] = time.perf_counter()
+            await publisher.token(f"t{i} ")
+            await asyncio.sleep(spacing)
+        sent[str(count + 1)] = time.perf_counter()
+        ending = {"conversation": conversation, "run": run, "status": "completed"}
+        await publisher.publish(EventType.END, ending)
+        await asyncio.gather(*readers)
+        latencies = [(seen[i] - sent[i]) * 1000 for seen in received for i in sent if i != "1"]
+        assert len(latencies) == count * subscribers
+        results[subscribers] = latencies
+    for subscribers, latencies in results.items():
+        p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+        print(
+            f"\n[events] relay latency, {subscribers} subscriber(s), {count} events: "
+            f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, max {max(latencies):.2f} ms"
+        )
+        assert p95 < (50 if subscribers == 1 else 250), (subscribers, p50, p95)
+
+
+# --- the publisher never holds the run up --------------------------------------------------
+
+
+async def test_publish_does_not_wait_for_a_frozen_or_absent_redis(start_redis) -> None:
+    server = start_redis(appendonly=False)
+    client = Redis.from_url(server.url, decode_responses=True)
+    try:
+        publisher = EventPublisher(client, "run-1", retention=60, max_len=10_000)
+        await publisher.start()
+        await publisher.token("before ")
+        assert await publisher.flush(5)
+        os.kill(server.pid, signal.SIGSTOP)  # frozen: connections stay open, nothing answers
+        try:
+            started = time.perf_counter()
+            for i in range(200):
+                await publisher.token(f"t{i} ")
+            assert time.perf_counter() - started < 0.05  # no round trip at all
+            await asyncio.sleep(0.3)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        # Redis is back: what was buffered arrives, in order, with the ids it was given.
+        started = time.perf_counter()
+        await publisher.publish(EventType.END, {"status": "completed"})
+        assert time.perf_counter() - started < FLUSH_TIMEOUT
+        entries = await client.xrange(events_key("run-1"))
+        assert [e[0] for e in entries] == [f"{n}-0" for n in range(1, 203)]
+        assert publisher.failures == 0
+
+        server.stop(signal.SIGKILL)  # gone: the publish fails, the caller does not
+        started = time.perf_counter()
+        for i in range(50):
+            await publisher.token(f"u{i} ")
+        assert time.perf_counter() - started < 0.05
+        started = time.perf_counter()
+        await publisher.publish(EventType.END, {"status": "completed"})
+        assert time.perf_counter() - started < FLUSH_TIMEOUT + 1
+    finally:
+        await client.aclose()
+
+
+async def test_redis_hiccup_during_a_run_costs_the_run_nothing(
+    sophos_env: SophosEnv, start_redis, start_worker, start_api, model: FakeOllama
+) -> None:
+    server = start_redis(appendonly=True)
+    env = sophos_env.with_(REDIS_URL=server.url, **NO_LIMITS)
+    words = [f"h{i} " for i in range(60)]
+    model.script(Text("".join(words), token_delay=0.05))  # ~3 s of model time
+    start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat(api.url, "through a hiccup")
+    reader = asyncio.create_task(read_until(api.url, conversation, timeout=60))
+    await model.wait_for_calls_async(1, 20)
+    await asyncio.sleep(0.5)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    events = await reader
+    assert events.text == "".join(words)  # buffered through the hiccup, nothing missed
+    assert [int(e.id) for e in events] == list(range(1, len(events) + 1))
+    info = await run_info(api.url, run)
+    assert info["status"] == "completed"
+    duration = next(v for k, v in info.items() if k.lower().replace("_", "") == "durationms")
+    print(f"\n[events] a run of ~3 s of model time through a 2 s Redis freeze took {duration} ms")
+    assert duration < 4500, "publishing made the run wait for Redis"
+
+
+# --- the contract's small print ----------------------------------------------------------------
+
+
+async def test_a_run_can_be_named_so_its_ids_are_never_taken_for_another_runs(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(**NO_LIMITS)
+    model.script(Text("first answer here"), Text("second answer, longer than the first one"))
+    await asyncio.to_thread(start_worker, env)
+    api = start_api(env)
+    conversation, run1 = await chat(api.url, "one")
+    first = await read_until(api.url, conversation)
+    _, run2 = await chat(api.url, "two", conversation)
+    second = await read_until(api.url, conversation)
+    assert second[-1].data["run"] == run2
+
+    # Ids count per run: resuming run 1 by name gets run 1's rest, whatever runs now.
+    resumed = await read_until(api.url, conversation, last_event_id=first[1].id, run=run1)
+    assert key(resumed) == key(first[2:])
+    named = await read_until(api.url, conversation, run=run2)
+    assert key(named) == key(second)
+    # A run of another conversation, or no run at all, is not found; a bad id is refused.
+    other, _ = await chat(api.url, "three")
+    async with httpx.AsyncClient(base_url=api.url, trust_env=False) as http:
+        for params, status in (
+            ({"conversation": other, "run": run1}, 404),
+            ({"conversation": conversation, "run": str(uuid.uuid4())}, 404),
+            ({"conversation": conversation, "run": "nope"}, 400),
+        ):
+            answer = await http.get("/api/chat", params=params)
+            assert answer.status_code == status, (params, answer.text)
+        for bad in ("abc", "-1", "1.5"):
+            answer = await http.get(
+                "/api/chat", params={"conversation": conversation}, headers={"Last-Event-ID": bad}
+            )
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "BAD_REQUEST"
