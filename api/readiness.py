@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api import live
 from api.schemas import ReadinessChecks, WorkerInfo
 from api.store import Store
+from shared.contracts import WORKER_HEARTBEAT
 from shared.errors import NotReady, SophosError
 from shared.schema import MIGRATIONS
 from shared.settings import Settings
@@ -57,11 +58,19 @@ async def _redis(redis: Redis) -> bool:
         return False
 
 
-async def _worker(redis: Redis) -> bool:
+async def _worker(redis: Redis) -> tuple[bool, dict[str, str]]:
+    """Is a worker alive, and the state of each of its MCP servers (from its heartbeat)."""
     try:
-        return await live.worker_alive(redis)
+        raw = await redis.get(WORKER_HEARTBEAT)
     except (RedisError, OSError):
-        return False
+        return False, {}
+    if raw is None:
+        return False, {}
+    try:
+        servers = json.loads(raw).get("mcp") or {}
+    except (ValueError, AttributeError):
+        servers = {}
+    return True, {str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {}
 
 
 async def _database(store: Store) -> bool:
@@ -83,7 +92,9 @@ async def _model(http: httpx.AsyncClient, settings: Settings) -> bool:
 
 
 async def check(redis: Redis, store: Store, http: httpx.AsyncClient, settings: Settings) -> ReadinessChecks:
-    ok_redis, ok_database, ok_worker, ok_model = await asyncio.gather(
+    ok_redis, ok_database, (ok_worker, tool_servers), ok_model = await asyncio.gather(
         _redis(redis), _database(store), _worker(redis), _model(http, settings)
     )
-    return ReadinessChecks(redis=ok_redis, database=ok_database, worker=ok_worker, model=ok_model)
+    return ReadinessChecks(
+        redis=ok_redis, database=ok_database, worker=ok_worker, model=ok_model, tool_servers=tool_servers
+    )

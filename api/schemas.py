@@ -151,9 +151,13 @@ class ReadinessChecks(msgspec.Struct):
     database: bool
     worker: bool
     model: bool
+    #: each MCP server of the live worker: "up", or why it is not. A server that is down
+    #: costs only its own tools (they answer the model with an error), so it is named
+    #: here but does not make the service unready.
+    tool_servers: dict[str, str] = msgspec.field(default_factory=dict, name="toolServers")
 
     def missing(self) -> list[str]:
-        return [name for name in self.__struct_fields__ if not getattr(self, name)]
+        return [name for name in ("redis", "database", "worker", "model") if not getattr(self, name)]
 
 
 class Ready(msgspec.Struct):

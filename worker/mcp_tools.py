@@ -94,25 +94,29 @@ class McpServer:
     def up(self) -> bool:
         return self.session is not None
 
-    async def _hold_session(self) -> None:
+    async def _hold_session(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        # ``ready`` and ``stop`` are this session's own: a session being torn down late
+        # must not wake or clear the one opened after it.
+        held: ClientSession | None = None
         try:
             async with create_session(self.connection) as session:  # type: ignore[arg-type]
                 await session.initialize()
-                self.session = session
+                self.session = held = session
                 self.error = None
-                self._ready.set()
-                await self._stop.wait()
+                ready.set()
+                await stop.wait()
         except Exception as exc:  # the server's own failure: it costs only its tools
             self.error = f"{type(exc).__name__}: {exc}"
             log.warning("mcp.session_failed", server=self.name, error=self.error)
         finally:
-            self.session = None
-            self._ready.set()
+            if held is not None and self.session is held:
+                self.session = None
+            ready.set()
 
     async def open(self) -> bool:
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._hold_session(), name=f"mcp:{self.name}")
+        self._task = asyncio.create_task(self._hold_session(self._ready, self._stop), name=f"mcp:{self.name}")
         try:
             await asyncio.wait_for(self._ready.wait(), self.start_timeout)
         except TimeoutError:
@@ -131,14 +135,21 @@ class McpServer:
                 task.cancel()
         self.session = None
 
-    async def reopen(self) -> None:
+    async def reopen(self, broken: ClientSession | None = None) -> None:
+        """Replace ``broken`` (or a missing session) by a new one, once however many ask."""
         async with self._reopen:
+            if self.session is not None and self.session is not broken:
+                return  # someone else reopened it while we waited
             await self.close()
             if await self.open():
                 log.info("mcp.session_reopened", server=self.name)
 
-    def _reopen_soon(self) -> None:
-        task = asyncio.create_task(self.reopen())
+    def _discard(self, broken: ClientSession, why: str) -> None:
+        """Stop using a session that failed a call; the next call waits for a new one."""
+        if self.session is broken:
+            self.session = None
+            self.error = f"{why}; reopening"
+        task = asyncio.create_task(self.reopen(broken))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -170,13 +181,14 @@ class McpServer:
             result = await asyncio.wait_for(session.call_tool(tool_name, arguments), self.call_timeout)
         except TimeoutError:
             # A hung server: answer the model now, and start afresh for the next call.
-            self._reopen_soon()
-            raise ToolException(
-                f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"
-            ) from None
+            message = f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"
+            self._discard(session, message)
+            raise ToolException(message) from None
         except Exception as exc:
-            self._reopen_soon()
-            raise ToolException(f"tool server {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            # Most likely the server died (its pipe closed): it is started again.
+            message = f"tool server {self.name!r} failed: {type(exc).__name__}: {exc}"
+            self._discard(session, message)
+            raise ToolException(message) from exc
         text = _result_text(result)
         if result.isError:
             raise ToolException(text or f"tool {self.name}__{tool_name} failed")

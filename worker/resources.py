@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import structlog
@@ -55,11 +55,12 @@ async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSave
         await conn.close()
 
 
-async def _heartbeat(redis: Redis, started_at: float) -> None:
+async def _heartbeat(redis: Redis, started_at: float, tool_servers: Callable[[], dict[str, str]]) -> None:
     body = {"pid": os.getpid(), "started_at": started_at}
     while True:
         try:
-            beat = json.dumps({**body, "beat_at": time.time()})
+            # ``mcp``: each tool server's state ("up" or why not), for readyz.
+            beat = json.dumps({**body, "beat_at": time.time(), "mcp": tool_servers()})
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.set(WORKER_HEARTBEAT, beat, ex=HEARTBEAT_TTL)
                 # Outlives the worker, so "no worker since ..." can be told (heartbeat age).
@@ -99,7 +100,8 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         recovered = await recover(service, saver)
         log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
 
-        beat = asyncio.create_task(_heartbeat(redis, time.time()), name="heartbeat")
+        stack.push_async_callback(service.unrecorded.close)
+        beat = asyncio.create_task(_heartbeat(redis, time.time(), toolbox.status), name="heartbeat")
 
         async def stop_beating() -> None:
             beat.cancel()

@@ -38,8 +38,9 @@ from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
 from worker.metrics import CallTimer
 from worker.model import is_model_unavailable
+from worker.outcomes import UnrecordedOutcomes
 from worker.progress import CANCEL_REASON, RunTracker
-from worker.store import RunStore
+from worker.store import RunStore, end_failed_transaction, is_database_unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +60,8 @@ class RunService:
     graph: CompiledStateGraph[Any, Any, Any, Any]
     #: controls of the runs in progress, so a shutdown can drain them
     controls: dict[str, RunControl] = field(default_factory=dict)
+    #: outcomes the database refused (busy, full), retried until it takes them
+    unrecorded: UnrecordedOutcomes = field(default_factory=UnrecordedOutcomes)
 
     def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
@@ -77,7 +80,16 @@ class RunService:
             log.warning("run.duplicate_delivery", status=existing.status)
             return f"skipped: already {existing.status}"
         started = time.monotonic()
-        await self.store.start_run(job)
+        try:
+            # An earlier run's outcome goes first: this run must not overtake it.
+            if not await self.unrecorded.flush():
+                raise DatabaseBusy("earlier outcomes are still waiting to be recorded")
+            await self.store.start_run(job)
+        except Exception as exc:
+            if not is_database_unavailable(exc) and not isinstance(exc, DatabaseBusy):
+                raise
+            await self._refuse(job, exc)
+            return RunStatus.FAILED.value
         log.info("run.started", kind=job.kind.value, waited_ms=round((time.time() - job.enqueued_at) * 1000))
 
         events = EventPublisher(
@@ -122,6 +134,14 @@ class RunService:
                     f"the model {self.settings.ollama_model!r} at {self.settings.ollama_host} "
                     f"is not available: {type(exc).__name__}: {exc}",
                 )
+            elif is_database_unavailable(exc):
+                log.warning("run.database_unavailable", error=str(exc))
+                await self._end_failed_checkpoint_write()
+                outcome = Outcome(
+                    RunStatus.FAILED, RunErrorCode.DATABASE_UNAVAILABLE,
+                    f"the database could not be written ({exc}); the steps before are kept, "
+                    "resume the conversation once it can be written again",
+                )
             else:
                 log.exception("run.agent_failure")
                 outcome = Outcome(
@@ -134,13 +154,27 @@ class RunService:
         self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float
     ) -> None:
         steps = tracker.steps
-        state = await self.graph.aget_state(self.thread_config(job.conversation_id))
-        messages = state.values.get("messages", []) if state.values else []
-        await self.store.finish_run(
-            job.run_id, job.conversation_id,
-            status=outcome.status, error_code=outcome.code, error_message=outcome.message,
-            message_count=len(messages), pending_tasks=bool(state.tasks), step_count=steps,
-        )
+        message_count: int | None = None
+        pending: bool | None = None
+        try:
+            state = await self.graph.aget_state(self.thread_config(job.conversation_id))
+            message_count = len(state.values.get("messages", []) if state.values else [])
+            pending = bool(state.tasks)
+        except Exception as exc:
+            if not is_database_unavailable(exc):
+                raise
+            log.warning("run.state_unreadable", error=str(exc))
+
+        async def record() -> None:
+            await self.store.finish_run(
+                job.run_id, job.conversation_id,
+                status=outcome.status, error_code=outcome.code, error_message=outcome.message,
+                message_count=message_count, pending_tasks=pending, step_count=steps,
+            )
+
+        # If the database refuses the outcome, it is kept and retried; the conversation
+        # is released below all the same, or it would stay claimed for ever.
+        await self.unrecorded.record(job.run_id, record)
         duration = time.monotonic() - started
         log.info(
             "run.finished", status=outcome.status.value, error_code=outcome.code,
@@ -216,7 +250,42 @@ class RunService:
         return step
 
 
+    async def _refuse(self, job: RunJob, exc: BaseException) -> None:
+        """The run could not even be recorded: tell the client and free the conversation."""
+        log.warning("run.not_recorded", error=str(exc))
+        again = "resume again" if job.kind is JobKind.RESUME else "send it again"
+        outcome = Outcome(
+            RunStatus.FAILED, RunErrorCode.DATABASE_UNAVAILABLE,
+            f"the database could not be written ({exc}); nothing of this request was recorded, "
+            f"{again} once it can be written",
+        )
+        events = EventPublisher(
+            self.redis, job.run_id,
+            retention=self.settings.event_retention, max_len=self.settings.event_max_per_run,
+        )
+        await events.start()
+        await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
+
+
+    async def _end_failed_checkpoint_write(self) -> None:
+        """Roll back what a failed checkpoint write left open on the saver's connection.
+
+        Left open, its transaction keeps an old snapshot: once the application tables
+        (another connection) commit, every later checkpoint write fails at once with
+        "database is locked" (SQLITE_BUSY_SNAPSHOT), long after the lock is gone.
+        """
+        saver = self.graph.checkpointer
+        conn, lock = getattr(saver, "conn", None), getattr(saver, "lock", None)
+        if conn is not None and lock is not None:
+            async with lock:
+                await end_failed_transaction(conn)
+
+
 class NotResumable(Exception):
+    pass
+
+
+class DatabaseBusy(Exception):
     pass
 
 

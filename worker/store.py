@@ -7,6 +7,10 @@ would let one side commit the other's half-done work.
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +44,52 @@ async def connect(path: Path) -> aiosqlite.Connection:
     return conn
 
 
+def is_database_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says the database cannot be written now.
+
+    Locked past the busy timeout, disk full, I/O errors: ``sqlite3.OperationalError``.
+    Constraint violations and the like are bugs, not unavailability.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlite3.OperationalError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+async def end_failed_transaction(conn: aiosqlite.Connection) -> None:
+    """Roll back what a failed write left open on ``conn``.
+
+    A write that fails (busy, disk full) can leave the connection inside a
+    transaction holding an old snapshot; every later write on it would then fail
+    too, long after the database is writable again.
+    """
+    try:
+        if conn.in_transaction:
+            await conn.rollback()
+    except sqlite3.Error:
+        pass
+
+
 class RunStore:
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
+        # One transaction at a time on the connection: a run's writes and a retried
+        # outcome of another run must not end up in each other's commit.
+        self._lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        async with self._lock:
+            try:
+                yield
+                await self.conn.commit()
+            except BaseException:
+                await end_failed_transaction(self.conn)
+                raise
 
     @classmethod
     async def open(cls, path: Path) -> RunStore:
@@ -70,20 +117,20 @@ class RunStore:
     async def start_run(self, job: RunJob) -> None:
         """Record the run ``running`` (and its conversation, if new) in one transaction."""
         now = now_iso()
-        await self.conn.execute(
-            "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
-            " VALUES (?, ?, ?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
-            " last_run_id = excluded.last_run_id",
-            (job.conversation_id, title_of(job.message), now, now, job.run_id),
-        )
-        await self.conn.execute(
-            "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
-             iso_from_timestamp(job.enqueued_at), now),
-        )
-        await self.conn.commit()
+        async with self._transaction():
+            await self.conn.execute(
+                "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
+                " VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
+                " last_run_id = excluded.last_run_id",
+                (job.conversation_id, title_of(job.message), now, now, job.run_id),
+            )
+            await self.conn.execute(
+                "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
+                 iso_from_timestamp(job.enqueued_at), now),
+            )
 
     async def finish_run(
         self,
@@ -99,15 +146,15 @@ class RunStore:
     ) -> None:
         """Record a run's outcome and its conversation's new shape in one transaction."""
         now = now_iso()
-        await self.conn.execute(
-            "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
-            " step_count = COALESCE(?, step_count) WHERE id = ?",
-            (status, error_code, error_message, now, step_count, run_id),
-        )
-        await self.conn.execute(
-            "UPDATE conversations SET updated_at = ?,"
-            " message_count = COALESCE(?, message_count),"
-            " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
-            (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
-        )
-        await self.conn.commit()
+        async with self._transaction():
+            await self.conn.execute(
+                "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
+                " step_count = COALESCE(?, step_count) WHERE id = ?",
+                (status, error_code, error_message, now, step_count, run_id),
+            )
+            await self.conn.execute(
+                "UPDATE conversations SET updated_at = ?,"
+                " message_count = COALESCE(?, message_count),"
+                " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
+                (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
+            )

@@ -1,0 +1,249 @@
+"""Faults of what the worker depends on: tool servers, the model, the database, Redis.
+
+Injected from outside wherever possible: an MCP server that exits mid-call or
+never answers, a command that does not exist, a model server that drops the
+connection or is gone, another process holding SQLite's write lock, a
+filesystem that is full, the test's own Redis stopped and started again.
+"""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import SseEvent, SseParser, get_json, read_sse, tool_calls, wait_for
+from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers
+from tests.support.faults import DatabaseLock, accepted, integrity, queue_is_clean
+from tests.support.procs import pid_alive
+
+pytestmark = pytest.mark.fault
+
+
+def run_stream(api_url: str, conversation: str, run: str) -> list[SseEvent]:
+    """The events of one run (``GET /api/chat?conversation=&run=``), up to its terminal one."""
+    with httpx.Client(base_url=api_url, trust_env=False, timeout=30) as http:
+        response = http.get("/api/chat", params={"conversation": conversation, "run": run})
+    assert response.status_code == 200, response.text
+    events = list(SseParser().feed_lines(response.text.splitlines()))
+    assert events and events[-1].terminal, events
+    return events
+
+
+def tool_results(api_url: str, conversation: str) -> list[tuple[str, str, str]]:
+    """(tool name, status, content) of every tool message of the conversation."""
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
+    return [(m["name"], m.get("status", ""), m["content"]) for m in detail["messages"] if m["role"] == "tool"]
+
+
+# --- MCP servers ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fragile_env(sophos_env: SophosEnv) -> SophosEnv:
+    """The fake tools, a server that dies or hangs on request, and one that cannot start."""
+    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
+    sophos_env.write_mcp_config({"mcpServers": {
+        "tools": tools,
+        "fragile": {
+            "command": sys.executable,
+            "args": [str(FAKES_DIR / "fragile_server.py")],
+            "env": {"TOOLS_LOG": str(sophos_env.tools_log)},
+        },
+        "ghost": {"command": str(sophos_env.root / "no-such-command"), "args": []},
+    }})
+    return sophos_env.with_(MCP_CALL_TIMEOUT=2)
+
+
+def test_tool_server_that_dies_hangs_or_never_starts_costs_only_its_own_tools(
+    fragile_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(fragile_env)
+    api = start_api(fragile_env)
+    ready = get_json(api.url, "/api/readyz")
+    servers = ready["checks"]["toolServers"]
+    assert servers["tools"] == "up" and servers["fragile"] == "up"
+    assert servers["ghost"] != "up" and "no-such-command" in servers["ghost"]
+
+    # Dies in the middle of a call, beside a call to a healthy server.
+    model.script(ToolCalls([("fragile__die", {}), ("tools__echo", {"text": "still here"})]), Text("noted"))
+    started = time.monotonic()
+    conversation, _ = accepted(api.url, "die please")
+    assert read_sse(api.url, conversation)[-1].event == "end"
+    assert time.monotonic() - started < 15
+    results = tool_results(api.url, conversation)
+    assert results[0][:2] == ("fragile__die", "error") and "fragile" in results[0][2]
+    assert results[1] == ("tools__echo", "success", "still here")
+
+    # The next call gets a new session (a new server process).
+    model.script(ToolCalls([("fragile__ping", {})]), Text("pong noted"))
+    accepted(api.url, "ping", conversation)
+    assert read_sse(api.url, conversation)[-1].event == "end"
+    name, status, content = tool_results(api.url, conversation)[-1]
+    assert (name, status) == ("fragile__ping", "success") and content.startswith("pong from ")
+    first_pid = int(content.split()[-1])
+    died = tool_calls(fragile_env.tools_log, "fragile.die")
+    assert len(died) == 1 and died[0]["pid"] != first_pid
+
+    # Never answers: the model hears about it within MCP_CALL_TIMEOUT; echo is not held up.
+    model.script(ToolCalls([("fragile__hang", {}), ("tools__echo", {"text": "quick"})]), Text("moving on"))
+    started = time.monotonic()
+    accepted(api.url, "hang please", conversation)
+    assert read_sse(api.url, conversation)[-1].event == "end"
+    assert time.monotonic() - started < 15
+    hung, echoed = tool_results(api.url, conversation)[-2:]
+    assert hung[:2] == ("fragile__hang", "error") and "did not answer within 2s" in hung[2]
+    assert echoed == ("tools__echo", "success", "quick")
+
+    model.script(ToolCalls([("fragile__ping", {})]), Text("pong again"))
+    accepted(api.url, "ping again", conversation)
+    assert read_sse(api.url, conversation)[-1].event == "end"
+    name, status, content = tool_results(api.url, conversation)[-1]
+    assert (name, status) == ("fragile__ping", "success")
+    assert int(content.split()[-1]) != first_pid
+
+    # The hung server was stopped, not left behind; the one that never started offers no tools.
+    hung_pid = tool_calls(fragile_env.tools_log, "fragile.hang")[0]["pid"]
+    wait_for(lambda: not pid_alive(hung_pid), timeout=10, message="the hung server to be stopped")
+    offered = {t["function"]["name"] for t in model.requests[-1].get("tools", [])}
+    assert "tools__echo" in offered and "fragile__ping" in offered
+    assert not any(name.startswith("ghost__") for name in offered)
+    # The worker's next heartbeat (every 2 s) tells readyz the reopened session is up.
+    ready = wait_for(
+        lambda: (r := get_json(api.url, "/api/readyz"))["checks"]["toolServers"]["fragile"] == "up" and r,
+        timeout=10,
+    )
+    assert "no-such-command" in ready["checks"]["toolServers"]["ghost"]
+    assert queue_is_clean(fragile_env.redis_url, conversation) == []
+    assert integrity(fragile_env.database_path) == "ok"
+
+
+# --- the database ----------------------------------------------------------------------------
+
+
+def test_database_locked_briefly_the_run_waits_and_completes(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    model.script(Text("waited for the lock"))
+    with DatabaseLock(sophos_env.database_path) as lock:
+        conversation, run = accepted(api.url, "are you there?")
+        time.sleep(2)
+        assert get_json(api.url, f"/api/runs/{run}")["status"] == "queued"  # not recorded yet
+        lock.release()
+        events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events.text == "waited for the lock"
+    assert integrity(sophos_env.database_path) == "ok"
+
+
+def test_database_locked_too_long_fails_the_run_and_frees_the_conversation(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    hang = Hang(text="half ", then=Text("an answer"))
+    model.script(hang, Text("an answer, resumed"))
+    conversation, run = accepted(api.url, "question")
+    hang.wait_started(20)
+
+    with DatabaseLock(sophos_env.database_path):
+        hang.release()
+        # The step's checkpoint waits the busy timeout (5 s) and fails; so does the outcome,
+        # which is kept for later. The client is told, the conversation is not left claimed.
+        events = read_sse(api.url, conversation)
+        assert events[-1].event == "chat-error" and events[-1].data["code"] == "DATABASE_UNAVAILABLE"
+        assert queue_is_clean(sophos_env.redis_url, conversation) == []
+        assert get_json(api.url, "/api/readyz")["status"] == "ready"  # reads go on beside the lock
+        assert get_json(api.url, f"/api/runs/{run}")["status"] == "running"  # not recorded yet
+
+    # Recorded within a second of the lock going away.
+    info = wait_for(
+        lambda: (r := get_json(api.url, f"/api/runs/{run}"))["status"] != "running" and r, timeout=10
+    )
+    assert info["status"] == "failed" and info["error"]["code"] == "DATABASE_UNAVAILABLE"
+    assert integrity(sophos_env.database_path) == "ok"
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True and [m["content"] for m in detail["messages"]] == ["question"]
+    accepted(api.url, conversation=conversation, resume=True)
+    assert read_sse(api.url, conversation).text == "an answer, resumed"
+    assert model.calls == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs of the test's own, to fill up (needs root, as in CI)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mount)],
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte; delete the file to free it."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+def test_disk_full_fails_the_run_keeps_the_database_and_resumes_once_freed(
+    sophos_env: SophosEnv, small_disk: Path, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(DATABASE_PATH=small_disk / "db" / "sophos.db")
+    start_worker(env)
+    api = start_api(env)
+    answer = "A long answer. " * 4000  # 60 KB: its checkpoint needs pages the disk no longer has
+    pieces = [answer[i:i + 6000] for i in range(0, len(answer), 6000)]
+    hang = Hang(then=Text(answer, tokens=pieces))
+    model.script(hang, Text(answer, tokens=pieces))
+    conversation, run = accepted(api.url, "write a lot")
+    hang.wait_started(20)
+    filler = fill(small_disk)
+    hang.release()
+
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "chat-error" and events[-1].data["code"] == "DATABASE_UNAVAILABLE"
+    assert queue_is_clean(env.redis_url, conversation) == []
+    assert get_json(api.url, "/api/readyz")["status"] == "ready"
+    # A new message cannot even be recorded: refused at once, nothing stored.
+    refused, refused_run = accepted(api.url, "another")
+    assert run_stream(api.url, refused, refused_run)[-1].data["code"] == "DATABASE_UNAVAILABLE"
+    get_json(api.url, f"/api/conversations/{refused}", expect=404)
+
+    filler.unlink()
+    # The outcome the full disk refused is recorded as soon as there is room.
+    info = wait_for(
+        lambda: (r := get_json(api.url, f"/api/runs/{run}"))["status"] != "running" and r, timeout=10
+    )
+    assert info["status"] == "failed" and info["error"]["code"] == "DATABASE_UNAVAILABLE"
+    assert integrity(env.database_path) == "ok"
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True and [m["role"] for m in detail["messages"]] == ["user"]
+
+    _, resumed = accepted(api.url, conversation=conversation, resume=True)
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == resumed
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert [m["content"] for m in detail["messages"]] == ["write a lot", answer]
+    assert integrity(env.database_path) == "ok"
