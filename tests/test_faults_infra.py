@@ -9,17 +9,20 @@ filesystem that is full, the test's own Redis stopped and started again.
 from __future__ import annotations
 
 import errno
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import SseEvent, SseParser, get_json, read_sse, tool_calls, wait_for
+from shared.contracts import ACTIVE_RUNS
+from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import SseEvent, SseParser, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock, accepted, integrity, queue_is_clean
 from tests.support.procs import pid_alive
@@ -247,3 +250,133 @@ def test_disk_full_fails_the_run_keeps_the_database_and_resumes_once_freed(
     detail = get_json(api.url, f"/api/conversations/{conversation}")
     assert [m["content"] for m in detail["messages"]] == ["write a lot", answer]
     assert integrity(env.database_path) == "ok"
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def test_model_gone_mid_stream_fails_the_run_and_it_resumes_once_the_model_is_back(
+    sophos_env: SophosEnv, start_worker, start_api
+) -> None:
+    fake = FakeOllama(["test-model"]).start()  # our own, to stop and start again on its port
+    try:
+        env = sophos_env.with_(OLLAMA_HOST=fake.url)
+        start_worker(env)
+        api = start_api(env)
+        fake.script(ToolCalls([("tools__echo", {"text": "kept"})]), Drop(after_tokens=2))
+        conversation, run = accepted(api.url, "use a tool, then answer")
+        events = read_sse(api.url, conversation)
+        assert events[-1].event == "chat-error" and events[-1].data["code"] == "MODEL_UNAVAILABLE"
+        assert events.text == "this reply "  # what was streamed before the drop
+        info = get_json(api.url, f"/api/runs/{run}")
+        assert info["status"] == "failed" and info["error"]["code"] == "MODEL_UNAVAILABLE"
+        detail = get_json(api.url, f"/api/conversations/{conversation}")
+        assert detail["resumable"] is True
+        assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool"]
+
+        fake.close()  # now gone altogether: readyz says so, a resume fails the same way
+        ready = get_json(api.url, "/api/readyz", expect=503)
+        assert ready["checks"]["model"] is False and "model" in ready["error"]["message"]
+        accepted(api.url, conversation=conversation, resume=True)
+        assert read_sse(api.url, conversation)[-1].data["code"] == "MODEL_UNAVAILABLE"
+        assert get_json(api.url, f"/api/conversations/{conversation}")["resumable"] is True
+
+        fake = FakeOllama(["test-model"], port=fake.port).start()
+        fake.script(Text("Back, and done."))
+        get_json(api.url, "/api/readyz")
+        accepted(api.url, conversation=conversation, resume=True)
+        events = read_sse(api.url, conversation)
+        assert events[-1].event == "end" and events.text == "Back, and done."
+        detail = get_json(api.url, f"/api/conversations/{conversation}")
+        assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
+        assert detail["resumable"] is False
+        assert len(tool_calls(env.tools_log, "echo")) == 1  # the tool step was not repeated
+    finally:
+        fake.close()
+
+
+# --- Redis -------------------------------------------------------------------------------------
+
+
+def test_redis_restart_with_runs_queued_and_one_running(
+    sophos_env: SophosEnv, start_redis, start_worker, start_api, model: FakeOllama
+) -> None:
+    server = start_redis()  # AOF on, like every deployment
+    env = sophos_env.with_(REDIS_URL=server.url)
+    worker, api = start_worker(env), start_api(env)
+    hang = Hang(text="before the restart ", then=Text("and after it."))
+    model.script(hang, Text("second"), Text("third"))
+    first, _ = accepted(api.url, "first")
+    hang.wait_started(20)
+    queued = [accepted(api.url, text)[0] for text in ("second", "third")]
+    seen = read_sse(api.url, first, stop_after=3)  # a client that goes away mid-run
+    with ThreadPoolExecutor(1) as pool:
+        through = pool.submit(read_sse, api.url, first, timeout=60)  # one that stays connected
+        time.sleep(0.5)
+
+        server.restart(signal.SIGTERM, down_for=1.0)
+        hang.release()
+        stayed = through.result(60)
+
+    rest = read_sse(api.url, first, seen.last_id)
+    assert [(e.id, e.raw) for e in [*seen, *rest]] == [(e.id, e.raw) for e in stayed]
+    assert stayed.text == "before the restart and after it." and stayed[-1].event == "end"
+    for conversation, text in zip(queued, ("second", "third"), strict=True):
+        events = read_sse(api.url, conversation)
+        assert events[-1].event == "end" and events.text == text
+    assert worker.alive and api.alive  # neither was restarted
+
+    # Redis down at submit time: 503, and nothing half-recorded anywhere.
+    before = get_json(api.url, "/api/conversations")["conversations"]
+    server.stop()
+    refused = post_chat(api.url, "while redis is down")
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "QUEUE_UNAVAILABLE"
+    refused = post_chat(api.url, "follow-up while redis is down", first)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "QUEUE_UNAVAILABLE"
+    server.start()
+    assert get_json(api.url, "/api/conversations")["conversations"] == before
+    assert queue_is_clean(env.redis_url, first) == []
+    with server.client(decode_responses=True) as client:
+        assert client.hgetall(ACTIVE_RUNS) == {}
+    model.script(Text("fourth"))
+    accepted(api.url, "after redis came back", first)
+    assert read_sse(api.url, first).text == "fourth"
+    assert worker.alive and api.alive
+
+
+# --- the API ---------------------------------------------------------------------------------
+
+
+def test_api_sigterm_ends_its_streams_cleanly_and_clients_resume_elsewhere(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    leaving, staying = start_api(sophos_env), start_api(sophos_env)
+    hang = Hang(text="first half ", then=Text("second half."))
+    model.script(hang)
+    conversation, _ = accepted(leaving.url, "long answer")
+    hang.wait_started(20)
+
+    events: list[SseEvent] = []
+    with httpx.Client(base_url=leaving.url, trust_env=False, timeout=30) as http:
+        with http.stream("GET", "/api/chat", params={"conversation": conversation}) as response:
+            parser = SseParser()
+            lines = response.iter_lines()
+            while not any(e.event == "token" for e in events):
+                events.extend(parser.feed_lines([next(lines)]))
+            started = time.monotonic()
+            leaving.terminate()
+            # The stream ends properly (no broken chunk, no exception), without a terminal event.
+            events.extend(parser.feed_lines(lines))
+            ended_after = time.monotonic() - started
+    assert not any(e.terminal for e in events)
+    assert ended_after < 5
+    # uvicorn re-raises the signal once its graceful shutdown is done.
+    assert leaving.wait(10) in (0, -signal.SIGTERM)
+    assert "api.stopping" in leaving.log_text()
+
+    hang.release()
+    rest = read_sse(staying.url, conversation, [e.id for e in events if e.id][-1])
+    assert "".join(e.data for e in [*events, *rest] if e.event == "token") == "first half second half."
+    ids = [int(e.id) for e in [*events, *rest] if e.id]
+    assert ids == list(range(1, len(ids) + 1))
