@@ -5,10 +5,19 @@ format, existence, active run, resumable. The JSON check comes before (see
 routes_chat). Acceptance itself is one atomic script in Redis
 (:func:`shared.queue.submit_run`), so a failure leaves nothing half-recorded and
 two simultaneous requests for one conversation cannot both be accepted.
+
+With an ``Idempotency-Key`` a retried request gets the first request's answer
+(same conversation, same run) instead of a second run: the key is looked up
+before the checks and again when they refuse (the first request may have been
+accepted meanwhile), and the submit script stores the answer atomically with the
+run. The same key with a different request is refused (422).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -20,8 +29,8 @@ from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
 from api.store import Store
 from shared.contracts import JobKind, RunJob
-from shared.errors import BadRequest, NotFound, RunNotResumable, SessionInProgress
-from shared.queue import submit_run
+from shared.errors import BadRequest, IdempotencyKeyReused, NotFound, RunNotResumable, SessionInProgress
+from shared.queue import FirstAnswer, Idempotency, first_answer, submit
 from shared.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -33,6 +42,29 @@ def title_of(message: str) -> str:
     """First line of the first message, at most 80 characters (as the worker does)."""
     stripped = message.strip()
     return stripped.splitlines()[0][:TITLE_CHARS] if stripped else "New conversation"
+
+
+#: Visible ASCII, as the header's draft standard suggests (a UUID fits easily).
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def idempotency_of(key: str | None, request: ChatRequest, conversation_id: str | None) -> Idempotency | None:
+    """The request's idempotency key, checked, with a fingerprint of what it asks for."""
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
+    asked = json.dumps([request.message, conversation_id, request.resume], ensure_ascii=False)
+    return Idempotency(key, hashlib.sha256(asked.encode()).hexdigest())
+
+
+def _answer(first: FirstAnswer, idempotency: Idempotency) -> ChatAccepted:
+    if first.fingerprint != idempotency.fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was already used for a different request; use a new key"
+        )
+    log.info("run.idempotent_replay", run_id=first.run)
+    return ChatAccepted(conversation=first.conversation, run=first.run)
 
 
 def _busy(conversation_id: str, holder: str) -> SessionInProgress:
@@ -57,16 +89,32 @@ class ChatService:
             raise BadRequest("message must not contain NUL characters")
         return message
 
-    async def submit(self, request: ChatRequest) -> ChatAccepted:
+    async def submit(self, request: ChatRequest, idempotency_key: str | None = None) -> ChatAccepted:
         """Validate ``request`` and enqueue its run; raise the contract's errors."""
         message = None if request.resume else self._message(request)
         if request.resume and request.conversation is None:
             raise BadRequest("resume needs a conversation")
         if request.conversation is None:
-            conversation_id, title, new = new_id(), title_of(message or ""), True
+            conversation_id, new = new_id(), True
         else:
             conversation_id, new = parse_id(request.conversation, "conversation"), False
+        idempotency = idempotency_of(idempotency_key, request, None if new else conversation_id)
+        if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+            return _answer(first, idempotency)
+        try:
+            return await self._submit(request, message, conversation_id, new, idempotency)
+        except (SessionInProgress, RunNotResumable):
+            # The first of several identical requests may have been accepted meanwhile.
+            if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+                return _answer(first, idempotency)
+            raise
+
+    async def _submit(
+        self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
+        idempotency: Idempotency | None,
+    ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+        title = title_of(message or "")
 
         if not new:
             row = await self.store.conversation(conversation_id)
@@ -87,10 +135,12 @@ class ChatService:
             enqueued_at=time.time(),
             new_conversation=new,
         )
-        holder = await submit_run(self.redis, job, title=title)
+        submitted = await submit(self.redis, job, title=title, idempotency=idempotency)
+        if submitted.first is not None and idempotency is not None:
+            return _answer(submitted.first, idempotency)
         # A holder equal to our own run id means a retried script had already run.
-        if holder is not None and holder != job.run_id:
-            raise _busy(conversation_id, holder)
+        if submitted.holder is not None and submitted.holder != job.run_id:
+            raise _busy(conversation_id, submitted.holder)
         structlog.contextvars.bind_contextvars(run_id=job.run_id, job_id=job.run_id)  # arq job id = run id
         log.info("run.accepted", kind=job.kind.value, new_conversation=new,
                  **({"message": message} if self.settings.log_content else {}))

@@ -44,12 +44,23 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
     description=(
         "Accepts `{message, conversation?}` (no conversation: a new one) or `{resume: true, conversation}`. "
         "Checks, in order: JSON, message, resume needs a conversation, id format, existence, "
-        "active run, resumable."
+        "active run, resumable. With an `Idempotency-Key` header, a retry of the same request "
+        "(within 24 h) gets the first answer instead of starting a second run."
     ),
-    responses=errors(400, 401, 404, 409, 413, 429, 503),
+    responses=errors(400, 401, 404, 409, 413, 422, 429, 503),
 )
-async def post_chat(data: ChatRequest, resources: Resources) -> ChatAccepted:
-    return await resources.chat.submit(data)
+async def post_chat(
+    data: ChatRequest,
+    resources: Resources,
+    idempotency_key: Annotated[
+        str | None,
+        Parameter(
+            header="Idempotency-Key", required=False,
+            description="Any unique string (1-255 visible ASCII characters), the same for every retry.",
+        ),
+    ] = None,
+) -> ChatAccepted:
+    return await resources.chat.submit(data, idempotency_key)
 
 
 async def _once(chunk: bytes) -> AsyncIterator[bytes]:

@@ -117,6 +117,15 @@ def run_key(run_id: str) -> str:
     return f"sophos:run:{run_id}"
 
 
+#: How long a request's ``Idempotency-Key`` keeps its first answer.
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+
+
+def idempotency_key(key: str) -> str:
+    """String: the first answer to a ``POST /api/chat`` with this ``Idempotency-Key``."""
+    return f"sophos:idem:{key}"
+
+
 def events_key(run_id: str) -> str:
     """Redis Stream holding the run's events; entry ids are ``<n>-0``."""
     return f"sophos:events:{run_id}"

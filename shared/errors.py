@@ -7,9 +7,10 @@
     ├── NotFound                404 NOT_FOUND
     ├── SessionInProgress       409 SESSION_IN_PROGRESS
     ├── RunNotResumable         409 RUN_NOT_RESUMABLE
-    ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
-    ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── RunFinished             409 RUN_FINISHED
+    ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
+    ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
+    ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
     └── NotReady                503 NOT_READY
@@ -57,9 +58,21 @@ class RunNotResumable(SophosError):
     status = 409
 
 
+class RunFinished(SophosError):
+    code = "RUN_FINISHED"
+    status = 409
+
+
 class PayloadTooLarge(SophosError):
     code = "PAYLOAD_TOO_LARGE"
     status = 413
+
+
+class IdempotencyKeyReused(SophosError):
+    """An ``Idempotency-Key`` sent again with a different request."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+    status = 422
 
 
 class RateLimited(SophosError):
@@ -74,11 +87,6 @@ class RateLimited(SophosError):
 
 class QueueUnavailable(SophosError):
     code = "QUEUE_UNAVAILABLE"
-class RunFinished(SophosError):
-    code = "RUN_FINISHED"
-    status = 409
-
-
     status = 503
 
 
