@@ -30,8 +30,10 @@ from shared.contracts import EventType, events_key
 
 log = structlog.get_logger(__name__)
 
-#: Newest entries of a run a feed keeps in memory (per run, per API process).
+#: Newest entries of a run a feed keeps in memory (per run, per API process), and their
+#: most bytes (tool results can be large).
 FEED_CAPACITY = 1000
+FEED_MAX_BYTES = 8 * 1024 * 1024
 #: XRANGE reads of relays that are behind, at once per process; bounds the connections they take.
 REPLAY_SLOTS = 8
 #: Entries per XRANGE (bounds what a relay holds while its client is slow).
@@ -50,7 +52,6 @@ class Entry:
 
     n: int
     type: str
-    data: str
     #: the SSE encoding, made once for every client
     wire: bytes
 
@@ -68,7 +69,7 @@ def make_entry(entry_id: Any, fields: dict[str, str]) -> Entry:
     n = entry_number(entry_id)
     type_ = fields.get("type", "")
     data = fields.get("data", "null")
-    return Entry(n, type_, data, ServerSentEventMessage(id=str(n), event=type_, data=data).encode())
+    return Entry(n, type_, ServerSentEventMessage(id=str(n), event=type_, data=data).encode())
 
 
 class RunFeed:
@@ -79,6 +80,7 @@ class RunFeed:
         self.run_id = run_id
         self.key = events_key(run_id)
         self.entries: deque[Entry] = deque()
+        self.size = 0  # bytes in ``entries``
         #: every entry after this id has been read by the feed (None: not looked yet)
         self.start: int | None = None
         #: entries after this id are all in ``entries``
@@ -118,9 +120,14 @@ class RunFeed:
         changed.set()
 
     def _append(self, entry: Entry) -> None:
-        if len(self.entries) >= self.feeds.capacity:
-            self.floor = self.entries.popleft().n
         self.entries.append(entry)
+        self.size += len(entry.wire)
+        while len(self.entries) > self.feeds.capacity or (
+            self.size > self.feeds.max_bytes and len(self.entries) > 1
+        ):
+            gone = self.entries.popleft()
+            self.size -= len(gone.wire)
+            self.floor = gone.n
         self.last = entry.n
         if entry.terminal:
             self.ended = True
@@ -165,10 +172,12 @@ class Feeds:
         redis: Redis,
         *,
         capacity: int = FEED_CAPACITY,
+        max_bytes: int = FEED_MAX_BYTES,
         replay_slots: int = REPLAY_SLOTS,
     ) -> None:
         self.redis = redis
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self.replay_slots = asyncio.Semaphore(replay_slots)
         self._feeds: dict[str, RunFeed] = {}
         self._closing = False

@@ -632,3 +632,74 @@ async def test_a_run_can_be_named_so_its_ids_are_never_taken_for_another_runs(
                 "/api/chat", params={"conversation": conversation}, headers={"Last-Event-ID": bad}
             )
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "BAD_REQUEST"
+
+
+class _NoRuns:
+    """The relay's view of the runs table, for a run only Redis knows."""
+
+    async def run(self, run_id: str) -> None:
+        return None
+
+
+def parse_chunks(chunks: list[bytes]) -> list[SseEvent]:
+    parser = SseParser()
+    lines = b"".join(chunks).decode().split("\r\n")
+    return [e for e in parser.feed_lines(lines)]
+
+
+async def test_a_relay_behind_its_feed_reads_redis_and_misses_nothing(redis: Redis) -> None:
+    """In process, against real Redis: a slow stream falls out of the feed's memory (10 entries
+    here) and catches up from the stream itself; the feed's reader stops once it is done."""
+    import threading
+
+    from api.feed import Feeds
+    from api.relay import Relay
+
+    feeds = Feeds(redis, capacity=10)
+    replays = 0
+    replay = feeds.replay
+
+    async def counted_replay(run_id: str, pos: int, count: int = 100) -> list[Any]:
+        nonlocal replays
+        replays += 1
+        return await replay(run_id, pos, count)
+
+    feeds.replay = counted_replay  # type: ignore[method-assign]
+    run = str(uuid.uuid4())
+    publisher = EventPublisher(redis, run, retention=60, max_len=10_000)
+    await publisher.start()
+    await publisher.token("t0 ")
+    assert await publisher.flush(5)
+    relay = Relay(
+        redis=redis,
+        store=_NoRuns(),  # type: ignore[arg-type]
+        feeds=feeds,
+        conversation_id=str(uuid.uuid4()),
+        run_id=run,
+        after=0,
+        ping_ms=1000,
+        draining=threading.Event(),
+    )
+    chunks: list[bytes] = []
+
+    async def slow_client() -> None:
+        async for chunk in relay.events():
+            chunks.append(chunk)
+            await asyncio.sleep(0.02)
+
+    client = asyncio.create_task(slow_client())
+    try:
+        for i in range(1, 300):
+            await publisher.token(f"t{i} ")
+            if i % 10 == 0:
+                await asyncio.sleep(0.005)
+        await publisher.publish(EventType.END, {"run": run, "status": "completed"})
+        await asyncio.wait_for(client, 30)
+        events = parse_chunks(chunks)
+        assert [e.id for e in events] == [str(n) for n in range(1, 302)]
+        assert replays > 2, "the client fell behind the feed and read Redis"
+        assert "".join(e.data for e in events if e.event == "token") == "".join(f"t{i} " for i in range(300))
+        await wait_for_async(lambda: len(feeds) == 0, 5, message="the feed's reader stopped")
+    finally:
+        client.cancel()
+        await feeds.aclose()
