@@ -31,6 +31,9 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
         decoded = msgspec.json.decode(body)
     except msgspec.DecodeError:
         raise BadRequest("body is not valid JSON") from None
+    except RecursionError:
+        # Thousands of nested arrays fit in a small body; the decoder gives up on them.
+        raise BadRequest("body is nested too deeply") from None
     if not isinstance(decoded, dict):
         raise BadRequest("body must be a JSON object")
 
