@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from tests.support.client import SseEvent, SseParser, get_json, post_chat, read_
 from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock, accepted, integrity, queue_is_clean
 from tests.support.procs import pid_alive
+from worker.store import connect, end_failed_transaction
 
 pytestmark = pytest.mark.fault
 
@@ -150,7 +152,7 @@ def test_database_locked_briefly_the_run_waits_and_completes(
 def test_database_locked_too_long_fails_the_run_and_frees_the_conversation(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    start_worker(sophos_env)
+    worker = start_worker(sophos_env)
     api = start_api(sophos_env)
     hang = Hang(text="half ", then=Text("an answer"))
     model.script(hang, Text("an answer, resumed"))
@@ -159,25 +161,48 @@ def test_database_locked_too_long_fails_the_run_and_frees_the_conversation(
 
     with DatabaseLock(sophos_env.database_path):
         hang.release()
-        # The step's checkpoint waits the busy timeout (5 s) and fails; so does the outcome,
-        # which is kept for later. The client is told, the conversation is not left claimed.
-        events = read_sse(api.url, conversation)
-        assert events[-1].event == "chat-error" and events[-1].data["code"] == "DATABASE_UNAVAILABLE"
-        assert queue_is_clean(sophos_env.redis_url, conversation) == []
-        assert get_json(api.url, "/api/readyz")["status"] == "ready"  # reads go on beside the lock
-        assert get_json(api.url, f"/api/runs/{run}")["status"] == "running"  # not recorded yet
-
-    # Recorded within a second of the lock going away.
-    info = wait_for(
-        lambda: (r := get_json(api.url, f"/api/runs/{run}"))["status"] != "running" and r, timeout=10
-    )
+        # The step's checkpoint waits the busy timeout (5 s), then the run gives up.
+        worker.wait_for_log("run.database_unavailable", timeout=20)
+    # (An outcome the database refuses too is kept and written later: see the disk-full test.)
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "chat-error" and events[-1].data["code"] == "DATABASE_UNAVAILABLE"
+    assert queue_is_clean(sophos_env.redis_url, conversation) == []
+    info = get_json(api.url, f"/api/runs/{run}")
     assert info["status"] == "failed" and info["error"]["code"] == "DATABASE_UNAVAILABLE"
     assert integrity(sophos_env.database_path) == "ok"
     detail = get_json(api.url, f"/api/conversations/{conversation}")
     assert detail["resumable"] is True and [m["content"] for m in detail["messages"]] == ["question"]
+    # The failed write left nothing behind on the worker's connection: the resume can write.
     accepted(api.url, conversation=conversation, resume=True)
     assert read_sse(api.url, conversation).text == "an answer, resumed"
     assert model.calls == 2
+
+
+async def test_a_failed_write_is_rolled_back_or_its_stale_snapshot_fails_every_later_write(
+    tmp_path: Path,
+) -> None:
+    """Why the worker rolls back the checkpointer's connection after a failed write."""
+    path = tmp_path / "db.sqlite"
+    saver, other = await connect(path), await connect(path)
+    try:
+        await saver.execute("PRAGMA busy_timeout=200")
+        await saver.execute("CREATE TABLE t (x)")
+        await saver.commit()
+        with DatabaseLock(path):
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await saver.execute("INSERT INTO t VALUES (1)")
+        assert saver.in_transaction  # the failed write's transaction is still open...
+        await (await saver.execute("SELECT count(*) FROM t")).fetchall()  # ...and now holds a snapshot
+        await other.execute("INSERT INTO t VALUES (2)")
+        await other.commit()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await saver.execute("INSERT INTO t VALUES (3)")  # no lock anywhere, yet "locked"
+        await end_failed_transaction(saver)
+        await saver.execute("INSERT INTO t VALUES (3)")
+        await saver.commit()
+    finally:
+        await saver.close()
+        await other.close()
 
 
 @pytest.fixture

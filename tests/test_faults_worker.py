@@ -70,9 +70,9 @@ def _hang() -> Hang:
     return Hang(text="thinking ", then=ADD)
 
 
-# The boundaries not listed here are hit by the five-kills chain below (after START, after
-# the second model step, after the final checkpoint of a resumed run) and by test_crash.py
-# (before the input checkpoint; after the final checkpoint of a fresh run).
+# The boundaries not listed here are hit by the five-kills chain below (after START; after
+# the final checkpoint, of a resumed run) and by test_crash.py (before the input checkpoint;
+# after the final checkpoint of a fresh run).
 CASES = {
     "after-input-checkpoint": Case(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 1}),
     "after-first-model-step": Case(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 3}, model_calls_at_kill=1),
@@ -82,6 +82,7 @@ CASES = {
         hook={"SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT": 4}, model_calls_at_kill=1
     ),
     "after-first-tool-step": Case(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 4}, model_calls_at_kill=1),
+    "after-second-model-step": Case(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 5}, model_calls_at_kill=2),
     "after-second-tool-step": Case(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 6}, model_calls_at_kill=2),
     "while-the-model-streams": Case(
         script=(ECHO, _hang(), ADD, FINAL), kill_during="hang",
