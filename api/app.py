@@ -41,14 +41,13 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             routes_read.export_conversation,
             routes_read.list_runs,
             routes_read.get_run,
-            routes_read.healthz,
             routes_ops.cancel,
+            routes_read.healthz,
             routes_read.readyz,
         ],
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
     )
-    components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
     # Prometheus scrapes the root; the token, when set, guards it like /api.
     scrape = Router(
         path="/",
@@ -56,6 +55,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
     )
+    components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
     openapi = OpenAPIConfig(
         title="Sophos",
         version="0.1.0",

@@ -1,0 +1,296 @@
+"""``python -m bench [--quick]``: run every figure, print the table, write ``bench/RESULTS.md``.
+
+Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
+minute and only checks that everything works (CI): it never judges speed, and it
+writes no results file unless ``--results`` is given. The exit status is non-zero
+only when the service misbehaves (a run fails, a stream breaks), never because a
+target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from bench import profiling
+from bench.client import BenchError, Client, chat_once, http_client
+from bench.floor import Floor, in_process_floor
+from bench.report import Results, console, markdown, raw
+from bench.runs import (
+    MESSAGE,
+    checkpointed_size,
+    database_totals,
+    long_conversation,
+    single_runs,
+    stored_messages,
+    throughput,
+    timelines,
+    warm_up,
+    worker_cycle,
+)
+from bench.stack import Stack, code_version, describe_machine, load_average, rss_bytes, running_stack
+from bench.streams import api_streams, relay
+from shared.logging import configure_logging
+from shared.settings import Settings
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    warm: int
+    single: int
+    rounds: int
+    round_runs: int
+    clients: int
+    messages: int
+    relay: int
+    streams: int
+    profile_runs: int
+
+    @property
+    def window(self) -> int:
+        return max(1, min(10, self.messages // 4))
+
+
+FULL = Sizes(
+    warm=5,
+    single=100,
+    rounds=5,
+    round_runs=64,
+    clients=16,
+    messages=100,
+    relay=400,
+    streams=200,
+    profile_runs=60,
+)
+QUICK = Sizes(
+    warm=2, single=5, rounds=1, round_runs=16, clients=16, messages=8, relay=20, streams=200, profile_runs=5
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="smoke mode: a few runs per figure (CI)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="write the Markdown results here (default: bench/RESULTS.md in full mode, none in quick)",
+    )
+    p.add_argument("--json", type=Path, default=None, help="also write every sample as JSON here")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the worker and the API, e.g. POLL_DELAY=0.002 (repeatable)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="after the figures, profile worker, API and floor with py-spy; write stacks to DIR",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, databases)")
+    p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
+    for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
+        p.add_argument(
+            f"--{name}", type=int, default=None, help=f"override the number of {name.replace('-', ' ')}"
+        )
+    return p.parse_args(argv)
+
+
+def say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+async def measure(stack: Stack, sizes: Sizes, args: argparse.Namespace) -> Results:
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+    worker = stack.start_worker()
+    api = stack.start_api()
+    say(f"worker pid {worker.pid}, API pid {api.pid} at {stack.api_url}; data in {stack.root}")
+    floor_db = stack.root / "floor" / "floor.db"
+    floor_settings = Settings.from_env(stack.settings_env(DATABASE_PATH=str(floor_db)))
+    redis = Redis.from_url(stack.redis.url, decode_responses=True)
+    profiles: list[tuple[str, Path]] = []
+    try:
+        async with (
+            in_process_floor(floor_settings, dict(stack.env)) as floor,
+            http_client(stack.api_url, connections=2 * sizes.clients + 8) as http,
+        ):
+            say(f"warm-up: {sizes.warm} runs each")
+            await warm_up(http, floor, sizes.warm)
+
+            say(f"figure 1: {sizes.single} runs each, service and floor interleaved")
+            single = await single_runs(http, floor, sizes.single, rng, cpu=stack.cpu_snapshot)
+
+            say(f"figure 4: {sizes.rounds} round(s) of {sizes.round_runs} runs, {sizes.clients} clients")
+            load = await throughput(
+                http,
+                floor,
+                rounds=sizes.rounds,
+                runs=sizes.round_runs,
+                clients=sizes.clients,
+                rng=rng,
+                cpu=stack.cpu_snapshot,
+            )
+
+            say(f"figure 5: {sizes.messages} messages on one conversation (and one floor thread)")
+            service_before = checkpointed_size(stack.database_path).file_bytes
+            floor_before = checkpointed_size(floor_db).file_bytes
+            long, conversation, _thread = await long_conversation(http, floor, sizes.messages, rng)
+            service_after = checkpointed_size(stack.database_path, conversation)
+            floor_after = checkpointed_size(floor_db).file_bytes
+
+            records = stack.worker_records()
+            tl_single = await timelines(redis, stack.database_path, records, single.service)
+            tl_long = await timelines(redis, stack.database_path, records, long.service)
+            cycle = worker_cycle(records, load.service_runs)
+            worker_rss, worker_hwm = rss_bytes(worker.pid)
+            mcp_rss = sum(rss_bytes(pid)[0] for pid in worker.descendants())
+
+            if args.profile is not None:
+                profiles = await profile_phase(stack, http, floor, sizes, args.profile)
+
+        say("stopping the worker (figures 3 and 6 need runs that stay queued)")
+        stack.stop_worker()
+        total_bytes, total_conversations, total_messages = database_totals(stack.database_path)
+
+        async with http_client(stack.api_url) as http:
+            say(f"figure 3: {sizes.relay} events relayed")
+            relayed = await relay(http, redis, sizes.relay, rng, cpu=stack.cpu_snapshot)
+        say(f"figure 6: API holding {sizes.streams} streams")
+        streams = await api_streams(stack.api_url, api.pid, redis, sizes.streams)
+    finally:
+        await redis.aclose()
+
+    return Results(
+        quick=args.quick,
+        command="",
+        date="",
+        machine=describe_machine(),
+        overrides=stack.extra,
+        single=single,
+        timelines=tl_single,
+        waits=tl_single + tl_long,
+        throughput=load,
+        cycle=cycle,
+        long=long,
+        window=sizes.window,
+        db={
+            "user_messages": len(long.service),
+            "stored_messages": stored_messages(stack.database_path, conversation),
+            "service_delta": service_after.file_bytes - service_before,
+            "service_payload": service_after.thread_payload_bytes,
+            "floor_delta": floor_after - floor_before,
+            "total_bytes": total_bytes,
+            "total_conversations": total_conversations,
+            "total_messages": total_messages,
+        },
+        worker_rss=worker_rss,
+        worker_hwm=worker_hwm,
+        mcp_rss=mcp_rss,
+        relay=relayed,
+        api=streams,
+        profiles=profiles,
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+async def profile_phase(
+    stack: Stack, http: Client, floor: Floor, sizes: Sizes, out: Path
+) -> list[tuple[str, Path]]:
+    assert stack.worker is not None and stack.api is not None
+    n = sizes.profile_runs
+    say(f"profile: {n} sequential service runs (worker, API), {n} floor runs, one loaded round (worker)")
+    recorders = [
+        profiling.Recorder(stack.worker.pid, out / "worker-single.txt"),
+        profiling.Recorder(stack.api.pid, out / "api-single.txt"),
+    ]
+    await asyncio.sleep(1.0)  # py-spy attached
+    for _ in range(n):
+        await chat_once(http, MESSAGE)
+    paths = [r.stop() for r in recorders]
+    own = profiling.Recorder(os.getpid(), out / "floor.txt")
+    await asyncio.sleep(1.0)
+    for _ in range(n):
+        await floor.run(str(uuid.uuid4()), MESSAGE)
+    paths.append(own.stop())
+    loaded = profiling.Recorder(stack.worker.pid, out / "worker-load.txt")
+    await asyncio.sleep(1.0)
+    await throughput(
+        http, floor, rounds=1, runs=sizes.round_runs, clients=sizes.clients, rng=random.Random(0)
+    )
+    paths.append(loaded.stop())
+    titles = [
+        "worker, one run at a time",
+        "API, one run at a time",
+        "floor (benchmark process)",
+        f"worker, {sizes.clients} concurrent clients (and the floor's sequential round)",
+    ]
+    return list(zip(titles, paths, strict=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    base = QUICK if args.quick else FULL
+    sizes = Sizes(
+        warm=base.warm,
+        single=args.single or base.single,
+        rounds=args.rounds or base.rounds,
+        round_runs=args.round_runs or base.round_runs,
+        clients=args.clients or base.clients,
+        messages=args.messages or base.messages,
+        relay=args.relay or base.relay,
+        streams=args.streams or base.streams,
+        profile_runs=base.profile_runs,
+    )
+    overrides = dict(item.split("=", 1) for item in args.env)
+    # The floor's MCP toolbox logs through structlog: keep the benchmark's output to its own lines.
+    configure_logging("console", level=logging.WARNING)
+    command = " ".join(
+        [".venv/bin/python -m bench", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
+    )
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    load_start = load_average()
+    try:
+        with running_stack(overrides=overrides, keep=args.keep) as stack:
+            results = asyncio.run(measure(stack, sizes, args))
+    except BenchError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    results.command = command
+    results.load_start, results.load_end, results.code = load_start, load_average(), code_version()
+    results.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    print(console(results))
+    target = args.results if args.results is not None else (None if args.quick else HERE / "RESULTS.md")
+    if target is not None:
+        target.write_text(markdown(results))
+        say(f"results written to {target}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(raw(results), indent=1))
+    say(f"done in {results.elapsed_s:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

