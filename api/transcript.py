@@ -15,22 +15,10 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointTuple
 from msgspec import UNSET
 
 from api.schemas import CheckpointLine, ConversationInfo, Message, ToolCall
+from shared.contracts import text_of
 
 _START = "__start__"
 _BRANCH = "branch:to:"
-
-
-def text_of(content: Any) -> str:
-    """The text of a message's content (a string, or a list of content blocks)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part if isinstance(part, str) else str(part.get("text", ""))
-            for part in content
-            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
-        )
-    return "" if content is None else str(content)
 
 
 def to_message(message: BaseMessage, fallback_id: str) -> Message | None:

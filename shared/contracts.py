@@ -100,6 +100,23 @@ class Event:
         return self.type.terminal
 
 
+def text_of(content: Any) -> str:
+    """The text of a message's content (a string, or a list of content blocks).
+
+    What a ``token`` event carries, what a tool result's trace carries, and what
+    the API shows of a stored message: one reading of LangChain's content shapes.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part if isinstance(part, str) else str(part.get("text", ""))
+            for part in content
+            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+        )
+    return "" if content is None else str(content)
+
+
 # --- Redis keys -----------------------------------------------------------------
 
 QUEUE_NAME = "sophos:queue"

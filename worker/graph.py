@@ -14,6 +14,9 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
+from shared.metrics import MODEL_CALL
+from worker.metrics import timed
+
 AGENT = "agent"
 TOOLS = "tools"
 
@@ -36,7 +39,8 @@ def build_graph(
     async def agent(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
         prompt = system_prompt()
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
-        response = await bound.ainvoke(messages, config)
+        with timed(MODEL_CALL):
+            response = await bound.ainvoke(messages, config)
         return {"messages": [response]}
 
     graph = StateGraph(MessagesState)

@@ -25,6 +25,9 @@ from langchain_mcp_adapters.sessions import create_session
 from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent
 
+from shared.metrics import TOOL_CALL
+from worker.metrics import timed
+
 log = structlog.get_logger(__name__)
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -178,7 +181,8 @@ class McpServer:
             if session is None:
                 raise ToolException(f"tool server {self.name!r} is not available: {self.error}")
         try:
-            result = await asyncio.wait_for(session.call_tool(tool_name, arguments), self.call_timeout)
+            with timed(TOOL_CALL, {"tool": f"{self.name}__{tool_name}"}):
+                result = await asyncio.wait_for(session.call_tool(tool_name, arguments), self.call_timeout)
         except TimeoutError:
             # A hung server: answer the model now, and start afresh for the next call.
             message = f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"

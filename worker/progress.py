@@ -21,6 +21,7 @@ import time
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from shared.contracts import cancel_key, progress_key
@@ -74,14 +75,12 @@ class RunTracker:
         """Write the latencies gathered so far; True when a cancel has been requested."""
         return await self._run()
 
-    async def close(self, duration: float | None) -> None:
-        """The run has its outcome: note its duration, forget its progress and cancel marker."""
+    def queue_close(self, pipe: Pipeline, duration: float | None) -> None:
+        """The run has its outcome: note its duration, forget its progress and cancel marker.
+
+        Queued on the caller's pipeline, which also frees the conversation: one round trip.
+        """
         if duration is not None:
             self.batch.observe(RUN_DURATION, duration)
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                queue_increments(pipe, self.batch)
-                pipe.delete(progress_key(self.run_id), cancel_key(self.run_id))
-                await pipe.execute()
-        except RedisError as exc:
-            log.warning("run.progress_failed", error=str(exc))
+        queue_increments(pipe, self.batch)
+        pipe.delete(progress_key(self.run_id), cancel_key(self.run_id))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,15 +29,24 @@ from langgraph.errors import GraphDrained, GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from shared.contracts import EventType, JobKind, RunErrorCode, RunJob, RunStatus
+from shared.contracts import (
+    ACTIVE_RUNS,
+    RELEASE_ACTIVE_LUA,
+    EventType,
+    JobKind,
+    RunErrorCode,
+    RunJob,
+    RunStatus,
+    text_of,
+)
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
-from shared.queue import release_conversation
 from shared.settings import Settings
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
-from worker.metrics import CallTimer
+from worker.metrics import collecting
 from worker.model import is_model_unavailable
 from worker.outcomes import UnrecordedOutcomes
 from worker.progress import CANCEL_REASON, RunTracker
@@ -102,7 +112,8 @@ class RunService:
         tracker = RunTracker(self.redis, job.run_id)
         try:
             try:
-                await self._stream(job, events, control, tracker)
+                with collecting(tracker.batch):
+                    final = await self._stream(job, events, control, tracker)
                 outcome = Outcome(RunStatus.COMPLETED)
             finally:
                 self.controls.pop(job.run_id, None)
@@ -147,23 +158,31 @@ class RunService:
                 outcome = Outcome(
                     RunStatus.FAILED, RunErrorCode.AGENT_FAILURE, f"{type(exc).__name__}: {exc}"
                 )
-        await self._conclude(job, outcome, events, tracker, started)
+        await self._conclude(
+            job, outcome, events, tracker, started,
+            final if outcome.status is RunStatus.COMPLETED else None,
+        )
         return outcome.status.value
 
     async def _conclude(
-        self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float
+        self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
+        final: FinalState | None = None,
     ) -> None:
         steps = tracker.steps
         message_count: int | None = None
         pending: bool | None = None
-        try:
-            state = await self.graph.aget_state(self.thread_config(job.conversation_id))
-            message_count = len(state.values.get("messages", []) if state.values else [])
-            pending = bool(state.tasks)
-        except Exception as exc:
-            if not is_database_unavailable(exc):
-                raise
-            log.warning("run.state_unreadable", error=str(exc))
+        if final is not None:
+            # The run went to END: its last state is at hand, and nothing is left to run.
+            message_count, pending = final.message_count, False
+        else:
+            try:
+                state = await self.graph.aget_state(self.thread_config(job.conversation_id))
+                message_count = len(state.values.get("messages", []) if state.values else [])
+                pending = bool(state.tasks)
+            except Exception as exc:
+                # Database away, or a checkpoint it cannot read: the outcome is recorded
+                # all the same (without the counts), or the run would stay `running`.
+                log.warning("run.state_unreadable", error=f"{type(exc).__name__}: {exc}")
 
         async def record() -> None:
             await self.store.finish_run(
@@ -181,12 +200,14 @@ class RunService:
             steps=steps, duration_ms=round(duration * 1000),
             event_publish_failures=events.failures,
         )
-        await tracker.close(duration)
-        await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
+        await notify_outcome(
+            self.redis, events, job.conversation_id, job.run_id, outcome,
+            also=lambda pipe: tracker.queue_close(pipe, duration),
+        )
 
     async def _stream(
         self, job: RunJob, events: EventPublisher, control: RunControl, tracker: RunTracker
-    ) -> int:
+    ) -> FinalState:
         def check(cancel: bool) -> None:
             # Takes effect at the next step boundary (LangGraph checks between steps).
             if cancel and not control.drain_requested:
@@ -199,7 +220,6 @@ class RunService:
             # and start-up can tell whether the run's input was ever recorded.
             "metadata": {"run_id": job.run_id},
             "recursion_limit": self.settings.agent_recursion_limit,
-            "callbacks": [CallTimer(tracker.batch)],
         }
         graph_input: dict[str, Any] | None
         if job.kind is JobKind.RESUME:
@@ -215,15 +235,20 @@ class RunService:
         # Cancelled between being taken from the queue and now: stop before the first step.
         check(await tracker.cancel_requested())
         step = 0
+        final = FinalState()
         async for item in self.graph.astream(
             graph_input, config,
-            stream_mode=["messages", "tasks"], durability="sync", control=control,
+            stream_mode=["messages", "tasks", "values"], durability="sync", control=control,
         ):
             mode, payload = cast(tuple[str, Any], item)
-            if mode == "messages":
+            if mode == "values":
+                # The whole state after each step (a reference, not a copy): the last one
+                # is the thread's final state, so the outcome needs no checkpoint read.
+                final.message_count = len(payload.get("messages", []))
+            elif mode == "messages":
                 chunk, meta = payload
                 if meta.get("langgraph_node") == AGENT and isinstance(chunk, AIMessageChunk):
-                    text = _text_of(chunk.content)
+                    text = text_of(chunk.content)
                     if text:
                         await events.token(text)
             elif mode == "tasks":
@@ -241,13 +266,13 @@ class RunService:
                             })
                     elif node == TOOLS and isinstance(message, ToolMessage):
                         await events.trace(step, node, "result", message.name or "", {
-                            "name": message.name, "result": _text_of(message.content),
+                            "name": message.name, "result": text_of(message.content),
                             "tool_call_id": message.tool_call_id, "status": message.status,
                         })
                 leave: dict[str, Any] | None = {"error": payload["error"]} if payload.get("error") else None
                 await events.trace(step, node, "leave", node, leave)
                 check(await tracker.task_finished())
-        return step
+        return final
 
 
     async def _refuse(self, job: RunJob, exc: BaseException) -> None:
@@ -281,6 +306,11 @@ class RunService:
                 await end_failed_transaction(conn)
 
 
+@dataclass(slots=True)
+class FinalState:
+    message_count: int = 0
+
+
 class NotResumable(Exception):
     pass
 
@@ -290,21 +320,28 @@ class DatabaseBusy(Exception):
 
 
 async def notify_outcome(
-    redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome
+    redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome,
+    *, also: Callable[[Pipeline], None] | None = None,
 ) -> None:
     """Free the conversation, then publish the run's terminal event (after the outcome is stored).
 
-    A cancelled run ends with ``end`` like a completed one: it stopped as asked.
+    One round trip frees the conversation, counts the outcome and runs what ``also``
+    queues (the run's progress clean-up). A cancelled run ends with ``end`` like a
+    completed one: it stopped as asked.
     """
     try:
-        await release_conversation(redis, conversation_id, run_id)
+        async with redis.pipeline(transaction=False) as pipe:
+            if also is not None:
+                also(pipe)
+            pipe.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)
+            pipe.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))
+            replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                log.warning("run.notify_failed", error=str(reply))
     except RedisError as exc:
         # Start-up reconciliation frees conversations whose run has finished.
         log.warning("run.release_failed", error=str(exc))
-    try:
-        await redis.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))  # type: ignore[misc]
-    except RedisError as exc:
-        log.warning("run.metrics_failed", error=str(exc))
     if outcome.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
         await events.publish(EventType.END, {
             "conversation": conversation_id, "run": run_id, "status": outcome.status.value,
@@ -315,14 +352,3 @@ async def notify_outcome(
             "code": outcome.code, "message": outcome.message,
         })
 
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part if isinstance(part, str) else str(part.get("text", ""))
-            for part in content
-            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
-        )
-    return str(content)
