@@ -17,7 +17,6 @@ from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    WORKER_HEARTBEAT,
     arq_in_progress_key,
     cancel_key,
     progress_key,
@@ -118,10 +117,6 @@ async def queue(redis: Redis) -> list[QueueEntry]:
         QueueEntry(run_id=run_id, enqueued_ms=score, taken=bool(flag))
         for (run_id, score), flag in zip(members, taken, strict=True)
     ]
-
-
-async def worker_alive(redis: Redis) -> bool:
-    return bool(await redis.exists(WORKER_HEARTBEAT))
 
 
 async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:

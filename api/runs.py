@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 import structlog
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -94,35 +94,50 @@ def from_row(row: RunRow, progress: live.Progress | None = None, now: float | No
     return info
 
 
-def from_queued(run: live.QueuedRun, position: int, now: float | None = None) -> RunInfo:
+def _iso(timestamp: float | None) -> str | None:
+    return iso_from_timestamp(timestamp) if timestamp else None
+
+
+def _not_started(
+    run: live.QueuedRun,
+    status: RunStatus,
+    *,
+    finished_at: float | None = None,
+    position: int | UnsetType = UNSET,
+    waited_ms: int | UnsetType = UNSET,
+) -> RunInfo:
+    """A run known only from its Redis description: the worker never started it, so it has
+    no row, no start, no duration and no steps."""
     return RunInfo(
         id=run.id,
         conversation=run.conversation_id,
         kind=_kind(run.kind),
-        status=RunStatus.QUEUED,
-        enqueued_at=iso_from_timestamp(run.enqueued_at) if run.enqueued_at else None,
+        status=status,
+        enqueued_at=_iso(run.enqueued_at),
         started_at=None,
-        finished_at=None,
+        finished_at=_iso(finished_at),
         duration_ms=None,
         step_count=0,
+        position=position,
+        waited_ms=waited_ms,
+    )
+
+
+def from_queued(run: live.QueuedRun, position: int, now: float | None = None) -> RunInfo:
+    return _not_started(
+        run,
+        RunStatus.QUEUED,
         position=position,
         waited_ms=_millis((now or time.time()) - run.enqueued_at) if run.enqueued_at else 0,
     )
 
 
 def from_cancelled(run: live.QueuedRun) -> RunInfo:
-    """A run cancelled while queued: it never started, so it has no duration."""
     cancelled_at = run.cancelled_at or run.enqueued_at
-    return RunInfo(
-        id=run.id,
-        conversation=run.conversation_id,
-        kind=_kind(run.kind),
-        status=RunStatus.CANCELLED,
-        enqueued_at=iso_from_timestamp(run.enqueued_at) if run.enqueued_at else None,
-        started_at=None,
-        finished_at=iso_from_timestamp(cancelled_at) if cancelled_at else None,
-        duration_ms=None,
-        step_count=0,
+    return _not_started(
+        run,
+        RunStatus.CANCELLED,
+        finished_at=cancelled_at,
         waited_ms=_millis(cancelled_at - run.enqueued_at) if run.enqueued_at else UNSET,
     )
 
