@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -20,6 +22,29 @@ def chat(api_url: str, message: str | None = None, conversation: str | None = No
     response = post_chat(api_url, message, conversation, resume)
     assert response.status_code == 202, response.text
     return response.json()["conversation"], response.json()["run"]
+
+
+Killed = tuple[str, str, dict[str, Any]]
+
+
+@pytest.fixture
+def kill_in_window(sophos_env: SophosEnv, start_worker, start_api) -> Callable[..., Killed]:
+    """``kill_in_window(message, SOPHOS_FAULT_KILL_..._CHECKPOINT=n) -> (api url, conversation, run)``:
+    one message on a worker that kills itself at that checkpoint, then a fresh worker, which must
+    report the run interrupted (``run`` is its ``GET /api/runs/{id}``)."""
+
+    def kill(message: str, **fault: int) -> Killed:
+        doomed = start_worker(sophos_env.with_(**fault))
+        api = start_api(sophos_env)
+        conversation, run = chat(api.url, message)
+        assert doomed.wait(20) == -signal.SIGKILL
+
+        start_worker(sophos_env)
+        info = get_json(api.url, f"/api/runs/{run}")
+        assert info["status"] == "interrupted"
+        return api.url, conversation, info
+
+    return kill
 
 
 async def test_kill_during_tool_then_resume_repeats_only_the_step_in_flight(
@@ -66,42 +91,28 @@ async def test_kill_during_tool_then_resume_repeats_only_the_step_in_flight(
 
 
 def test_killed_before_the_input_checkpoint_asks_to_send_again(
-    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+    kill_in_window: Callable[..., Killed], model: FakeOllama
 ) -> None:
-    doomed = start_worker(sophos_env.with_(SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=1))
-    api = start_api(sophos_env)
-    conversation, run = chat(api.url, "will this be kept?")
-    assert doomed.wait(20) == -signal.SIGKILL
-
-    start_worker(sophos_env)
-    info = get_json(api.url, f"/api/runs/{run}")
-    assert info["status"] == "interrupted"
+    api_url, conversation, info = kill_in_window("will this be kept?", SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=1)
     assert "send it again" in info["error"]["message"]
-    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
     assert detail["messages"] == [] and detail["resumable"] is False
     assert model.calls == 0
     # The conversation is free: the message can be sent again at once.
-    chat(api.url, "will this be kept?", conversation)
-    assert read_sse(api.url, conversation)[-1].event == "end"
+    chat(api_url, "will this be kept?", conversation)
+    assert read_sse(api_url, conversation)[-1].event == "end"
 
 
 def test_killed_after_the_final_checkpoint_keeps_the_answer(
-    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+    kill_in_window: Callable[..., Killed], model: FakeOllama
 ) -> None:
     model.script(Text("The answer is kept."))
     # Checkpoints of a one-step run: input (1), after START (2), after the agent (3).
-    doomed = start_worker(sophos_env.with_(SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=3))
-    api = start_api(sophos_env)
-    conversation, run = chat(api.url, "answer me")
-    assert doomed.wait(20) == -signal.SIGKILL
-
-    start_worker(sophos_env)
-    info = get_json(api.url, f"/api/runs/{run}")
-    assert info["status"] == "interrupted"
-    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    api_url, conversation, _ = kill_in_window("answer me", SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=3)
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
     assert detail["resumable"] is False
     assert [m["content"] for m in detail["messages"]] == ["answer me", "The answer is kept."]
-    resume = post_chat(api.url, conversation=conversation, resume=True)
+    resume = post_chat(api_url, conversation=conversation, resume=True)
     assert resume.status_code == 409 and resume.json()["error"]["code"] == "RUN_NOT_RESUMABLE"
     assert model.calls == 1
 
