@@ -25,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from shared.contracts import EventType, dumps, events_key
@@ -66,7 +68,9 @@ class _Pending:
 class EventPublisher:
     """Publishes the events of one run, in order, without making the run wait for Redis."""
 
-    def __init__(self, redis: Redis, run_id: str, *, retention: int, max_len: int) -> None:
+    def __init__(
+        self, redis: Redis, run_id: str, *, retention: int, max_len: int, new_stream: bool = False
+    ) -> None:
         self.redis = redis
         self.run_id = run_id
         self.key = events_key(run_id)
@@ -75,10 +79,16 @@ class EventPublisher:
         self.next_id = 1
         #: events that never reached Redis
         self.failures = 0
+        #: round trips that wrote events (a run's events share as few as they can)
+        self.writes = 0
         self._pending: deque[_Pending] = deque()
         self._inflight: list[_Pending] = []
         self._buffer_limit = max(max_len, _BUFFER_FLOOR)
-        self._synced = False  # next_id is known to follow the stream's last entry
+        # next_id is known to follow the stream's last entry. A new run's stream is
+        # empty, so it needs no look; if it is not, the first write tells (_IdTaken).
+        self._synced = new_stream
+        #: commands of others that ride with the next batch (see :meth:`along`)
+        self._along: list[Callable[[Pipeline], None]] = []
         self._writer: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
@@ -122,6 +132,14 @@ class EventPublisher:
             log.warning("events.flush_timeout", pending=len(self._pending), timeout=timeout)
             return False
         return True
+
+    def along(self, queue: Callable[[Pipeline], None]) -> None:
+        """Have ``queue`` add its commands to the pipeline of the next batch written.
+
+        For writes that are a view and need no answer (a run's progress): they cost
+        no round trip of their own. Lost if that batch's write fails.
+        """
+        self._along.append(queue)
 
     async def token(self, text: str) -> None:
         await self.publish(EventType.TOKEN, text)
@@ -198,7 +216,11 @@ class EventPublisher:
                     approximate=True,
                 )
             pipe.expire(self.key, self.retention if terminal else max(self.retention, LIVE_TTL_SECONDS))
+            along, self._along = self._along, []
+            for queue in along:
+                queue(pipe)
             replies = await pipe.execute(raise_on_error=False)
+        self.writes += 1
         self._inflight = []
         taken: list[_Pending] = []
         for event, reply in zip(batch, replies, strict=False):
@@ -213,8 +235,9 @@ class EventPublisher:
                 # else: an earlier write of it that timed out did reach Redis.
             if self._pending and self._pending[0] is event:
                 self._pending.popleft()
-        if isinstance(replies[-1], ResponseError):
-            log.warning("events.expire_failed", error=str(replies[-1]))
+        for reply in replies[len(batch):]:
+            if isinstance(reply, ResponseError):
+                log.warning("events.write_failed", error=str(reply))
         if taken:
             self._pending.extendleft(reversed(taken))
             self._synced = False

@@ -54,10 +54,23 @@ def build_graph(
 
 
 def read_system_prompt(path: Any) -> Callable[[], str]:
+    """The prompt file's text, read again only when its size or mtime changed.
+
+    Called on every model call, so an edit applies to the next one; a ``stat`` is
+    cheaper than opening and reading the file each time.
+    """
+    seen: tuple[int, int] | None = None
+    text = ""
+
     def read() -> str:
+        nonlocal seen, text
         try:
-            return str(path.read_text()).strip()
+            st = path.stat()
+            if (st.st_mtime_ns, st.st_size) != seen:
+                text = str(path.read_text()).strip()
+                seen = (st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
-            return ""
+            seen, text = None, ""
+        return text
 
     return read

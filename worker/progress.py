@@ -3,16 +3,17 @@
 One :class:`RunTracker` per run, driven by the run service at each step:
 
 * ``progress_key(run)`` holds the current node and step (the API shows them with
-  the elapsed time); it is deleted when the run ends.
-* ``cancel_key(run)``, set by the API's cancel route, is read at each step's
-  start and end. Reading it at the end of every task is what makes a cancel take
-  effect at the *next* step boundary: LangGraph checks ``RunControl`` between
-  steps, after the task results are streamed.
-* Model and tool call latencies noted by :class:`worker.metrics.CallTimer`
-  travel in the same round trips.
+  the elapsed time). Written with the events (:meth:`EventPublisher.along`), so
+  it costs no round trip; deleted, the same way, when the run ends.
+* ``cancel_key(run)``, set by the API's cancel route, is read before the first
+  step and at the end of every task. Reading it there is what makes a cancel
+  take effect at the *next* step boundary: LangGraph checks ``RunControl``
+  between steps, after the task results are streamed.
+* Model and tool call latencies noted by :func:`worker.metrics.timed` travel in
+  the same round trips.
 
-Every call rides one pipeline and never fails the run: Redis is the view, the
-checkpoint is the truth. A Redis outage hides progress and delays a cancel.
+Nothing here fails the run: Redis is the view, the checkpoint is the truth. A
+Redis outage hides progress and delays a cancel.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from redis.exceptions import RedisError
 
 from shared.contracts import cancel_key, progress_key
 from shared.metrics import RUN_DURATION, MetricBatch, queue_increments
+from worker.events import EventPublisher
 
 log = structlog.get_logger(__name__)
 
@@ -44,17 +46,10 @@ class RunTracker:
         #: steps started so far (the run's step count, whatever its outcome)
         self.steps = 0
 
-    async def _run(self, *, step: int | None = None, node: str | None = None) -> bool:
-        """One round trip: progress (if given), pending metrics, the cancel marker."""
+    async def _run(self) -> bool:
+        """One round trip: pending metrics, the cancel marker."""
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                if step is not None:
-                    key = progress_key(self.run_id)
-                    pipe.hset(key, mapping={
-                        "node": node or "", "step": step,
-                        "started_at": f"{self.started_at:.6f}", "updated_at": f"{time.time():.6f}",
-                    })
-                    pipe.expire(key, _PROGRESS_TTL_SECONDS)
                 queue_increments(pipe, self.batch)
                 pipe.exists(cancel_key(self.run_id))
                 replies = await pipe.execute()
@@ -66,10 +61,24 @@ class RunTracker:
     async def cancel_requested(self) -> bool:
         return await self._run()
 
-    async def step_started(self, step: int, node: str) -> bool:
-        """Record the step; True when a cancel has been requested."""
+    def step_started(self, step: int, node: str, events: EventPublisher) -> None:
+        """Record the step; the write rides with the step's ``enter`` event.
+
+        No cancel check here: one requested during the step is read when its task
+        finishes, which is still before the next step boundary.
+        """
         self.steps = step
-        return await self._run(step=step, node=node)
+        updated_at = time.time()
+
+        def queue(pipe: Pipeline) -> None:
+            key = progress_key(self.run_id)
+            pipe.hset(key, mapping={
+                "node": node, "step": step,
+                "started_at": f"{self.started_at:.6f}", "updated_at": f"{updated_at:.6f}",
+            })
+            pipe.expire(key, _PROGRESS_TTL_SECONDS)
+
+        events.along(queue)
 
     async def task_finished(self) -> bool:
         """Write the latencies gathered so far; True when a cancel has been requested."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -29,7 +28,6 @@ from langgraph.errors import GraphDrained, GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from shared.contracts import (
@@ -105,8 +103,8 @@ class RunService:
         events = EventPublisher(
             self.redis, job.run_id,
             retention=self.settings.event_retention, max_len=self.settings.event_max_per_run,
+            new_stream=True,
         )
-        await events.start()
         control = RunControl()
         self.controls[job.run_id] = control
         tracker = RunTracker(self.redis, job.run_id)
@@ -198,12 +196,11 @@ class RunService:
         log.info(
             "run.finished", status=outcome.status.value, error_code=outcome.code,
             steps=steps, duration_ms=round(duration * 1000),
-            event_publish_failures=events.failures,
+            event_publish_failures=events.failures, events=events.next_id - 1, event_writes=events.writes,
         )
-        await notify_outcome(
-            self.redis, events, job.conversation_id, job.run_id, outcome,
-            also=lambda pipe: tracker.queue_close(pipe, duration),
-        )
+        # With the events, so it lands after every progress write the run queued there.
+        events.along(lambda pipe: tracker.queue_close(pipe, duration))
+        await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
 
     async def _stream(
         self, job: RunJob, events: EventPublisher, control: RunControl, tracker: RunTracker
@@ -255,7 +252,7 @@ class RunService:
                 node = payload["name"]
                 if "input" in payload:
                     step += 1
-                    check(await tracker.step_started(step, node))
+                    tracker.step_started(step, node, events)
                     await events.trace(step, node, "enter", node)
                     continue
                 for message in (payload.get("result") or {}).get("messages", []):
@@ -320,19 +317,15 @@ class DatabaseBusy(Exception):
 
 
 async def notify_outcome(
-    redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome,
-    *, also: Callable[[Pipeline], None] | None = None,
+    redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome
 ) -> None:
     """Free the conversation, then publish the run's terminal event (after the outcome is stored).
 
-    One round trip frees the conversation, counts the outcome and runs what ``also``
-    queues (the run's progress clean-up). A cancelled run ends with ``end`` like a
-    completed one: it stopped as asked.
+    Freeing and counting the outcome share one round trip. A cancelled run ends with
+    ``end`` like a completed one: it stopped as asked.
     """
     try:
         async with redis.pipeline(transaction=False) as pipe:
-            if also is not None:
-                also(pipe)
             pipe.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)
             pipe.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))
             replies = await pipe.execute(raise_on_error=False)
