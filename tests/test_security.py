@@ -37,7 +37,7 @@ from shared.contracts import QUEUE_NAME, JobKind, RunJob, arq_job_key
 from shared.queue import submit_run
 from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import SseParser, get_json, post_chat, read_sse
+from tests.support.client import SseParser, get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
 from tests.support.procs import ServiceProcess
 
@@ -404,6 +404,12 @@ def test_crafted_checkpoints_fail_closed(
     # cannot read the conversation any more, so the job goes straight to the queue.
     run = _enqueue_run(env.redis_url, via_pickle, "four")
     worker.wait_for_log(lambda line: run in line and "Unknown serialization type: pickle" in line, timeout=20)
+    # ... and records the run failed, though it cannot read the thread to count its messages.
+    failed = wait_for(
+        lambda: (info := get_json(api.url, f"/api/runs/{run}"))["status"] == "failed" and info,
+        timeout=20, message="the run recorded failed",
+    )
+    assert failed["error"]["code"] == "AGENT_FAILURE" and "pickle" in failed["error"]["message"]
 
     assert not ext_marker.exists() and not pickle_marker.exists()
     assert worker.alive and api.alive
