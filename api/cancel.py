@@ -4,9 +4,10 @@
 second cancel: if the run is in the queue and arq has not taken it (no
 in-progress key), remove it from the queue, delete its arq job (if arq is just
 taking it, arq finds no job and drops it: the run never starts), free its
-conversation, mark its description ``cancelled``, index it in ``CANCELLED_RUNS``,
-publish its terminal ``end`` event and count it. The API never writes SQLite and
-the run never reached the worker, so its Redis description *is* its record (kept
+conversation, mark its description ``cancelled``, index it in ``CANCELLED_RUNS``
+and name it in ``cancelled_run_key(conversation)``, publish its terminal ``end``
+event and count it. The API never writes SQLite and the run never reached the
+worker, so its Redis description *is* its record (kept
 ``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
 and a conversation whose first run it was never existed in the database.
 
@@ -38,6 +39,7 @@ from shared.contracts import (
     arq_in_progress_key,
     arq_job_key,
     cancel_key,
+    cancelled_run_key,
     events_key,
     run_key,
 )
@@ -49,8 +51,10 @@ log = structlog.get_logger(__name__)
 #: how long a cancel request for a started run waits for the worker to see it
 CANCEL_MARKER_SECONDS = 24 * 3600
 
-# KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics
-# ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field
+# KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
+#       the conversation's cancelled run
+# ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
+#       (the one KEYS[9] was named for: read before the script, as a script must be told its keys)
 _CANCEL_QUEUED_LUA = """
 if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
   return 'already'
@@ -71,6 +75,9 @@ end
 redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
 redis.call('EXPIRE', KEYS[4], ARGV[3])
 redis.call('ZADD', KEYS[7], score, ARGV[1])
+if conversation == ARGV[6] then
+  redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
+end
 local n = 1
 local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
 if last[1] then
@@ -94,9 +101,11 @@ class Cancelled:
 async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     """Cancel ``run_id`` (see the module docstring); idempotent. Raises NotFound, RunFinished."""
     redis = runs.redis
+    # A run's conversation never changes: reading it first is safe, and names the script's last key.
+    conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
     result = await redis.eval(  # type: ignore[misc]
         _CANCEL_QUEUED_LUA,
-        8,
+        9,
         QUEUE_NAME,
         arq_job_key(run_id),
         arq_in_progress_key(run_id),
@@ -105,11 +114,13 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
         events_key(run_id),
         CANCELLED_RUNS,
         METRICS_KEY,
+        cancelled_run_key(conversation),
         run_id,
         f"{time.time():.6f}",
         str(CANCELLED_RETENTION_SECONDS),
         str(runs.settings.event_retention),
         counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
+        conversation,
     )
     if result in ("cancelled", "already"):
         info = await runs.get(run_id)

@@ -19,6 +19,7 @@ from shared.contracts import (
     QUEUE_NAME,
     arq_in_progress_key,
     cancel_key,
+    cancelled_run_key,
     progress_key,
     run_key,
 )
@@ -102,6 +103,17 @@ async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRu
         if fields and (run := _queued_run(run_id, fields)) is not None:
             found[run_id] = run
     return found
+
+
+async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRun | None:
+    """The conversation's last run cancelled while queued, while its record is kept."""
+    run_id: str | None = await redis.get(cancelled_run_key(conversation_id))
+    if run_id is None:
+        return None
+    run = (await described_runs(redis, [run_id])).get(run_id)
+    if run is None or run.cancelled_at is None or run.conversation_id != conversation_id:
+        return None
+    return run
 
 
 async def queue(redis: Redis) -> list[QueueEntry]:

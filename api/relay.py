@@ -10,8 +10,9 @@ entries the client has not seen were trimmed (``EVENT_MAX_PER_RUN``) or never
 reached Redis, a ``missed`` event says which ids are gone before the rest
 follows. When the run finished long enough ago for its stream to expire
 (``EVENT_RETENTION``), the client gets ``missed`` and the terminal event rebuilt
-from the ``runs`` row. A client that has already seen the terminal event gets
-204 No Content, which tells an ``EventSource`` to stop reconnecting.
+from the ``runs`` row (or, for a run cancelled while queued, its Redis record).
+A client that has already seen the terminal event gets 204 No Content, which
+tells an ``EventSource`` to stop reconnecting.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from api import live
 from api.feed import Entry, Feeds, entry_number
 from api.store import RunRow, Store
+from api.timefmt import iso_from_timestamp, parse_iso
 from shared.contracts import EventType, RunErrorCode, RunStatus, events_key
 from shared.errors import BadRequest, NotFound, SophosError
 
@@ -90,14 +92,29 @@ def _finished(run: RunRow) -> bool:
 
 
 async def current_run(store: Store, redis: Redis, conversation_id: str) -> str:
-    """The run to stream: the conversation's queued or running run, else its last run."""
+    """The run to stream: the conversation's queued or running run, else its last accepted run.
+
+    A run cancelled while queued never reaches SQLite, so the conversation's row
+    still names the run before it: the one of the two accepted last is streamed.
+    """
     holder = await live.active_run(redis, conversation_id)
     if holder is not None:
         return holder
     row = await store.conversation(conversation_id)
-    if row is None or row.last_run_id is None:
+    last = row.last_run_id if row is not None else None
+    cancelled = await live.cancelled_while_queued(redis, conversation_id)
+    if cancelled is not None and (last is None or await _accepted_before(store, last, cancelled)):
+        return cancelled.id
+    if last is None:
         raise NotFound(f"conversation {conversation_id} not found")
-    return row.last_run_id
+    return last
+
+
+async def _accepted_before(store: Store, run_id: str, cancelled: live.QueuedRun) -> bool:
+    """Whether the recorded run ``run_id`` was accepted before ``cancelled`` was."""
+    run = await store.run(run_id)
+    accepted = parse_iso((run.enqueued_at or run.started_at) if run is not None else None)
+    return accepted is None or accepted.timestamp() < cancelled.enqueued_at
 
 
 async def run_of_conversation(store: Store, redis: Redis, conversation_id: str, run_id: str) -> str:
@@ -150,11 +167,26 @@ class Relay:
             if entry_number(entry_id) <= self.after and fields.get("type") in _TERMINAL:
                 return Ending.SEEN
             return None
-        run = await self.store.run(self.run_id)
+        run = await self._recorded()
         if run is None or not _finished(run):
             return None
         log.info("relay.expired", after=self.after)
         return missed(self.after + 1, None, self.after) + terminal_from_row(run, self.after + 1)
+
+    async def _recorded(self) -> RunRow | None:
+        """The run's row; for a run cancelled while queued (never in SQLite), one built from Redis."""
+        run = await self.store.run(self.run_id)
+        if run is not None:
+            return run
+        queued = (await live.described_runs(self.redis, [self.run_id])).get(self.run_id)
+        if queued is None or queued.cancelled_at is None:
+            return None
+        return RunRow(
+            id=queued.id, conversation_id=queued.conversation_id, kind=queued.kind,
+            status=RunStatus.CANCELLED.value, error_code=None, error_message=None,
+            enqueued_at=iso_from_timestamp(queued.enqueued_at), started_at=None,
+            finished_at=iso_from_timestamp(queued.cancelled_at), step_count=0,
+        )
 
     async def _finished_meanwhile(self) -> RunRow | None:
         try:

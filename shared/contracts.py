@@ -157,6 +157,15 @@ CANCELLED_RUNS = "sophos:cancelled"
 CANCELLED_RETENTION_SECONDS = 7 * 24 * 3600
 
 
+def cancelled_run_key(conversation_id: str) -> str:
+    """String: the conversation's last run cancelled while queued, kept ``CANCELLED_RETENTION_SECONDS``.
+
+    That run never reaches SQLite, so the conversation's row still names the run
+    before it; the SSE relay looks here to stream the newer of the two.
+    """
+    return f"sophos:cancelled-run:{conversation_id}"
+
+
 def cancel_key(run_id: str) -> str:
     """Set by the API to ask the worker to stop a started run at its next step boundary."""
     return f"sophos:cancel:{run_id}"

@@ -249,6 +249,49 @@ async def test_cancel_queued_running_twice_and_finished(
     assert bad.status_code in (400, 404) and "error" in bad.json()
 
 
+def test_a_late_client_sees_the_cancelled_queued_run_not_the_one_before(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    model.script(Text("First answer."))
+    start_worker(sophos_env)
+    # The API publishes the cancelled run's ending: a short EVENT_RETENTION lets its stream expire.
+    api = start_api(sophos_env.with_(EVENT_RETENTION=2)).url
+    conversation, first = chat(api, "first")
+    wait_status(api, first, "completed")
+
+    # Keep the worker busy elsewhere, so the next run of the conversation stays queued.
+    slow = Hang(text="busy ")
+    model.script(slow)
+    _, busy = chat(api, "hold the worker")
+    slow.wait_started()
+    _, queued = chat(api, "never runs", conversation=conversation)
+    assert status_of(api, queued) == "queued"
+    assert cancel(api, queued).status_code == 200
+
+    # Connected only now: the conversation's current run is the cancelled one, not the first.
+    stream = read_sse(api, conversation, timeout=RUNNING_TIMEOUT)
+    assert stream[-1].event == "end"
+    assert stream[-1].data == {"conversation": conversation, "run": queued, "status": "cancelled"}
+    assert not stream.of("token")  # nothing of the first run's answer
+    # Once its stream has expired, the ending is rebuilt from its Redis record (it has no row).
+    expired = wait_for(
+        lambda: (e := read_sse(api, conversation, timeout=RUNNING_TIMEOUT))[0].event == "missed" and e,
+        timeout=RUNNING_TIMEOUT, interval=0.5, message="the cancelled run's stream expired",
+    )
+    assert [e.event for e in expired] == ["missed", "end"]
+    assert expired[-1].data == {"conversation": conversation, "run": queued, "status": "cancelled"}
+
+    # A run accepted after the cancel is the current one again.
+    model.script(Text("Second answer."))
+    slow.release()
+    wait_status(api, busy, "completed")
+    _, later = chat(api, "runs", conversation=conversation)
+    wait_status(api, later, "completed")
+    stream = read_sse(api, conversation, timeout=RUNNING_TIMEOUT)
+    assert stream[-1].data == {"conversation": conversation, "run": later, "status": "completed"}
+    assert stream.text == "Second answer."
+
+
 @pytest.mark.fault
 def test_dead_worker_shows_in_readyz_runs_metrics_and_check(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
