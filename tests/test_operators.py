@@ -16,7 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
+from shared.contracts import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
     get_json,
@@ -290,6 +292,44 @@ def test_a_late_client_sees_the_cancelled_queued_run_not_the_one_before(
     stream = read_sse(api, conversation, timeout=RUNNING_TIMEOUT)
     assert stream[-1].data == {"conversation": conversation, "run": later, "status": "completed"}
     assert stream.text == "Second answer."
+
+
+@pytest.mark.fault
+async def test_cancelled_running_run_whose_worker_dies_is_recorded_cancelled(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    slow = Hang(then=Text("too late"))
+    model.script(slow)
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env).url
+    try:
+        conv, run = chat(api, "cancel me, then die")
+        await slow.wait_started_async()
+        asked = cancel(api, run)
+        assert asked.status_code == 202, asked.text
+        # Killed before the step boundary where it would have seen the cancel.
+        worker.kill()
+        assert worker.wait(10) == -signal.SIGKILL
+    finally:
+        slow.release()
+
+    start_worker(sophos_env)
+    info = get_json(api, f"/api/runs/{run}")
+    assert info["status"] == "cancelled" and "error" not in info
+    stream = read_sse(api, conv, timeout=RUNNING_TIMEOUT)
+    assert stream[-1].event == "end"
+    assert stream[-1].data == {"conversation": conv, "run": run, "status": "cancelled"}
+    assert await redis.exists(cancel_key(run)) == 0
+    detail = get_json(api, f"/api/conversations/{conv}")
+    assert detail["conversation"]["status"] == "cancelled"
+    assert detail["resumable"] is True  # the model step in flight is still to run
+
+    model.script(Text("Done now."))
+    _, resumed = chat(api, conversation=conv, resume=True)
+    stream = read_sse(api, conv, timeout=RUNNING_TIMEOUT)
+    assert stream[-1].event == "end"
+    assert stream[-1].data == {"conversation": conv, "run": resumed, "status": "completed"}
+    assert stream.text == "Done now."
 
 
 @pytest.mark.fault

@@ -3,6 +3,14 @@
 Runs before the worker takes any job. There is exactly one worker (it holds the
 writer lock), so every ``running`` row and every arq in-progress marker found
 now belongs to a worker that died.
+
+Such a run is recorded ``interrupted``, unless an operator had asked to cancel it
+(its ``cancel_key`` is set): the worker died before the step boundary where it
+would have stopped it, and the operator's request is honoured as the worker would
+have (``cancelled``, no error, stream ends with ``end``). What was recorded of the
+thread is the same either way, so it stays resumable iff a step was still to run.
+If Redis cannot be read there, the run is recorded ``interrupted``, as before the
+cancel existed: an outcome must be recorded, and that one is true either way.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from typing import Any
 
 import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from redis.exceptions import RedisError
 
 from shared.contracts import (
     ACTIVE_RUNS,
@@ -21,6 +30,7 @@ from shared.contracts import (
     arq_in_progress_key,
     arq_job_key,
     arq_retry_key,
+    cancel_key,
 )
 from shared.queue import release_conversation
 from worker.events import EventPublisher
@@ -41,8 +51,16 @@ async def forget_job(service: RunService, run_id: str) -> None:
         await pipe.execute()
 
 
+async def _cancel_requested(service: RunService, run_id: str) -> bool:
+    try:
+        return bool(await service.redis.exists(cancel_key(run_id)))
+    except RedisError as exc:
+        log.warning("run.cancel_unreadable", run_id=run_id, error=str(exc))
+        return False
+
+
 async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
-    """Mark orphaned runs ``interrupted``, clear their jobs, free their conversations."""
+    """Mark orphaned runs ``interrupted`` (or ``cancelled``), clear their jobs, free their conversations."""
     orphans = await service.store.running_runs()
     for run in orphans:
         thread = service.thread_config(run.conversation_id)
@@ -55,13 +73,19 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
             message = RESUMABLE
         else:
             message = COMPLETE
-        outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
+        cancelled = await _cancel_requested(service, run.id)
+        if cancelled:
+            outcome = Outcome(RunStatus.CANCELLED)
+        else:
+            outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
         await service.store.finish_run(
             run.id, run.conversation_id,
             status=outcome.status, error_code=outcome.code, error_message=outcome.message,
             message_count=len((state.values or {}).get("messages", [])), pending_tasks=pending,
         )
         await forget_job(service, run.id)
+        if cancelled:
+            await service.redis.delete(cancel_key(run.id))
         events = EventPublisher(
             service.redis, run.id,
             retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
@@ -69,7 +93,8 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
         await events.start()
         await notify_outcome(service.redis, events, run.conversation_id, run.id, outcome)
         log.warning(
-            "run.interrupted_by_crash", run_id=run.id, conversation_id=run.conversation_id,
+            "run.cancelled_by_crash" if cancelled else "run.interrupted_by_crash",
+            run_id=run.id, conversation_id=run.conversation_id,
             input_recorded=bool(recorded), resumable=pending,
         )
 
