@@ -417,6 +417,18 @@ def test_crafted_checkpoints_fail_closed(
     api.wait_for_log(blocked)
     worker.wait_for_log(blocked)
     api.wait_for_log("Unknown serialization type: pickle")
+    # Nor does it keep a restarted worker from starting: a run it finds `running` on that
+    # thread (as a worker killed mid-run leaves it) is recorded interrupted all the same.
+    worker.kill()
+    with contextlib.closing(sqlite3.connect(env.database_path, timeout=10)) as conn, conn:
+        conn.execute("UPDATE runs SET status = 'running', finished_at = NULL WHERE id = ?", (run,))
+    worker = start_worker(env)
+    orphan = wait_for(
+        lambda: (info := get_json(api.url, f"/api/runs/{run}"))["status"] == "interrupted" and info,
+        timeout=20, message="the orphaned run recorded interrupted",
+    )
+    assert orphan["error"]["code"] == "INTERRUPTED" and worker.alive
+    worker.wait_for_log(lambda line: run in line and "run.state_unreadable" in line)
 
 
 def _enqueue_run(redis_url: str, conversation: str, message: str) -> str:

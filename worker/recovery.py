@@ -31,6 +31,7 @@ from shared.contracts import (
     arq_job_key,
     arq_retry_key,
     cancel_key,
+    progress_key,
 )
 from shared.queue import release_conversation
 from worker.events import EventPublisher
@@ -41,6 +42,7 @@ log = structlog.get_logger(__name__)
 NOT_RECORDED = "the worker stopped before your message was recorded; please send it again"
 RESUMABLE = "the worker stopped during the run; resume the conversation to finish it"
 COMPLETE = "the worker stopped after the run's last step; its answer is complete"
+UNREADABLE = "the worker stopped during the run, and the conversation's saved state cannot be read"
 
 
 async def forget_job(service: RunService, run_id: str) -> None:
@@ -65,10 +67,19 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
     for run in orphans:
         thread = service.thread_config(run.conversation_id)
         recorded = [c async for c in saver.alist(thread, filter={"run_id": run.id}, limit=1)]
-        state = await service.graph.aget_state(thread)
-        pending = bool(state.tasks)
+        message_count: int | None = None
+        pending: bool | None = None
+        try:
+            state = await service.graph.aget_state(thread)
+            message_count, pending = len((state.values or {}).get("messages", [])), bool(state.tasks)
+        except Exception as exc:
+            # A thread that cannot be read (a crafted or damaged checkpoint) must not keep
+            # the worker from starting: the run is recorded all the same, without counts.
+            log.warning("run.state_unreadable", run_id=run.id, error=f"{type(exc).__name__}: {exc}")
         if not recorded and run.kind == JobKind.RUN.value:
             message = NOT_RECORDED
+        elif pending is None:
+            message = UNREADABLE
         elif pending:
             message = RESUMABLE
         else:
@@ -81,11 +92,11 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
         await service.store.finish_run(
             run.id, run.conversation_id,
             status=outcome.status, error_code=outcome.code, error_message=outcome.message,
-            message_count=len((state.values or {}).get("messages", [])), pending_tasks=pending,
+            message_count=message_count, pending_tasks=pending,
         )
         await forget_job(service, run.id)
-        if cancelled:
-            await service.redis.delete(cancel_key(run.id))
+        # The dead worker's view of the run: its progress, and the cancel now honoured.
+        await service.redis.delete(cancel_key(run.id), progress_key(run.id))
         events = EventPublisher(
             service.redis, run.id,
             retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
