@@ -87,7 +87,8 @@ class RunTracker:
     def queue_close(self, pipe: Pipeline, duration: float | None) -> None:
         """The run has its outcome: note its duration, forget its progress and cancel marker.
 
-        Queued on the caller's pipeline, which also frees the conversation: one round trip.
+        Queued on ``pipe`` (the run service hands it the pipeline of the events' last
+        batch, so the progress key is deleted after every write that set it).
         """
         if duration is not None:
             self.batch.observe(RUN_DURATION, duration)
