@@ -34,7 +34,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from shared.errors import DatabaseUnavailable
+from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.schema import MIGRATIONS
 
 log = structlog.get_logger(__name__)
@@ -276,6 +276,8 @@ class Store:
             return await saver.aget_tuple(thread_config(conversation_id))
         except sqlite3.Error as exc:
             raise await self._failed(conn, exc) from exc
+        except Exception as exc:
+            raise _unreadable(conversation_id, exc) from exc
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointTuple]:
         """Every checkpoint of the conversation's thread, oldest first."""
@@ -287,4 +289,13 @@ class Store:
             newest_first = [t async for t in saver.alist(thread_config(conversation_id))]
         except sqlite3.Error as exc:
             raise await self._failed(conn, exc) from exc
+        except Exception as exc:
+            raise _unreadable(conversation_id, exc) from exc
         return newest_first[::-1]
+
+
+def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
+    """The checkpoint serializer refused the thread's data (it never runs what it refuses)."""
+    return ConversationUnreadable(
+        f"the saved state of conversation {conversation_id} cannot be read: {type(exc).__name__}: {exc}"
+    )

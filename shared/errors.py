@@ -95,6 +95,14 @@ class DatabaseUnavailable(SophosError):
     status = 503
 
 
+class ConversationUnreadable(SophosError):
+    """The conversation's saved state is there but cannot be decoded (damaged, or refused:
+    a checkpoint in a format the service never writes, such as pickle)."""
+
+    code = "CONVERSATION_UNREADABLE"
+    status = 500
+
+
 class NotReady(SophosError):
     code = "NOT_READY"
     status = 503

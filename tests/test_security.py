@@ -396,7 +396,9 @@ def test_crafted_checkpoints_fail_closed(
                 http.get(path)
         detail = http.get(f"/api/conversations/{via_ext}")
         assert detail.status_code == 200  # the extension came back as inert data
-        error_of(http.get(f"/api/conversations/{via_pickle}"), 500, "INTERNAL_ERROR")
+        for path in (f"/api/conversations/{via_pickle}", f"/api/conversations/{via_pickle}/export"):
+            said = error_of(http.get(path), 500, "CONVERSATION_UNREADABLE")
+            assert via_pickle in said and "pickle" in said
     model.script(Text("third answer"))
     accepted(post_chat(api.url, "three", via_ext))
     assert read_sse(api.url, via_ext).text == "third answer"
