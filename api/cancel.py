@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from api import live
 from api.runs import Runs
 from api.schemas import RunInfo
 from shared.contracts import (
@@ -131,6 +132,10 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
 
     row = await runs.store.run(run_id)
     if row is None and result == "absent":
+        # Refused by the database when the worker took it: finished, though it has no row.
+        refused = (await live.described_runs(redis, [run_id])).get(run_id)
+        if refused is not None and refused.failed_at is not None:
+            return _finished(await runs.get(run_id))
         raise NotFound(f"run {run_id} not found")
     if row is not None:
         structlog.contextvars.bind_contextvars(conversation_id=row.conversation_id)

@@ -35,6 +35,10 @@ class QueuedRun:
     new_conversation: bool
     #: set when the run was cancelled while queued (seconds since the epoch)
     cancelled_at: float | None = None
+    #: set when the worker took the run but could not record it (the database refused)
+    failed_at: float | None = None
+    error_code: str | None = None
+    error_message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,9 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
         enqueued_at=enqueued_at,
         new_conversation=fields.get("new_conversation") == "1",
         cancelled_at=_float(fields.get("cancelled_at")) if fields.get("status") == "cancelled" else None,
+        failed_at=_float(fields.get("failed_at")) if fields.get("status") == "failed" else None,
+        error_code=fields.get("error_code") or None,
+        error_message=fields.get("error_message") or None,
     )
 
 

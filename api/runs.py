@@ -105,6 +105,7 @@ def _not_started(
     finished_at: float | None = None,
     position: int | UnsetType = UNSET,
     waited_ms: int | UnsetType = UNSET,
+    error: RunError | UnsetType = UNSET,
 ) -> RunInfo:
     """A run known only from its Redis description: the worker never started it, so it has
     no row, no start, no duration and no steps."""
@@ -120,6 +121,7 @@ def _not_started(
         step_count=0,
         position=position,
         waited_ms=waited_ms,
+        error=error,
     )
 
 
@@ -139,6 +141,18 @@ def from_cancelled(run: live.QueuedRun) -> RunInfo:
         RunStatus.CANCELLED,
         finished_at=cancelled_at,
         waited_ms=_millis(cancelled_at - run.enqueued_at) if run.enqueued_at else UNSET,
+    )
+
+
+def from_refused(run: live.QueuedRun) -> RunInfo:
+    """A run the worker took but could not record (the database refused its row)."""
+    failed_at = run.failed_at or run.enqueued_at
+    return _not_started(
+        run,
+        RunStatus.FAILED,
+        finished_at=failed_at,
+        waited_ms=_millis(failed_at - run.enqueued_at) if run.enqueued_at else UNSET,
+        error=run_error(RunStatus.FAILED, run.error_code, run.error_message) or UNSET,
     )
 
 
@@ -280,4 +294,6 @@ class Runs:
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
         if run_id in described and described[run_id].cancelled_at is not None:
             return from_cancelled(described[run_id])
+        if run_id in described and described[run_id].failed_at is not None:
+            return from_refused(described[run_id])
         raise NotFound(f"run {run_id} not found")

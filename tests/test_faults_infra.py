@@ -258,6 +258,12 @@ def test_disk_full_fails_the_run_keeps_the_database_and_resumes_once_freed(
     refused, refused_run = accepted(api.url, "another")
     assert run_stream(api.url, refused, refused_run)[-1].data["code"] == "DATABASE_UNAVAILABLE"
     get_json(api.url, f"/api/conversations/{refused}", expect=404)
+    # Its run has no row, yet it is not unknown: failed, with the reason, and finished.
+    info = get_json(api.url, f"/api/runs/{refused_run}")
+    assert info["status"] == "failed" and info["startedAt"] is None and info["finishedAt"]
+    assert info["error"]["code"] == "DATABASE_UNAVAILABLE" and "send it again" in info["error"]["message"]
+    cancel = httpx.post(f"{api.url}/api/runs/{refused_run}/cancel", trust_env=False, timeout=10)
+    assert cancel.status_code == 409 and cancel.json()["error"]["code"] == "RUN_FINISHED"
 
     filler.unlink()
     # The outcome the full disk refused is recorded as soon as there is room.

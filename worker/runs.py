@@ -38,6 +38,7 @@ from shared.contracts import (
     RunErrorCode,
     RunJob,
     RunStatus,
+    run_key,
     text_of,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -281,6 +282,14 @@ class RunService:
             f"the database could not be written ({exc}); nothing of this request was recorded, "
             f"{again} once it can be written",
         )
+        try:
+            # Its Redis description is its only record: the API answers for the run from it.
+            await self.redis.hset(run_key(job.run_id), mapping={  # type: ignore[misc]
+                "status": outcome.status.value, "failed_at": f"{time.time():.6f}",
+                "error_code": outcome.code or "", "error_message": outcome.message or "",
+            })
+        except RedisError as exc:
+            log.warning("run.describe_failed", error=str(exc))
         events = EventPublisher(
             self.redis, job.run_id,
             retention=self.settings.event_retention, max_len=self.settings.event_max_per_run,
