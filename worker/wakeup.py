@@ -1,4 +1,4 @@
-"""An arq worker that sleeps on Redis instead of polling it.
+"""An arq worker that sleeps on Redis instead of polling it, and takes a job in one round trip.
 
 arq looks at its queue every ``poll_delay``: 0.5 s by default (~450 ms from
 enqueue to start), and a 10 ms poll costs ~6 % of a core while idle. Here the
@@ -6,6 +6,12 @@ submit script pushes to ``WAKE_LIST`` and the idle worker waits on ``BLPOP``:
 a job starts a Redis round trip after it is accepted, and an idle worker costs
 nothing. The queue is still read on every wake-up and at least every
 ``idle_timeout``, so a missed wake-up delays a job, never loses it.
+
+Taking a job: arq's ``start_jobs`` checks the job is still queued and not in
+progress, then marks it in progress, with WATCH, EXISTS, ZSCORE and MULTI/EXEC:
+four round trips on the path of every run (issue 6). :meth:`start_jobs` does the
+same check-and-mark in one script, which is atomic where WATCH is optimistic;
+the rest is arq's own code (pinned: arq 0.28).
 """
 
 from __future__ import annotations
@@ -13,10 +19,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from arq.constants import in_progress_key_prefix
+from arq.utils import timestamp_ms
 from arq.worker import Worker
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from shared.contracts import WAKE_LIST
+
+# KEYS: the job's in-progress key, the queue. ARGV: job id, now (ms), in-progress ttl (ms).
+# The job's score if it was queued, due and not taken (and is now marked taken); else nil.
+_TAKE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
+end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then
+  return false
+end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+return score
+"""
 
 
 class WakeableWorker(Worker):
@@ -24,6 +47,36 @@ class WakeableWorker(Worker):
         kwargs["poll_delay"] = 0  # the waiting happens in _poll_iteration
         super().__init__(*args, **kwargs)
         self.idle_timeout = idle_timeout
+        self._take: AsyncScript | None = None
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's ``start_jobs``, with the job taken by one script (see the module docstring)."""
+        if self._take is None:
+            self._take = self.pool.register_script(_TAKE_LUA)
+        for job_id_b in job_ids:
+            await self.sem.acquire()
+            if self.job_counter >= self.max_jobs:
+                self.sem.release()
+                return
+            self.job_counter += 1
+            job_id = job_id_b.decode()
+            try:
+                score = await self._take(
+                    keys=[in_progress_key_prefix + job_id, self.queue_name],
+                    args=[job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)],
+                )
+            except BaseException:
+                self.job_counter -= 1
+                self.sem.release()
+                raise
+            if score is None:
+                # Taken elsewhere, gone from the queue, or not due yet (arq's own reasons).
+                self.job_counter -= 1
+                self.sem.release()
+                continue
+            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id] = task
 
     async def _poll_iteration(self) -> None:
         await super()._poll_iteration()
