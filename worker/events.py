@@ -7,7 +7,9 @@ same ids, so ``Last-Event-ID`` means the same thing everywhere.
 Events are the view, the checkpoint is the truth, so publishing must never hold
 the run up nor fail it. :meth:`EventPublisher.publish` only appends the event to
 a bounded buffer; one background task per run writes the buffer to Redis in
-order, in batches (one pipelined round trip per batch). While Redis is away the
+order, in batches (one pipelined round trip per batch; a batch waits
+:data:`GATHER_SECONDS` for the events that follow it, unless a terminal event is
+queued: a run's ~30 events take 4-5 writes instead of 8). While Redis is away the
 buffer keeps the newest ``max(max_len, 1000)`` events and is written when it is back; events
 that cannot be written within :data:`GIVE_UP_SECONDS` are dropped and counted
 (an SSE client then gets a ``missed`` event for them, never silence). Only the
@@ -23,6 +25,7 @@ Retention: every write sets the stream's expiry (a day while the run is live,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,6 +50,10 @@ FLUSH_TIMEOUT = 5.0
 #: Events that could not be written for this long are dropped.
 GIVE_UP_SECONDS = 30.0
 _BATCH = 200
+#: A batch waits this long for the events that follow (a model streams its tokens
+#: in bursts): fewer, larger writes cost the worker, Redis and every API process
+#: that relays them less per event. A terminal event is never held.
+GATHER_SECONDS = 0.002
 #: Events held while Redis is away, at least (``max_len`` if larger).
 _BUFFER_FLOOR = 1000
 _RETRY_MAX_SECONDS = 1.0
@@ -92,6 +99,7 @@ class EventPublisher:
         self._writer: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
+        self._terminal = asyncio.Event()
 
     async def start(self) -> None:
         """Continue after the entries already in the stream (a run whose worker died).
@@ -120,6 +128,7 @@ class EventPublisher:
             _writers.add(self._writer)
             self._writer.add_done_callback(_writers.discard)
         if type_.terminal:
+            self._terminal.set()
             await self.flush(FLUSH_TIMEOUT)
         return event.id
 
@@ -169,6 +178,10 @@ class EventPublisher:
         attempt = 0
         try:
             while self._pending:
+                if not self._terminal.is_set() and len(self._pending) < _BATCH:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GATHER_SECONDS):
+                            await self._terminal.wait()
                 try:
                     async with asyncio.timeout(WRITE_TIMEOUT):
                         if not self._synced:
