@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv
 
 pytestmark = pytest.mark.fault
@@ -168,3 +169,41 @@ def test_bad_setting_stops_the_process_naming_the_variable(sophos_env: SophosEnv
     assert worker.wait(30) == 2 and "AGENT_RECURSION_LIMIT" in worker.log_text()
     api = start_api(sophos_env.with_(REDIS_URL="localhost:6379"), wait_ready=False)
     assert api.wait(30) == 2 and "REDIS_URL" in api.log_text()
+
+
+async def test_a_second_delivery_of_a_recorded_run_does_nothing(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """arq delivers at least once: a job of a run already recorded must not run it again."""
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    model.script(Text("only once"))
+    conversation, run = chat(api.url, "say it once")
+    assert read_sse(api.url, conversation).text == "only once"
+    before = get_json(api.url, f"/api/runs/{run}")
+
+    # The same job again, as arq would deliver it after losing track of the first delivery.
+    job = RunJob(
+        run_id=run, conversation_id=conversation, kind=JobKind.RUN, message="say it once",
+        enqueued_at=time.time(),
+    )
+    redis = Redis.from_url(sophos_env.redis_url, decode_responses=True)
+    try:
+        assert await submit_run(redis, job, title="again") is None
+        worker.wait_for_log(lambda line: run in line and "run.duplicate_delivery" in line, timeout=20)
+
+        async def settled() -> bool:
+            queued = await redis.zscore(QUEUE_NAME, run)
+            return queued is None and not await redis.hexists(ACTIVE_RUNS, conversation)  # type: ignore[misc]
+
+        await wait_for_async(settled, message="the job gone and the conversation free")
+    finally:
+        await redis.aclose()
+    assert model.calls == 1
+    assert get_json(api.url, f"/api/runs/{run}") == before
+    detail = get_json(api.url, f"/api/conversations/{conversation}")
+    assert [m["role"] for m in detail["messages"]] == ["user", "assistant"]
+    # The conversation goes on.
+    model.script(Text("and again"))
+    chat(api.url, "once more", conversation)
+    assert read_sse(api.url, conversation).text == "and again"

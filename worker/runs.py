@@ -42,6 +42,7 @@ from shared.contracts import (
     text_of,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
+from shared.queue import release_conversation
 from shared.settings import Settings
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
@@ -83,22 +84,36 @@ class RunService:
 
     async def execute(self, job: RunJob) -> str:
         """Run ``job`` once. A second delivery of the same job does nothing."""
-        if (existing := await self.store.get_run(job.run_id)) is not None:
-            # arq delivers at least once; this run already started (and crashed,
-            # or finished). Running it again would repeat the user's message.
-            log.warning("run.duplicate_delivery", status=existing.status)
-            return f"skipped: already {existing.status}"
         started = time.monotonic()
         try:
             # An earlier run's outcome goes first: this run must not overtake it.
             if not await self.unrecorded.flush():
                 raise DatabaseBusy("earlier outcomes are still waiting to be recorded")
-            await self.store.start_run(job)
+            existing = await self.store.start_run(job)
         except Exception as exc:
             if not is_database_unavailable(exc) and not isinstance(exc, DatabaseBusy):
                 raise
-            await self._refuse(job, exc)
-            return RunStatus.FAILED.value
+            # A second delivery of a recorded run is skipped below, busy database or not
+            # (a reader is never locked out in WAL mode).
+            try:
+                existing = await self.store.get_run(job.run_id)
+            except Exception as again:
+                if not is_database_unavailable(again):
+                    raise
+                existing = None
+            if existing is None:
+                await self._refuse(job, exc)
+                return RunStatus.FAILED.value
+        if existing is not None:
+            # arq delivers at least once; this run already started (and crashed,
+            # or finished). Running it again would repeat the user's message.
+            log.warning("run.duplicate_delivery", status=existing.status)
+            try:
+                # Were it still named as the conversation's run, nothing would free it.
+                await release_conversation(self.redis, job.conversation_id, job.run_id)
+            except RedisError as exc:
+                log.warning("run.release_failed", error=str(exc))
+            return f"skipped: already {existing.status}"
         log.info("run.started", kind=job.kind.value, waited_ms=round((time.time() - job.enqueued_at) * 1000))
 
         events = EventPublisher(
@@ -256,8 +271,10 @@ class RunService:
                     tracker.step_started(step, node, events)
                     await events.trace(step, node, "enter", node)
                     continue
+                calls = False
                 for message in (payload.get("result") or {}).get("messages", []):
                     if node == AGENT and isinstance(message, AIMessage):
+                        calls = calls or bool(message.tool_calls)
                         for call in message.tool_calls:
                             await events.trace(step, node, "call", call["name"], {
                                 "name": call["name"], "arguments": call["args"], "tool_call_id": call["id"],
@@ -269,6 +286,10 @@ class RunService:
                         })
                 leave: dict[str, Any] | None = {"error": payload["error"]} if payload.get("error") else None
                 await events.trace(step, node, "leave", node, leave)
+                if node == AGENT and not calls and leave is None:
+                    # An answer without tool calls goes to END: there is no next step to
+                    # cancel, so no marker to read (its metrics go with the run's end).
+                    continue
                 check(await tracker.task_finished())
         return final
 

@@ -114,23 +114,34 @@ class RunStore:
             rows = await cur.fetchall()
         return [RunRow(*r) for r in rows]
 
-    async def start_run(self, job: RunJob) -> None:
-        """Record the run ``running`` (and its conversation, if new) in one transaction."""
+    async def start_run(self, job: RunJob) -> RunRow | None:
+        """Record the run ``running`` (and its conversation, if new) in one transaction.
+
+        Returns None, or the run's row if it was recorded before (arq delivered the
+        job twice): then nothing is written. One transaction either way, so a first
+        delivery (every run) pays for no separate look-up.
+        """
         now = now_iso()
-        async with self._transaction():
-            await self.conn.execute(
-                "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
-                " VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
-                " last_run_id = excluded.last_run_id",
-                (job.conversation_id, title_of(job.message), now, now, job.run_id),
-            )
-            await self.conn.execute(
-                "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
-                 iso_from_timestamp(job.enqueued_at), now),
-            )
+        try:
+            async with self._transaction():
+                await self.conn.execute(
+                    "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
+                    " VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
+                    " last_run_id = excluded.last_run_id",
+                    (job.conversation_id, title_of(job.message), now, now, job.run_id),
+                )
+                cursor = await self.conn.execute(
+                    "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                    (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
+                     iso_from_timestamp(job.enqueued_at), now),
+                )
+                if cursor.rowcount == 0:
+                    raise _AlreadyRecorded  # rolls back the conversation's update
+        except _AlreadyRecorded:
+            return await self.get_run(job.run_id)
+        return None
 
     async def finish_run(
         self,
@@ -158,3 +169,7 @@ class RunStore:
                 " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
                 (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
             )
+
+
+class _AlreadyRecorded(Exception):
+    pass

@@ -69,19 +69,27 @@ class Executions:
         return Executions(self.model - other.model, {t: n for t, n in tools.items() if n})
 
 
-def queue_is_clean(redis_url: str, conversation: str) -> list[str]:
-    """Problems that would block or re-run the conversation: claims, queued jobs, arq markers."""
+def queue_is_clean(redis_url: str, conversation: str, settle: float = 5.0) -> list[str]:
+    """Problems that would block or re-run the conversation: claims, queued jobs, arq markers.
+
+    Looked at until there are none, for at most ``settle`` seconds: arq removes a job
+    after its function returns, a moment after the client has seen the run's last event.
+    """
     client = redis_sync.Redis.from_url(redis_url, decode_responses=True)
+    deadline = time.monotonic() + settle
     try:
-        problems = []
-        if (holder := client.hget(ACTIVE_RUNS, conversation)) is not None:
-            problems.append(f"conversation still claimed by {holder}")
-        if queued := client.zrange(QUEUE_NAME, 0, -1):
-            problems.append(f"jobs still queued: {queued}")
-        for pattern in ("arq:in-progress:*", "arq:retry:*"):
-            if keys := client.keys(pattern):
-                problems.append(f"stale arq keys: {keys}")
-        return problems
+        while True:
+            problems = []
+            if (holder := client.hget(ACTIVE_RUNS, conversation)) is not None:
+                problems.append(f"conversation still claimed by {holder}")
+            if queued := client.zrange(QUEUE_NAME, 0, -1):
+                problems.append(f"jobs still queued: {queued}")
+            for pattern in ("arq:in-progress:*", "arq:retry:*"):
+                if keys := client.keys(pattern):
+                    problems.append(f"stale arq keys: {keys}")
+            if not problems or time.monotonic() > deadline:
+                return problems
+            time.sleep(0.05)
     finally:
         client.close()
 
