@@ -108,11 +108,12 @@ class RunService:
             # arq delivers at least once; this run already started (and crashed,
             # or finished). Running it again would repeat the user's message.
             log.warning("run.duplicate_delivery", status=existing.status)
-            try:
-                # Were it still named as the conversation's run, nothing would free it.
-                await release_conversation(self.redis, job.conversation_id, job.run_id)
-            except RedisError as exc:
-                log.warning("run.release_failed", error=str(exc))
+            if RunStatus(existing.status).finished:
+                try:
+                    # Were it still named as the conversation's run, nothing would free it.
+                    await release_conversation(self.redis, job.conversation_id, job.run_id)
+                except RedisError as exc:
+                    log.warning("run.release_failed", error=str(exc))
             return f"skipped: already {existing.status}"
         log.info("run.started", kind=job.kind.value, waited_ms=round((time.time() - job.enqueued_at) * 1000))
 
