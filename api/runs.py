@@ -134,25 +134,20 @@ def from_queued(run: live.QueuedRun, position: int, now: float | None = None) ->
     )
 
 
-def from_cancelled(run: live.QueuedRun) -> RunInfo:
-    cancelled_at = run.cancelled_at or run.enqueued_at
+def from_ended(run: live.QueuedRun) -> RunInfo:
+    """A run that ended without a row: cancelled while queued, or taken by the worker
+    and refused by the database (its Redis description then carries the error)."""
+    if run.failed_at is not None:
+        status, ended_at = RunStatus.FAILED, run.failed_at
+        error = run_error(RunStatus.FAILED, run.error_code, run.error_message) or UNSET
+    else:
+        status, ended_at, error = RunStatus.CANCELLED, run.cancelled_at or run.enqueued_at, UNSET
     return _not_started(
         run,
-        RunStatus.CANCELLED,
-        finished_at=cancelled_at,
-        waited_ms=_millis(cancelled_at - run.enqueued_at) if run.enqueued_at else UNSET,
-    )
-
-
-def from_refused(run: live.QueuedRun) -> RunInfo:
-    """A run the worker took but could not record (the database refused its row)."""
-    failed_at = run.failed_at or run.enqueued_at
-    return _not_started(
-        run,
-        RunStatus.FAILED,
-        finished_at=failed_at,
-        waited_ms=_millis(failed_at - run.enqueued_at) if run.enqueued_at else UNSET,
-        error=run_error(RunStatus.FAILED, run.error_code, run.error_message) or UNSET,
+        status,
+        finished_at=ended_at,
+        waited_ms=_millis(ended_at - run.enqueued_at) if run.enqueued_at else UNSET,
+        error=error,
     )
 
 
@@ -239,7 +234,7 @@ class Runs:
             cancelled = await live.cancelled_runs(
                 self.redis, before_ms=before_ms, conversation_id=conversation_id, limit=want
             )
-            runs += [from_cancelled(r) for r in cancelled]
+            runs += [from_ended(r) for r in cancelled]
         return runs
 
     async def page(
@@ -292,8 +287,7 @@ class Runs:
         except REDIS_DOWN as exc:
             log.warning("runs.redis_unavailable", error=str(exc))
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
-        if run_id in described and described[run_id].cancelled_at is not None:
-            return from_cancelled(described[run_id])
-        if run_id in described and described[run_id].failed_at is not None:
-            return from_refused(described[run_id])
+        ended = described.get(run_id)
+        if ended is not None and (ended.cancelled_at is not None or ended.failed_at is not None):
+            return from_ended(ended)
         raise NotFound(f"run {run_id} not found")
