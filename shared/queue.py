@@ -25,17 +25,22 @@ from redis.asyncio import Redis
 
 from shared.contracts import (
     ACTIVE_RUNS,
+    CANCELLED_RETENTION_SECONDS,
     IDEMPOTENCY_TTL_SECONDS,
     JOB_FUNCTION,
     QUEUE_NAME,
     RELEASE_ACTIVE_LUA,
     WAKE_LIST,
     RunJob,
+    RunStatus,
+    arq_in_progress_key,
     arq_job_key,
     dumps,
+    events_key,
     idempotency_key,
     run_key,
 )
+from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 
 # KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key
 # ARGV: conversation, run, job bytes, job ttl ms, score, idempotency ttl s ('0': no key),
@@ -160,6 +165,137 @@ async def release_conversation(redis: Redis, conversation_id: str, run_id: str) 
     """Free the conversation if (and only if) ``run_id`` still holds it."""
     n = await redis.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)  # type: ignore[misc]
     return bool(n)
+
+
+# --- claims whose run will never run ------------------------------------------
+
+#: How long the Redis description of a run that ended without a row is kept: the
+#: record of a run refused by the database or dropped before it started (the
+#: record of a run cancelled while queued is kept as long).
+ENDED_RECORD_SECONDS = CANCELLED_RETENTION_SECONDS
+
+# KEYS: run hash. ARGV: ttl (s), then field/value pairs.
+# HSET alone would recreate an expired hash without a TTL: both go in one script.
+_RECORD_ENDED_LUA = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+
+# KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics
+# ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message
+# 1 if the claim was released (and the run recorded failed, its terminal event published), else 0.
+_DROP_UNSTARTED_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  return 0
+end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
+if score and redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+if score and redis.call('HEXISTS', KEYS[5], 'enqueued_at') == 0 then
+  redis.call('HSET', KEYS[5], 'enqueued_at', string.format('%.3f', tonumber(score) / 1000))
+end
+redis.call('HSET', KEYS[5], 'conversation', ARGV[1], 'status', 'failed', 'failed_at', ARGV[3],
+           'error_code', ARGV[7], 'error_message', ARGV[8])
+redis.call('EXPIRE', KEYS[5], ARGV[4])
+local n = 1
+local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
+if last[1] then
+  n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+end
+local data = cjson.encode({conversation = ARGV[1], run = ARGV[2], status = 'failed',
+                           code = ARGV[7], message = ARGV[8]})
+redis.call('XADD', KEYS[6], n .. '-0', 'type', 'chat-error', 'data', data)
+redis.call('EXPIRE', KEYS[6], ARGV[5])
+redis.call('HINCRBY', KEYS[7], ARGV[6], 1)
+return 1
+"""
+
+
+async def record_ended(redis: Redis, run_id: str, conversation_id: str, fields: dict[str, str]) -> None:
+    """Write ``fields`` into the run's Redis description, its only record when it has no row.
+
+    With its conversation (the description may have expired: without it the API
+    could not read the record) and a bound, ``ENDED_RECORD_SECONDS``.
+    """
+    flat = [x for kv in {"conversation": conversation_id, **fields}.items() for x in kv]
+    await redis.eval(_RECORD_ENDED_LUA, 1, run_key(run_id), str(ENDED_RECORD_SECONDS), *flat)  # type: ignore[misc]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """Where a claimed run stands in arq's queue, read in one transaction."""
+
+    queued: bool
+    #: arq's job record exists (it expires a day after enqueue: arq then drops the job)
+    job: bool
+    #: arq has taken the job (the in-progress marker is set from taking it to its end)
+    taken: bool
+
+    @property
+    def gone(self) -> bool:
+        """Neither waiting to run nor being run by arq, and never will be.
+
+        Both halves only ever turn false: a run leaves the queue once, a job record
+        is never written again, and arq takes only a queued job (one whose record
+        is gone it drops without running it).
+        """
+        return not self.taken and not (self.queued and self.job)
+
+
+async def claim_states(redis: Redis, run_ids: list[str]) -> list[ClaimState]:
+    """The :class:`ClaimState` of each run, all read at one instant (MULTI/EXEC)."""
+    if not run_ids:
+        return []
+    async with redis.pipeline(transaction=True) as pipe:
+        for run_id in run_ids:
+            pipe.zscore(QUEUE_NAME, run_id)
+            pipe.exists(arq_job_key(run_id))
+            pipe.exists(arq_in_progress_key(run_id))
+        replies = await pipe.execute()
+    return [
+        ClaimState(queued=replies[i] is not None, job=bool(replies[i + 1]), taken=bool(replies[i + 2]))
+        for i in range(0, len(replies), 3)
+    ]
+
+
+async def drop_unstarted(
+    redis: Redis, conversation_id: str, run_id: str, *, code: str, message: str, event_retention: int
+) -> bool:
+    """Release a conversation whose run will never start, and record that run failed.
+
+    One script, so it is all or nothing and races neither arq nor a new
+    submission: only if the claim still names ``run_id`` and the run is still
+    neither queued (with its job record) nor taken, release the claim, take the
+    run out of the queue, mark its description ``failed`` with ``code`` and
+    ``message`` (kept ``ENDED_RECORD_SECONDS``), publish its ``chat-error`` event
+    and count it. True if it did.
+    """
+    done = await redis.eval(  # type: ignore[misc]
+        _DROP_UNSTARTED_LUA,
+        7,
+        ACTIVE_RUNS,
+        QUEUE_NAME,
+        arq_job_key(run_id),
+        arq_in_progress_key(run_id),
+        run_key(run_id),
+        events_key(run_id),
+        METRICS_KEY,
+        conversation_id,
+        run_id,
+        f"{time.time():.6f}",
+        str(ENDED_RECORD_SECONDS),
+        str(event_retention),
+        counter_field(RUNS_FINISHED, status=RunStatus.FAILED.value),
+        code,
+        message,
+    )
+    return bool(done)
 
 
 def now() -> float:

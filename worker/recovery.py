@@ -11,6 +11,13 @@ have (``cancelled``, no error, stream ends with ``end``). What was recorded of t
 thread is the same either way, so it stays resumable iff a step was still to run.
 If Redis cannot be read there, the run is recorded ``interrupted``, as before the
 cancel existed: an outcome must be recorded, and that one is true either way.
+
+Damaged data costs only its own conversation, never the worker's start: nothing
+read from a thread (whether the run's input was checkpointed, the thread's state)
+is trusted to decode, and an orphan that cannot be reconciled at all is logged and
+left for the others. Whether the input was checkpointed is asked of the table,
+not by decoding a checkpoint (LangGraph's ``alist`` decodes every checkpoint and
+write it yields, to answer what one row's metadata says).
 """
 
 from __future__ import annotations
@@ -18,11 +25,13 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.checkpoint.sqlite.utils import search_where
 from redis.exceptions import RedisError
 
 from shared.contracts import (
-    ACTIVE_RUNS,
     QUEUE_NAME,
     JobKind,
     RunErrorCode,
@@ -33,9 +42,10 @@ from shared.contracts import (
     cancel_key,
     progress_key,
 )
-from shared.queue import release_conversation
 from worker.events import EventPublisher
 from worker.runs import Outcome, RunService, notify_outcome
+from worker.store import RunRow, is_database_unavailable
+from worker.sweep import ClaimSweep
 
 log = structlog.get_logger(__name__)
 
@@ -61,53 +71,82 @@ async def _cancel_requested(service: RunService, run_id: str) -> bool:
         return False
 
 
-async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
+async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig, run_id: str) -> bool | None:
+    """Whether a checkpoint of ``thread`` carries ``run_id``, decoding none; None if that cannot be read."""
+    try:
+        if isinstance(saver, AsyncSqliteSaver):
+            # The saver's own filter (a json_extract on the metadata column), on its own
+            # connection and lock: a row is looked for, not decoded.
+            where, params = search_where(thread, {"run_id": run_id})
+            async with saver.lock, saver.conn.execute(
+                f"SELECT 1 FROM checkpoints {where} LIMIT 1", params
+            ) as cursor:
+                return await cursor.fetchone() is not None
+        return bool([c async for c in saver.alist(thread, filter={"run_id": run_id}, limit=1)])
+    except Exception as exc:
+        # Metadata that is not JSON makes the filter itself fail.
+        log.warning("run.checkpoints_unreadable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
+async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
+    """Record one orphaned run's outcome, clear its job, free its conversation, end its stream."""
+    thread = service.thread_config(run.conversation_id)
+    recorded = await input_recorded(saver, thread, run.id)
+    message_count: int | None = None
+    pending: bool | None = None
+    try:
+        state = await service.graph.aget_state(thread)
+        message_count, pending = len((state.values or {}).get("messages", [])), bool(state.tasks)
+    except Exception as exc:
+        # A thread that cannot be read (a crafted or damaged checkpoint) must not keep
+        # the worker from starting: the run is recorded all the same, without counts.
+        log.warning("run.state_unreadable", run_id=run.id, error=f"{type(exc).__name__}: {exc}")
+    if recorded is False and run.kind == JobKind.RUN.value:
+        message = NOT_RECORDED
+    elif pending is None:
+        message = UNREADABLE
+    elif pending:
+        message = RESUMABLE
+    else:
+        message = COMPLETE
+    cancelled = await _cancel_requested(service, run.id)
+    if cancelled:
+        outcome = Outcome(RunStatus.CANCELLED)
+    else:
+        outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
+    await service.store.finish_run(
+        run.id, run.conversation_id,
+        status=outcome.status, error_code=outcome.code, error_message=outcome.message,
+        message_count=message_count, pending_tasks=pending,
+    )
+    await forget_job(service, run.id)
+    # The dead worker's view of the run: its progress, and the cancel now honoured.
+    await service.redis.delete(cancel_key(run.id), progress_key(run.id))
+    events = EventPublisher(
+        service.redis, run.id,
+        retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
+    )
+    await events.start()
+    await notify_outcome(service.redis, events, run.conversation_id, run.id, outcome)
+    log.warning(
+        "run.cancelled_by_crash" if cancelled else "run.interrupted_by_crash",
+        run_id=run.id, conversation_id=run.conversation_id,
+        input_recorded=recorded, resumable=pending,
+    )
+
+
+async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: ClaimSweep) -> int:
     """Mark orphaned runs ``interrupted`` (or ``cancelled``), clear their jobs, free their conversations."""
     orphans = await service.store.running_runs()
     for run in orphans:
-        thread = service.thread_config(run.conversation_id)
-        recorded = [c async for c in saver.alist(thread, filter={"run_id": run.id}, limit=1)]
-        message_count: int | None = None
-        pending: bool | None = None
         try:
-            state = await service.graph.aget_state(thread)
-            message_count, pending = len((state.values or {}).get("messages", [])), bool(state.tasks)
+            await _reconcile(service, saver, run)
         except Exception as exc:
-            # A thread that cannot be read (a crafted or damaged checkpoint) must not keep
-            # the worker from starting: the run is recorded all the same, without counts.
-            log.warning("run.state_unreadable", run_id=run.id, error=f"{type(exc).__name__}: {exc}")
-        if not recorded and run.kind == JobKind.RUN.value:
-            message = NOT_RECORDED
-        elif pending is None:
-            message = UNREADABLE
-        elif pending:
-            message = RESUMABLE
-        else:
-            message = COMPLETE
-        cancelled = await _cancel_requested(service, run.id)
-        if cancelled:
-            outcome = Outcome(RunStatus.CANCELLED)
-        else:
-            outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
-        await service.store.finish_run(
-            run.id, run.conversation_id,
-            status=outcome.status, error_code=outcome.code, error_message=outcome.message,
-            message_count=message_count, pending_tasks=pending,
-        )
-        await forget_job(service, run.id)
-        # The dead worker's view of the run: its progress, and the cancel now honoured.
-        await service.redis.delete(cancel_key(run.id), progress_key(run.id))
-        events = EventPublisher(
-            service.redis, run.id,
-            retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
-        )
-        await events.start()
-        await notify_outcome(service.redis, events, run.conversation_id, run.id, outcome)
-        log.warning(
-            "run.cancelled_by_crash" if cancelled else "run.interrupted_by_crash",
-            run_id=run.id, conversation_id=run.conversation_id,
-            input_recorded=bool(recorded), resumable=pending,
-        )
+            if is_database_unavailable(exc):
+                raise  # nothing can be recorded: no run could be either
+            # Whatever this run's data holds, the other conversations are served.
+            log.exception("run.recovery_failed", run_id=run.id, conversation_id=run.conversation_id)
 
     # Queued jobs: a marker left by the dead worker would hold them back until it
     # expires; jobs of runs that already started are done with (see above).
@@ -118,12 +157,8 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any]) -> int:
         else:
             await service.redis.delete(arq_in_progress_key(run_id))
 
-    # Conversations claimed by a run that is no longer queued (its outcome was
-    # recorded but the worker died before freeing the conversation).
-    claims: dict[bytes, bytes] = await service.redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
-    for conv_raw, run_raw in claims.items():
-        conversation_id, run_id = conv_raw.decode(), run_raw.decode()
-        if await service.redis.zscore(QUEUE_NAME, run_id) is None:
-            await release_conversation(service.redis, conversation_id, run_id)
-            log.warning("run.released_stale_claim", run_id=run_id, conversation_id=conversation_id)
+    # Conversations claimed by a run that will not run: its outcome was recorded but
+    # the worker died before freeing the conversation, or its job expired in the queue.
+    # The live worker's sweep does the same every few seconds.
+    await sweep.once()
     return len(orphans)

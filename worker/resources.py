@@ -24,6 +24,7 @@ from worker.model import build_model
 from worker.recovery import recover
 from worker.runs import RunService
 from worker.store import RunStore, connect
+from worker.sweep import ClaimSweep
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +74,7 @@ async def _heartbeat(redis: Redis, started_at: float, tool_servers: Callable[[],
 
 @asynccontextmanager
 async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[RunService]:
-    """Open the database, checkpointer, MCP sessions and graph; recover; beat."""
+    """Open the database, checkpointer, MCP sessions and graph; recover; sweep claims; beat."""
     async with AsyncExitStack() as stack:
         store = await RunStore.open(settings.database_path)
         stack.push_async_callback(store.close)
@@ -97,7 +98,14 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             checkpointer=saver,
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
-        recovered = await recover(service, saver)
+        sweep = ClaimSweep(
+            redis, store,
+            executing=lambda: set(service.controls), event_retention=settings.event_retention,
+        )
+        recovered = await recover(service, saver, sweep)
+        # Stopped before the store closes (the stack unwinds in reverse).
+        sweep.start()
+        stack.push_async_callback(sweep.stop)
         log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
 
         stack.push_async_callback(service.unrecorded.close)

@@ -38,11 +38,10 @@ from shared.contracts import (
     RunErrorCode,
     RunJob,
     RunStatus,
-    run_key,
     text_of,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
-from shared.queue import release_conversation
+from shared.queue import record_ended, release_conversation
 from shared.settings import Settings
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
@@ -306,7 +305,7 @@ class RunService:
         )
         try:
             # Its Redis description is its only record: the API answers for the run from it.
-            await self.redis.hset(run_key(job.run_id), mapping={  # type: ignore[misc]
+            await record_ended(self.redis, job.run_id, job.conversation_id, {
                 "status": outcome.status.value, "failed_at": f"{time.time():.6f}",
                 "error_code": outcome.code or "", "error_message": outcome.message or "",
             })

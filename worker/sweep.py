@@ -1,0 +1,199 @@
+"""The live worker's sweep: no claim outlives its run, no index outlives its records.
+
+A conversation is claimed in ``ACTIVE_RUNS`` from the moment its run is accepted
+until the worker records the run's outcome. Whatever ends a run without the
+worker seeing it leaves the claim behind, and with it a conversation that
+answers 409 for ever: above all arq, which drops a job whose record expired
+while it was still queued ("job expired") without calling the job function.
+Start-up recovery cannot see that in a worker that keeps running, so every
+``SWEEP_SECONDS`` the sweep looks at each claim and releases it when its run is
+
+* not queued: not in arq's queue with a live job record (a job arq runs stays in
+  the queue until it ends, so this covers a run being executed too),
+* not taken: no arq in-progress marker (set from the instant arq takes the job to
+  the moment it is done with it, so a job taken just now is left alone),
+* not executing in this worker (its run control is held), and
+* not recorded ``running`` in the database (the one worker is this live one).
+
+These are read in one transaction, and the first two only ever turn false, so a
+run found gone stays gone: no row can appear for it after the look (see
+:class:`shared.queue.ClaimState`). A run that has a finished row only lost its
+release (a Redis error, or a crash between outcome and release): the claim is
+released with the compare-and-delete, and a client still waiting gets the
+terminal event rebuilt from the row by the relay. A run without a row never
+started and never will: one script releases the claim, records the run
+``failed`` in its Redis description (the API answers ``/api/runs/{id}`` from
+it), publishes its ``chat-error`` event, so waiting SSE clients end, and counts it.
+
+The sweep also bounds ``CANCELLED_RUNS``, the index of runs cancelled while queued:
+an entry whose record has expired is removed (a slice of the index per pass, so
+every entry is looked at within a few passes), and no entry outlives the longest
+a record can live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import structlog
+from arq.constants import expires_extra_ms
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from shared.contracts import (
+    ACTIVE_RUNS,
+    CANCELLED_RETENTION_SECONDS,
+    CANCELLED_RUNS,
+    RunErrorCode,
+    RunStatus,
+    run_key,
+)
+from shared.queue import claim_states, drop_unstarted, release_conversation
+from worker.store import RunStore
+
+log = structlog.get_logger(__name__)
+
+#: Seconds between two passes: how long a conversation can stay claimed by a run
+#: that will never run.
+SWEEP_SECONDS = 5.0
+#: Claims read per round trip, and entries of the cancelled index looked at per pass.
+BATCH = 200
+
+NEVER_STARTED = (
+    "the run never started: its job left the queue without running (arq drops a job that "
+    "waited longer than a day, or whose record was lost); nothing of it was recorded, "
+    "send the message again"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    #: claims released for runs that never started (recorded failed)
+    dropped: int = 0
+    #: claims released for runs that had already finished
+    released: int = 0
+    #: entries removed from the cancelled index
+    pruned: int = 0
+
+
+class ClaimSweep:
+    def __init__(
+        self,
+        redis: Redis,
+        store: RunStore,
+        *,
+        executing: Callable[[], Collection[str]],
+        event_retention: int,
+        interval: float = SWEEP_SECONDS,
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        #: the runs this worker is executing now
+        self.executing = executing
+        self.event_retention = event_retention
+        self.interval = interval
+        self._cancelled_cursor = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def once(self) -> SweepReport:
+        """One pass over the claims and the cancelled index. Raises Redis errors as they are."""
+        dropped = released = 0
+        cursor = 0
+        while True:
+            cursor, claims = await self.redis.hscan(ACTIVE_RUNS, cursor, count=BATCH)
+            d, r = await self._sweep(claims)
+            dropped, released = dropped + d, released + r
+            if cursor == 0:
+                break
+        pruned = await self._prune_cancelled()
+        return SweepReport(dropped, released, pruned)
+
+    async def _sweep(self, claims: dict[str, str]) -> tuple[int, int]:
+        executing = self.executing()
+        pairs = [(_text(c), _text(r)) for c, r in claims.items()]
+        pairs = [(c, r) for c, r in pairs if r not in executing]
+        states = await claim_states(self.redis, [r for _, r in pairs])
+        dropped = released = 0
+        for (conversation_id, run_id), state in zip(pairs, states, strict=True):
+            if not state.gone:
+                continue
+            # After the look above: a row of this run, if any, is already written.
+            try:
+                row = await self.store.get_run(run_id)
+            except Exception as exc:
+                log.warning("sweep.run_unreadable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
+                continue
+            if row is None:
+                if await drop_unstarted(
+                    self.redis, conversation_id, run_id,
+                    code=RunErrorCode.INTERRUPTED.value, message=NEVER_STARTED,
+                    event_retention=self.event_retention,
+                ):
+                    dropped += 1
+                    log.warning("run.dropped_unstarted", run_id=run_id, conversation_id=conversation_id)
+            elif RunStatus(row.status).finished:
+                if await release_conversation(self.redis, conversation_id, run_id):
+                    released += 1
+                    log.warning(
+                        "run.released_stale_claim", run_id=run_id, conversation_id=conversation_id,
+                        status=row.status,
+                    )
+            # else: recorded running, by this worker (there is no other): its end releases it.
+        return dropped, released
+
+    async def _prune_cancelled(self) -> int:
+        # No record lives longer than this after its run was enqueued: a run is cancelled
+        # at most a queued job's life (arq's expiry) after it, and kept that long after.
+        oldest_ms = (time.time() - CANCELLED_RETENTION_SECONDS) * 1000 - expires_extra_ms
+        pruned = int(await self.redis.zremrangebyscore(CANCELLED_RUNS, "-inf", oldest_ms))
+        self._cancelled_cursor, entries = await self.redis.zscan(
+            CANCELLED_RUNS, self._cancelled_cursor, count=BATCH
+        )
+        run_ids = [_text(member) for member, _ in entries]
+        if run_ids:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    pipe.exists(run_key(run_id))
+                kept = await pipe.execute()
+            # A record, once expired, is never written again (the cancel script only
+            # writes one for a run it takes out of the queue): the entry is dead.
+            expired = [run_id for run_id, alive in zip(run_ids, kept, strict=True) if not alive]
+            if expired:
+                pruned += int(await self.redis.zrem(CANCELLED_RUNS, *expired))
+        return pruned
+
+    async def _forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                report = await self.once()
+            except RedisError as exc:
+                log.warning("sweep.failed", error=str(exc) or type(exc).__name__)
+                continue
+            except Exception:
+                # A bug must not end the sweep for the rest of the worker's life.
+                log.exception("sweep.failed")
+                continue
+            if report.pruned:
+                log.info("sweep.pruned_cancelled", entries=report.pruned)
+
+    def start(self) -> None:
+        """Sweep every ``interval`` seconds in the background, until :meth:`stop`."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._forever(), name="claim-sweep")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
