@@ -39,7 +39,9 @@ SOURCE_HASHES = {
     # called through super() by WakeableWorker._poll_iteration: reads the queue, calls start_jobs
     "_poll_iteration": "f8d39d823a0a59f27a45f1c0e80bee44e16219d5072235fbc81866402298322f",
     # the done-callback the copy attaches to each job's task
-    "_release_sem_dec_counter_on_complete": "0ed101482e942c33a64ccbe19eb3c4d29da9497258b1ffb1380da300da9bc481",
+    "_release_sem_dec_counter_on_complete": (
+        "0ed101482e942c33a64ccbe19eb3c4d29da9497258b1ffb1380da300da9bc481"
+    ),
 }
 
 
