@@ -15,7 +15,6 @@ together, start one run and all get its answer.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +159,3 @@ async def release_conversation(redis: Redis, conversation_id: str, run_id: str) 
     """Free the conversation if (and only if) ``run_id`` still holds it."""
     n = await redis.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)  # type: ignore[misc]
     return bool(n)
-
-
-def now() -> float:
-    return time.time()

@@ -353,6 +353,7 @@ async def read_sse_async(
     stop_after: int | None = None,
     until: Callable[[SseEvents], bool] | None = None,
     on_event: Callable[[SseEvent], None] | None = None,
+    on_open: Callable[[], None] | None = None,
     token: str | None = None,
     raise_on_timeout: bool = True,
     raise_on_status: bool = True,
@@ -363,7 +364,8 @@ async def read_sse_async(
 
     Beyond :func:`read_sse`: ``run`` names the run to follow; ``until(events)`` cuts the
     connection once it holds (like ``stop_after``); ``on_event`` sees each event as it is
-    parsed (latency measurements); ``raise_on_status=False`` returns an answer other than
+    parsed (latency measurements); ``on_open()`` is called once the server has answered 200
+    (the server-side stream is open); ``raise_on_status=False`` returns an answer other than
     200 as empty events with its ``status_code`` (a 204 for a client past the end); ``http``
     reuses the caller's client (its connection limits) instead of one of its own.
     """
@@ -380,6 +382,8 @@ async def read_sse_async(
                     return
                 _check_sse_response(response, body)
             _check_sse_response(response, "")
+            if on_open is not None:
+                on_open()
             async for line in response.aiter_lines():
                 event = parser.feed(line)
                 events.pings = parser.pings
