@@ -31,18 +31,10 @@ from api.store import Store
 from shared.contracts import JobKind, RunJob
 from shared.errors import BadRequest, IdempotencyKeyReused, NotFound, RunNotResumable, SessionInProgress
 from shared.queue import FirstAnswer, Idempotency, first_answer, submit
+from shared.rows import title_of
 from shared.settings import Settings
 
 log = structlog.get_logger(__name__)
-
-TITLE_CHARS = 80
-
-
-def title_of(message: str) -> str:
-    """First line of the first message, at most 80 characters (as the worker does)."""
-    stripped = message.strip()
-    return stripped.splitlines()[0][:TITLE_CHARS] if stripped else "New conversation"
-
 
 #: Visible ASCII, as the header's draft standard suggests (a UUID fits easily).
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
@@ -114,7 +106,7 @@ class ChatService:
         idempotency: Idempotency | None,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
-        title = title_of(message or "")
+        title = title_of(message)
 
         if not new:
             row = await self.store.conversation(conversation_id)
@@ -125,7 +117,7 @@ class ChatService:
                 raise _busy(conversation_id, holder)
             if request.resume and (row is None or not row.pending_tasks):
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
-            title = row.title if row is not None else title_of(message or "")
+            title = row.title if row is not None else title_of(message)
 
         job = RunJob(
             run_id=new_id(),

@@ -35,6 +35,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
+from shared.rows import RUN_COLUMNS, RunRow
 from shared.schema import MIGRATIONS
 
 log = structlog.get_logger(__name__)
@@ -54,30 +55,12 @@ class ConversationRow:
     last_error_message: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    id: str
-    conversation_id: str
-    kind: str
-    status: str
-    error_code: str | None
-    error_message: str | None
-    enqueued_at: str | None
-    started_at: str | None
-    finished_at: str | None
-    step_count: int
-
-
 _CONVERSATION_SQL = """
 SELECT c.id, c.title, c.created_at, c.updated_at, c.message_count, c.pending_tasks, c.last_run_id,
        r.status, r.error_code, r.error_message
 FROM conversations c LEFT JOIN runs r ON r.id = c.last_run_id
 """
-_RUN_SQL = """
-SELECT id, conversation_id, kind, status, error_code, error_message, enqueued_at, started_at,
-       finished_at, step_count
-FROM runs
-"""
+_RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
 
 #: the order of the runs listing (with ``id``): when a run was accepted
 _RUN_KEY = "COALESCE(enqueued_at, started_at)"
@@ -91,12 +74,6 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
     )
 
 
-def _run(row: Sequence[Any]) -> RunRow:
-    return RunRow(
-        id=row[0], conversation_id=row[1], kind=row[2], status=row[3], error_code=row[4],
-        error_message=row[5], enqueued_at=row[6], started_at=row[7], finished_at=row[8],
-        step_count=int(row[9] or 0),
-    )
 
 
 def thread_config(conversation_id: str) -> RunnableConfig:
@@ -205,7 +182,7 @@ class Store:
 
     async def run(self, run_id: str) -> RunRow | None:
         rows = await self._fetch(f"{_RUN_SQL} WHERE id = ?", (run_id,))
-        return _run(rows[0]) if rows else None
+        return RunRow.from_row(rows[0]) if rows else None
 
     async def runs_by_id(self, run_ids: Sequence[str]) -> dict[str, RunRow]:
         found: dict[str, RunRow] = {}
@@ -214,7 +191,7 @@ class Store:
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for row in await self._fetch(f"{_RUN_SQL} WHERE id IN ({marks})", chunk):
-                found[row[0]] = _run(row)
+                found[row[0]] = RunRow.from_row(row)
         return found
 
     async def runs(
@@ -242,7 +219,7 @@ class Store:
             f"{_RUN_SQL} {clause} ORDER BY {_RUN_KEY} DESC, id DESC LIMIT ?",
             [*params, limit],
         )
-        return [_run(r) for r in rows]
+        return [RunRow.from_row(r) for r in rows]
 
     async def run_counts(self) -> dict[str, int]:
         """How many runs the table holds in each status."""

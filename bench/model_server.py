@@ -26,7 +26,7 @@ MODEL = "bench-model"
 TOOL = "tools__echo"
 TOOL_ARGUMENTS = {"text": "durable"}
 #: The answer, as exactly 20 streamed pieces.
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - a sentence reads better than a list of 20 words
     "The echo tool answered durable so the run went through the queue the worker "
     "and the checkpoint before this answer was streamed back"
 ).split()

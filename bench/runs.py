@@ -8,6 +8,7 @@ a random order per pair, so drift on this shared machine hits both alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import random
@@ -266,10 +267,8 @@ def checkpointed_size(database: Path, thread_id: str | None = None) -> DbSize:
             payload = int(cp) + int(wr)
     total = 0
     for suffix in ("", "-wal"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             total += os.path.getsize(f"{database}{suffix}")
-        except FileNotFoundError:
-            pass
     return DbSize(total, payload)
 
 

@@ -87,19 +87,6 @@ class EventType(enum.StrEnum):
         return self in (EventType.END, EventType.CHAT_ERROR)
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event of a run. ``id`` is its position in the run's log (1, 2, ...)."""
-
-    id: int
-    type: EventType
-    data: Any
-
-    @property
-    def terminal(self) -> bool:
-        return self.type.terminal
-
-
 def text_of(content: Any) -> str:
     """The text of a message's content (a string, or a list of content blocks).
 

@@ -15,7 +15,6 @@ together, start one run and all get its answer.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 

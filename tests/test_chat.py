@@ -9,9 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+import redis as redis_sync
 
+from shared.contracts import events_key
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import get_json, post_chat, read_sse, tool_calls
+from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
 
 
@@ -20,13 +22,6 @@ def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
     start_worker(sophos_env)
     start_api(sophos_env)
     return sophos_env
-
-
-def chat(api_url: str, message: str, conversation: str | None = None) -> tuple[str, str]:
-    response = post_chat(api_url, message, conversation)
-    assert response.status_code == 202, response.text
-    body = response.json()
-    return body["conversation"], body["run"]
 
 
 def test_message_streams_tokens_then_end_and_history_reaches_the_model(
@@ -155,9 +150,17 @@ def test_fetch_tool_reads_a_loopback_page(stack: SophosEnv, model: FakeOllama, p
 
 def test_late_subscriber_and_last_event_id(stack: SophosEnv, model: FakeOllama) -> None:
     model.script(Text("one two three four five six"))
-    conversation, _ = chat(stack.api_url, "count")
-    full = read_sse(stack.api_url, conversation)  # joins after the run may have finished
-    assert full[-1].event == "end"
+    conversation, run = chat(stack.api_url, "count")
+    # Late for certain: the run's end event is in its stream before anyone subscribes.
+    redis = redis_sync.Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        wait_for(lambda: any(f["type"] == "end" for _, f in redis.xrange(events_key(run))), 20,
+                 message="the run's end event in its stream")
+    finally:
+        redis.close()
+    full = read_sse(stack.api_url, conversation)
+    assert full[-1].event == "end" and full.text == "one two three four five six"
+    assert full[0].id == "1"  # from the start
     again = read_sse(stack.api_url, conversation)
     assert [(e.id, e.event, e.data) for e in again] == [(e.id, e.event, e.data) for e in full]
     cut = full[3].id

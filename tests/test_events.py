@@ -29,7 +29,7 @@ from tests.support.client import (
     SseEvent,
     SseEvents,
     SseParser,
-    post_chat_async,
+    chat_async,
     read_sse_async,
     wait_for_async,
 )
@@ -43,59 +43,6 @@ NO_LIMITS = {"RATE_LIMIT_PER_MINUTE": 0, "MAX_STREAMS_PER_CLIENT": 0}
 
 def key(events: list[SseEvent]) -> list[tuple[str | None, str, str]]:
     return [(e.id, e.event, e.raw) for e in events]
-
-
-async def chat(api_url: str, message: str, conversation: str | None = None) -> tuple[str, str]:
-    response = await post_chat_async(api_url, message, conversation)
-    assert response.status_code == 202, response.text
-    body = response.json()
-    return body["conversation"], body["run"]
-
-
-async def read_until(
-    api_url: str,
-    conversation: str,
-    until: Callable[[SseEvents], bool] | None = None,
-    *,
-    last_event_id: str | int | None = None,
-    via_query: bool = False,
-    run: str | None = None,
-    timeout: float = 30.0,  # noqa: ASYNC109 - a bound for the test
-) -> SseEvents:
-    """Read events until the terminal one, or cut the connection once ``until(events)`` holds."""
-    params = {"conversation": conversation}
-    if run is not None:
-        params["run"] = run
-    headers = {"Accept": "text/event-stream"}
-    if last_event_id is not None:
-        if via_query:
-            params["lastEventId"] = str(last_event_id)
-        else:
-            headers["Last-Event-ID"] = str(last_event_id)
-    events = SseEvents()
-    parser = SseParser()
-    async with (
-        asyncio.timeout(timeout),
-        httpx.AsyncClient(base_url=api_url, timeout=httpx.Timeout(None, connect=5), trust_env=False) as http,
-        http.stream("GET", "/api/chat", params=params, headers=headers) as response,
-    ):
-        events.status_code = response.status_code
-        if response.status_code != 200:
-            return events
-        async for line in response.aiter_lines():
-            event = parser.feed(line)
-            events.pings = parser.pings
-            if event is None:
-                continue
-            events.append(event)
-            if event.terminal:
-                events.ended = True
-                return events
-            if until is not None and until(events):
-                events.cut = True
-                return events
-    events.dropped = True
-    return events
 
 
 def has_event(kind: str, **fields: Any) -> Callable[[SseEvents], bool]:
@@ -122,6 +69,11 @@ def rss_kib(pid: int) -> int:
 async def api_connections(redis: Redis, pid: int) -> list[dict[str, Any]]:
     """The Redis connections of the API process ``pid`` (named ``sophos-api-<pid>``)."""
     return [c for c in await redis.client_list() if c.get("name") == f"sophos-api-{pid}"]
+
+
+async def no_blocking_read(redis: Redis, pid: int) -> bool:
+    """True once none of the API's Redis connections is in a blocking read (XREAD BLOCK)."""
+    return not [c for c in await api_connections(redis, pid) if "b" in c.get("flags", "")]
 
 
 async def run_info(api_url: str, run: str) -> dict[str, Any]:
@@ -151,35 +103,48 @@ async def test_reconnect_at_each_point_of_a_run_on_either_process(
     model.script(first_pause, second_pause)
     api1, api2 = start_api(env), start_api(env)
     apis = [api1.url, api2.url]
-    conversation, run = await chat(api1.url, "add 2 and 3")  # no worker yet: the run is queued
+    conversation, run = await chat_async(api1.url, "add 2 and 3")  # no worker yet: the run is queued
 
     readers: list[asyncio.Task[SseEvents]] = []  # fresh clients, each reading to the end
     cuts: dict[str, asyncio.Task[tuple[SseEvents, SseEvents, SseEvents]]] = {}
+    opened: list[asyncio.Event] = []  # one per client joining at a point, set once its stream is open
+
+    def opening() -> Callable[[], None]:
+        opened.append(asyncio.Event())
+        return opened[-1].set
+
+    async def all_open() -> None:
+        """The clients of this point are connected: what they see starts before what comes next."""
+        async with asyncio.timeout(10):
+            for event in opened:
+                await event.wait()
 
     def join() -> None:
         for api in apis:
-            readers.append(asyncio.create_task(read_until(api, conversation)))
+            readers.append(asyncio.create_task(read_sse_async(api, conversation, on_open=opening())))
 
     async def cut_and_resume(
-        api: str, until: Callable[[SseEvents], bool], via_query: bool
+        api: str, until: Callable[[SseEvents], bool], via_query: bool, on_open: Callable[[], None]
     ) -> tuple[SseEvents, SseEvents, SseEvents]:
         """Read on ``api`` until ``until``, cut; at once resume on the other process with the
         last id (header or query), and also reconnect there without one."""
-        first = await read_until(api, conversation, until)
+        first = await read_sse_async(api, conversation, until=until, on_open=on_open)
         other = api2.url if api == api1.url else api1.url
         rest, again = await asyncio.gather(
-            read_until(other, conversation, last_event_id=first.last_id, via_query=via_query),
-            read_until(other, conversation),
+            read_sse_async(other, conversation, last_event_id=first.last_id, via_query=via_query),
+            read_sse_async(other, conversation),
         )
         return first, rest, again
 
     def cut(point: str, api: str, until: Callable[[SseEvents], bool]) -> None:
-        cuts[point] = asyncio.create_task(cut_and_resume(api, until, via_query=len(cuts) % 2 == 1))
+        cuts[point] = asyncio.create_task(
+            cut_and_resume(api, until, via_query=len(cuts) % 2 == 1, on_open=opening())
+        )
 
     # Before the start: fresh clients on each process, and one to be cut at the first event.
     join()
     cut("before start", api2.url, lambda ev: len(ev) >= 1)
-    await asyncio.sleep(0.3)
+    await all_open()
     assert await redis.xlen(events_key(run)) == 0  # still queued: nothing published yet
 
     await asyncio.to_thread(start_worker, env)  # blocking: the readers must go on meanwhile
@@ -188,7 +153,7 @@ async def test_reconnect_at_each_point_of_a_run_on_either_process(
     await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
     join()
     cut("first token", api1.url, lambda ev: bool(ev.of("token")))
-    await asyncio.sleep(0.2)
+    await all_open()
     first_pause.release()
 
     # After a tool call (its result is in, the next model call hangs).
@@ -198,7 +163,7 @@ async def test_reconnect_at_each_point_of_a_run_on_either_process(
     )
     join()
     cut("tool call", api2.url, has_event("trace", event="result"))
-    await asyncio.sleep(0.2)
+    await all_open()
     second_pause.release()
 
     full = await readers[0]
@@ -223,7 +188,7 @@ async def test_reconnect_at_each_point_of_a_run_on_either_process(
 
     # A client that has seen the terminal event is told there is nothing more (and to stop).
     for api in apis:
-        done = await read_until(api, conversation, last_event_id=full.last_id)
+        done = await read_sse_async(api, conversation, last_event_id=full.last_id, raise_on_status=False)
         assert done.status_code == 204 and len(done) == 0
 
 
@@ -238,12 +203,12 @@ async def test_client_cut_mid_stream_resumes_on_the_other_process(
     model.script(Text("".join(words), token_delay=0.005))
     start_worker(env)
     api1, api2 = start_api(env), start_api(env)
-    conversation, _ = await chat(api1.url, "talk for a while")
-    reference = asyncio.create_task(read_until(api2.url, conversation))
+    conversation, _ = await chat_async(api1.url, "talk for a while")
+    reference = asyncio.create_task(read_sse_async(api2.url, conversation))
 
-    first = await read_until(api1.url, conversation, lambda ev: len(ev.of("token")) >= 60)
+    first = await read_sse_async(api1.url, conversation, until=lambda ev: len(ev.of("token")) >= 60)
     assert first.cut and not first.ended
-    rest = await read_until(api2.url, conversation, last_event_id=first.last_id)
+    rest = await read_sse_async(api2.url, conversation, last_event_id=first.last_id)
     full = await reference
     assert full.text == "".join(words)
     assert key(first) + key(rest) == key(full)
@@ -260,20 +225,17 @@ async def test_api_killed_during_a_stream_client_resumes_on_another(
     model.script(Text("".join(words), token_delay=0.005))
     start_worker(env)
     doomed, survivor = start_api(env), start_api(env)
-    conversation, _ = await chat(survivor.url, "keep talking")
-    reference = asyncio.create_task(read_until(survivor.url, conversation))
+    conversation, _ = await chat_async(survivor.url, "keep talking")
+    reference = asyncio.create_task(read_sse_async(survivor.url, conversation))
 
-    async def kill_when_streaming() -> None:
-        await wait_for_async(lambda: doomed.log_text().count('"relay.opened"') >= 1, 10)
-        await asyncio.sleep(0.4)
-        doomed.kill()
+    def kill_mid_stream(event: SseEvent) -> None:
+        if event.event == "token" and event.data == "k20 ":  # well before the 300th
+            doomed.kill()
 
-    killer = asyncio.create_task(kill_when_streaming())
-    first = await read_sse_async(doomed.url, conversation, allow_drop=True, timeout=30)
-    await killer
+    first = await read_sse_async(doomed.url, conversation, allow_drop=True, on_event=kill_mid_stream)
     assert doomed.wait(5) == -signal.SIGKILL
     assert first.dropped and not first.ended and len(first) > 0
-    rest = await read_until(survivor.url, conversation, last_event_id=first.last_id)
+    rest = await read_sse_async(survivor.url, conversation, last_event_id=first.last_id)
     full = await reference
     assert full.text == "".join(words)
     assert key(first) + key(rest) == key(full)
@@ -290,7 +252,7 @@ async def test_expired_last_event_id_gets_missed_then_the_rest_and_the_terminal(
     model.script(Text("".join(words)))
     start_worker(env)
     api = start_api(env)
-    conversation, run = await chat(api.url, "many tokens")
+    conversation, run = await chat_async(api.url, "many tokens")
     # Joined after the end: the stream was trimmed to about EVENT_MAX_PER_RUN (MAXLEN ~).
     await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "end"), 20)
     kept = await redis.xrange(events_key(run))
@@ -299,19 +261,19 @@ async def test_expired_last_event_id_gets_missed_then_the_rest_and_the_terminal(
     assert oldest > 5 and len(kept) <= 10 + 100, (oldest, len(kept))
 
     for after, via_query in ((3, False), (oldest - 2, True)):
-        events = await read_until(api.url, conversation, last_event_id=after, via_query=via_query)
+        events = await read_sse_async(api.url, conversation, last_event_id=after, via_query=via_query)
         assert events[0].event == "missed"
         assert events[0].data == {"from": after + 1, "to": oldest - 1}
         assert [int(e.id) for e in events[1:]] == list(range(oldest, total + 1))
         assert events[-1].event == "end" and events.ended
     # A client that starts from the beginning is told too.
-    fresh = await read_until(api.url, conversation)
+    fresh = await read_sse_async(api.url, conversation)
     assert fresh[0].event == "missed" and fresh[0].data == {"from": 1, "to": oldest - 1}
     assert [int(e.id) for e in fresh[1:]] == list(range(oldest, total + 1))
 
     # Once the stream has expired (EVENT_RETENTION), the ending is rebuilt from the run's row.
     await redis.delete(events_key(run))
-    gone = await read_until(api.url, conversation, last_event_id=7)
+    gone = await read_sse_async(api.url, conversation, last_event_id=7)
     assert [e.event for e in gone] == ["missed", "end"]
     assert gone[0].data == {"from": 8, "to": None}
     assert gone[1].data == {"conversation": conversation, "run": run, "status": "completed"}
@@ -325,17 +287,24 @@ async def test_retention_is_set_on_the_stream(
     model.script(hang)
     start_worker(env)
     api = start_api(env)
-    conversation, run = await chat(api.url, "hold on")
+    conversation, run = await chat_async(api.url, "hold on")
     await hang.wait_started_async(20)
     await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
     assert await redis.ttl(events_key(run)) > 23 * 3600  # live: kept while the run runs
     hang.release()
-    events = await read_until(api.url, conversation)
+    events = await read_sse_async(api.url, conversation)
     assert events[-1].event == "end"
     assert 100 < await redis.ttl(events_key(run)) <= 120  # EVENT_RETENTION after the end
 
 
 # --- slow and vanished clients -------------------------------------------------------------
+
+
+def read_until_closed(sock: socket.socket) -> None:
+    """Read until the peer closes; a clean close is reported as a reset, like a real one."""
+    while sock.recv(65536):
+        pass
+    raise ConnectionResetError("closed")
 
 
 def frozen_client(api_url: str, conversation: str) -> socket.socket:
@@ -359,16 +328,17 @@ async def test_frozen_client_is_dropped_and_costs_no_one_anything(
     model.script(Text("".join(words), token_delay=0.01))
     start_worker(env)
     api = start_api(env)
-    conversation, run = await chat(api.url, "a long answer")
+    conversation, run = await chat_async(api.url, "a long answer")
     rss_before = rss_kib(api.pid)
     frozen = [frozen_client(api.url, conversation) for _ in range(5)]
     try:
         started = time.monotonic()
-        readers = [asyncio.create_task(read_until(api.url, conversation, timeout=60)) for _ in range(3)]
+        readers = [asyncio.create_task(read_sse_async(api.url, conversation, timeout=60)) for _ in range(3)]
         results = [await r for r in readers]
         elapsed = time.monotonic() - started
-        # The run takes ~4 s of model time; a client that holds up the run would stretch it.
-        assert elapsed < 15, elapsed
+        # The time is printed, not asserted (speed is the benchmark's): what shows that the frozen
+        # clients held no one up is below, their streams dropped before the run ended.
+        print(f"\n[events] 3 readers beside 5 frozen clients: {elapsed:.2f}s for ~4 s of model time")
         for events in results:
             assert events.text == "".join(words) and events[-1].event == "end"
             assert key(events) == key(results[0])
@@ -385,9 +355,7 @@ async def test_frozen_client_is_dropped_and_costs_no_one_anything(
         sock = frozen[0]
         sock.settimeout(5)
         with pytest.raises((ConnectionResetError, TimeoutError)):
-            while sock.recv(65536):
-                pass
-            raise ConnectionResetError("closed")
+            read_until_closed(sock)
     finally:
         for sock in frozen:
             sock.close()
@@ -404,7 +372,7 @@ async def test_200_subscribers_on_one_process_all_receive_every_event(
     model.script(hang, Text("warm up"))
     start_worker(env)
     api = start_api(env)
-    conversation, run = await chat(api.url, "speak to everyone")
+    conversation, run = await chat_async(api.url, "speak to everyone")
     await hang.wait_started_async(20)
     await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 10)
     idle_rss = rss_kib(api.pid)
@@ -412,31 +380,29 @@ async def test_200_subscribers_on_one_process_all_receive_every_event(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=api.url, timeout=30, limits=limits, trust_env=False) as http:
 
-        async def subscribe(cut_after: int | None = None) -> SseEvents:
-            events = SseEvents()
-            parser = SseParser()
-            async with http.stream("GET", "/api/chat", params={"conversation": conversation}) as response:
-                assert response.status_code == 200
-                async for line in response.aiter_lines():
-                    event = parser.feed(line)
-                    if event is None:
-                        continue
-                    events.append(event)
-                    if event.terminal:
-                        events.ended = True
-                        return events
-                    if cut_after is not None and len(events) >= cut_after:
-                        events.cut = True
-                        return events
-            return events
+        caught_up = 0  # clients that have the first token, published before any of them came
 
+        def count_first_token(event: SseEvent) -> None:
+            nonlocal caught_up
+            if event.id == first_token_id:
+                caught_up += 1
+
+        def subscribe(cut_after: int | None = None) -> asyncio.Task[SseEvents]:
+            return asyncio.create_task(read_sse_async(
+                api.url, conversation, http=http, stop_after=cut_after, on_event=count_first_token,
+                timeout=60,
+            ))
+
+        first_token_id = next(
+            entry_id.split("-")[0] for entry_id, fields in await redis.xrange(events_key(run))
+            if fields["type"] == "token"
+        )
         started = time.monotonic()
-        tasks = [asyncio.create_task(subscribe()) for _ in range(200)]
+        tasks = [subscribe() for _ in range(200)]
         # Every client is connected and has what was published so far.
         await wait_for_async(
-            lambda: api.log_text().count('"relay.opened"') >= 200, 20, message="200 streams open"
+            lambda: caught_up >= 200, 30, message=lambda: f"200 streams caught up ({caught_up})"
         )
-        await asyncio.sleep(0.5)
         holding_rss = rss_kib(api.pid)
         blocked = [c for c in await api_connections(redis, api.pid) if "b" in c.get("flags", "")]
         assert len(blocked) <= 1, "one blocking XREAD per run, not one per client"
@@ -448,26 +414,28 @@ async def test_200_subscribers_on_one_process_all_receive_every_event(
         assert full.ended and full.text.startswith("ready s0 ")
         for events in results:
             assert key(events) == key(full)
-        assert elapsed < 15, elapsed
+        # How fast 200 streams get every event is the benchmark's (bench/streams.py), not asserted here.
 
         # Vanishing clients leave no Redis connection behind: a second run, whose 200
         # clients half go away mid-stream, ends with about as many connections as the first.
-        await asyncio.sleep(1.0)
+        await wait_for_async(
+            lambda: no_blocking_read(redis, api.pid), 10, message="the feed's reader stopped"
+        )
         after_first = len(await api_connections(redis, api.pid))
         hang2 = Hang(text="again ", then=Text("".join(f"a{i} " for i in range(300)), token_delay=0.002))
         model.reset()
         model.script(hang2)
-        await chat(api.url, "once more", conversation)
+        await chat_async(api.url, "once more", conversation)
         await hang2.wait_started_async(20)
-        tasks = [asyncio.create_task(subscribe(cut_after=50 if i % 2 else None)) for i in range(200)]
+        tasks = [subscribe(cut_after=50 if i % 2 else None) for i in range(200)]
         await wait_for_async(lambda: api.log_text().count('"relay.opened"') >= 400, 20)
         hang2.release()
         second = await asyncio.gather(*tasks)
     assert all(e.ended for e in second[::2]) and all(e.cut for e in second[1::2])
     await wait_for_async(lambda: api.log_text().count('"relay.closed"') >= 400, 10, message="relays closed")
-    await asyncio.sleep(1.0)  # the feed's reader stops within one XREAD block once nobody watches
+    # the feed's reader stops within one XREAD block once nobody watches
+    await wait_for_async(lambda: no_blocking_read(redis, api.pid), 10, message="the feed's reader stopped")
     remaining = await api_connections(redis, api.pid)
-    assert not [c for c in remaining if "b" in c.get("flags", "")], remaining
     # The pool keeps as many idle connections as were busy at the peak (a few dozen here);
     # 100 cut streams holding on to theirs would show as 100 more.
     assert len(remaining) < after_first + 20, (after_first, len(remaining))
@@ -501,17 +469,10 @@ async def test_relay_latency_from_publish_to_sse_client(
         received: list[dict[str, float]] = [{} for _ in range(subscribers)]
 
         async def subscribe(seen: dict[str, float], conversation: str = conversation) -> None:
-            parser = SseParser()
-            async with (
-                httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
-                http.stream("GET", "/api/chat", params={"conversation": conversation}) as response,
-            ):
-                async for line in response.aiter_lines():
-                    event = parser.feed(line)
-                    if event is not None:
-                        seen[event.id or ""] = time.perf_counter()
-                        if event.terminal:
-                            return
+            def stamp(event: SseEvent) -> None:
+                seen[event.id or ""] = time.perf_counter()
+
+            await read_sse_async(api.url, conversation, on_event=stamp)
 
         # The first event exists before anyone subscribes (so the relay follows a live stream).
         sent["1"] = time.perf_counter()
@@ -535,7 +496,10 @@ async def test_relay_latency_from_publish_to_sse_client(
             f"\n[events] relay latency, {subscribers} subscriber(s), {count} events: "
             f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, max {max(latencies):.2f} ms"
         )
-        assert p95 < (50 if subscribers == 1 else 250), (subscribers, p50, p95)
+        # Generous on purpose (the figure itself is the benchmark's, bench/streams.py): an event
+        # that waited for the relay's next wake-up instead of being pushed would take about a ping
+        # interval (1 s here).
+        assert p95 < 500, (subscribers, p50, p95)
 
 
 # --- the publisher never holds the run up --------------------------------------------------
@@ -554,8 +518,11 @@ async def test_publish_does_not_wait_for_a_frozen_or_absent_redis(start_redis) -
             started = time.perf_counter()
             for i in range(200):
                 await publisher.token(f"t{i} ")
-            assert time.perf_counter() - started < 0.05  # no round trip at all
-            await asyncio.sleep(0.3)
+            # No round trip at all: a publish that waited for the frozen Redis would never return
+            # (the client has no socket timeout); 1 s is generous for 200 appends to a buffer.
+            assert time.perf_counter() - started < 1.0
+            # The batch writer has sent its write and waits on the frozen Redis meanwhile.
+            await wait_for_async(lambda: bool(publisher._inflight), 5, message="a write in flight")
         finally:
             os.kill(server.pid, signal.SIGCONT)
         # Redis is back: what was buffered arrives, in order, with the ids it was given.
@@ -570,7 +537,7 @@ async def test_publish_does_not_wait_for_a_frozen_or_absent_redis(start_redis) -
         started = time.perf_counter()
         for i in range(50):
             await publisher.token(f"u{i} ")
-        assert time.perf_counter() - started < 0.05
+        assert time.perf_counter() - started < 1.0  # as above
         started = time.perf_counter()
         await publisher.publish(EventType.END, {"status": "completed"})
         assert time.perf_counter() - started < FLUSH_TIMEOUT + 1
@@ -590,13 +557,16 @@ async def test_redis_hiccup_during_a_run_costs_the_run_nothing(
     model.script(Text("".join(words), token_delay=0.05))  # ~3 s of model time
     start_worker(env)
     api = start_api(env)
-    conversation, run = await chat(api.url, "through a hiccup")
-    reader = asyncio.create_task(read_until(api.url, conversation, timeout=60))
-    await model.wait_for_calls_async(1, 20)
-    await asyncio.sleep(0.5)
-    os.kill(server.pid, signal.SIGSTOP)
+    conversation, run = await chat_async(api.url, "through a hiccup")
+    reader = asyncio.create_task(read_sse_async(api.url, conversation, timeout=60))
+    redis = Redis.from_url(server.url, decode_responses=True)
     try:
-        await asyncio.sleep(2.0)
+        await wait_for_async(lambda: stream_has(redis, run, lambda f: f["type"] == "token"), 20)
+    finally:
+        await redis.aclose()
+    os.kill(server.pid, signal.SIGSTOP)  # mid-answer
+    try:
+        await asyncio.sleep(2.0)  # the fault itself: Redis frozen for 2 s
     finally:
         os.kill(server.pid, signal.SIGCONT)
     events = await reader
@@ -605,8 +575,10 @@ async def test_redis_hiccup_during_a_run_costs_the_run_nothing(
     info = await run_info(api.url, run)
     assert info["status"] == "completed"
     duration = next(v for k, v in info.items() if k.lower().replace("_", "") == "durationms")
+    # Printed, not asserted: the fake model streams into the socket whether the worker reads or
+    # not, so the run's duration cannot tell a publisher that waited from one that did not (the
+    # test above shows that publish() never waits).
     print(f"\n[events] a run of ~3 s of model time through a 2 s Redis freeze took {duration} ms")
-    assert duration < 4500, "publishing made the run wait for Redis"
 
 
 # --- the contract's small print ----------------------------------------------------------------
@@ -619,19 +591,19 @@ async def test_a_run_can_be_named_so_its_ids_are_never_taken_for_another_runs(
     model.script(Text("first answer here"), Text("second answer, longer than the first one"))
     await asyncio.to_thread(start_worker, env)
     api = start_api(env)
-    conversation, run1 = await chat(api.url, "one")
-    first = await read_until(api.url, conversation)
-    _, run2 = await chat(api.url, "two", conversation)
-    second = await read_until(api.url, conversation)
+    conversation, run1 = await chat_async(api.url, "one")
+    first = await read_sse_async(api.url, conversation)
+    _, run2 = await chat_async(api.url, "two", conversation)
+    second = await read_sse_async(api.url, conversation)
     assert second[-1].data["run"] == run2
 
     # Ids count per run: resuming run 1 by name gets run 1's rest, whatever runs now.
-    resumed = await read_until(api.url, conversation, last_event_id=first[1].id, run=run1)
+    resumed = await read_sse_async(api.url, conversation, last_event_id=first[1].id, run=run1)
     assert key(resumed) == key(first[2:])
-    named = await read_until(api.url, conversation, run=run2)
+    named = await read_sse_async(api.url, conversation, run=run2)
     assert key(named) == key(second)
     # A run of another conversation, or no run at all, is not found; a bad id is refused.
-    other, _ = await chat(api.url, "three")
+    other, _ = await chat_async(api.url, "three")
     async with httpx.AsyncClient(base_url=api.url, trust_env=False) as http:
         for params, status in (
             ({"conversation": other, "run": run1}, 404),

@@ -188,9 +188,8 @@ async def test_a_failed_write_is_rolled_back_or_its_stale_snapshot_fails_every_l
         await saver.execute("PRAGMA busy_timeout=200")
         await saver.execute("CREATE TABLE t (x)")
         await saver.commit()
-        with DatabaseLock(path):
-            with pytest.raises(sqlite3.OperationalError, match="locked"):
-                await saver.execute("INSERT INTO t VALUES (1)")
+        with DatabaseLock(path), pytest.raises(sqlite3.OperationalError, match="locked"):
+            await saver.execute("INSERT INTO t VALUES (1)")
         assert saver.in_transaction  # the failed write's transaction is still open...
         await (await saver.execute("SELECT count(*) FROM t")).fetchall()  # ...and now holds a snapshot
         await other.execute("INSERT INTO t VALUES (2)")
@@ -231,7 +230,7 @@ def fill(directory: Path) -> Path:
                 while True:
                     f.write(b"\0" * size)
             except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
+                assert exc.errno == errno.ENOSPC, exc  # noqa: PT017 - the test's setup, not what it tests
     return filler
 
 
@@ -389,17 +388,19 @@ def test_api_sigterm_ends_its_streams_cleanly_and_clients_resume_elsewhere(
     hang.wait_started(20)
 
     events: list[SseEvent] = []
-    with httpx.Client(base_url=leaving.url, trust_env=False, timeout=30) as http:
-        with http.stream("GET", "/api/chat", params={"conversation": conversation}) as response:
-            parser = SseParser()
-            lines = response.iter_lines()
-            while not any(e.event == "token" for e in events):
-                events.extend(parser.feed_lines([next(lines)]))
-            started = time.monotonic()
-            leaving.terminate()
-            # The stream ends properly (no broken chunk, no exception), without a terminal event.
-            events.extend(parser.feed_lines(lines))
-            ended_after = time.monotonic() - started
+    with (
+        httpx.Client(base_url=leaving.url, trust_env=False, timeout=30) as http,
+        http.stream("GET", "/api/chat", params={"conversation": conversation}) as response,
+    ):
+        parser = SseParser()
+        lines = response.iter_lines()
+        while not any(e.event == "token" for e in events):
+            events.extend(parser.feed_lines([next(lines)]))
+        started = time.monotonic()
+        leaving.terminate()
+        # The stream ends properly (no broken chunk, no exception), without a terminal event.
+        events.extend(parser.feed_lines(lines))
+        ended_after = time.monotonic() - started
     assert not any(e.terminal for e in events)
     assert ended_after < 5
     # uvicorn re-raises the signal once its graceful shutdown is done.

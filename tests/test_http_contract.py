@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import uuid
 
 import httpx
 import pytest
+import redis as redis_sync
 
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama, Hang, Text
-from tests.support.client import get_json, post_chat, read_sse
+from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
 
 
@@ -84,18 +87,51 @@ def test_queued_run_is_listed_and_blocks_a_second_message(api_only: SophosEnv) -
     assert ready["checks"]["worker"] is False
 
 
-def test_simultaneous_requests_for_one_conversation_start_one_run(
-    sophos_env: SophosEnv, start_api, model: FakeOllama
-) -> None:
-    api = start_api(sophos_env)
-    first = post_chat(api.url, "hello")
-    conversation = first.json()["conversation"]
-    # Posted while the first run is queued: all must be refused, by an atomic claim.
-    import concurrent.futures
+def submits_waiting(redis_client: redis_sync.Redis, api_pid: int) -> int:
+    """How many of the API's Redis connections are held at a script (EVAL/EVALSHA) by a pause."""
+    return sum(
+        1
+        for client in redis_client.client_list()
+        if client.get("name") == f"sophos-api-{api_pid}"
+        and client.get("cmd") in ("eval", "evalsha")
+        and "b" in client.get("flags", "")
+    )
 
-    with concurrent.futures.ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(lambda i: post_chat(api.url, f"m{i}", conversation).status_code, range(20)))
-    assert answers == [409] * 20
+
+def test_simultaneous_requests_for_one_conversation_start_one_run(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis_sync_client: redis_sync.Redis
+) -> None:
+    """Twenty messages for one idle conversation, each past the API's own check: one run.
+
+    The API refuses a message for a conversation it sees held before it runs the submit
+    script; requests sent one after another would mostly stop there, and a claim that was not
+    atomic would go unnoticed. So Redis's writes are paused (CLIENT PAUSE WRITE: reads go on,
+    scripts wait) while the twenty are sent: each finds the conversation free and waits at the
+    script, and once all twenty wait, the pause ends and their scripts run back to back.
+    """
+    # The rate limit's count is a write: paused, it would hold requests before the API's check.
+    env = sophos_env.with_(RATE_LIMIT_PER_MINUTE=0)
+    worker = start_worker(env)
+    api = start_api(env)
+    model.script(Text("done"))
+    conversation = post_chat(api.url, "seed").json()["conversation"]
+    assert read_sse(api.url, conversation)[-1].event == "end"
+    worker.stop()  # nothing else writes to Redis now; the run accepted below stays queued
+
+    pool = concurrent.futures.ThreadPoolExecutor(20)
+    redis_sync_client.client_pause(30_000, all=False)
+    try:
+        answers = [pool.submit(post_chat, api.url, f"m{i}", conversation, timeout=30) for i in range(20)]
+        wait_for(lambda: submits_waiting(redis_sync_client, api.pid) == 20, 20,
+                 message=lambda: f"20 submit scripts waiting ({submits_waiting(redis_sync_client, api.pid)})")
+    finally:
+        redis_sync_client.client_unpause()
+        pool.shutdown(wait=True)
+    responses = [answer.result() for answer in answers]
+    assert sorted(r.status_code for r in responses) == [202] + [409] * 19, [r.text for r in responses]
+    accepted = next(r.json()["run"] for r in responses if r.status_code == 202)
+    assert redis_sync_client.hget(ACTIVE_RUNS, conversation) == accepted
+    assert redis_sync_client.zrange(QUEUE_NAME, 0, -1) == [accepted]
 
 
 def test_fresh_conversation_race_and_running_conflict(
@@ -109,8 +145,6 @@ def test_fresh_conversation_race_and_running_conflict(
 
     hang = Hang(text="working ")
     model.script(hang)
-    import concurrent.futures
-
     with concurrent.futures.ThreadPoolExecutor(20) as pool:
         answers = list(pool.map(lambda i: post_chat(api.url, f"m{i}", conversation), range(20)))
     assert sorted(a.status_code for a in answers) == [202] + [409] * 19

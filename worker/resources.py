@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
 import structlog
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -113,10 +113,8 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
 
         async def stop_beating() -> None:
             beat.cancel()
-            try:
+            with suppress(RedisError):
                 await redis.delete(WORKER_HEARTBEAT)
-            except RedisError:
-                pass
 
         stack.push_async_callback(stop_beating)
         yield service

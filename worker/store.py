@@ -11,26 +11,13 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiosqlite
 
 from shared.contracts import RunJob, RunStatus
+from shared.rows import RUN_COLUMNS, RunRow, title_of
 from shared.schema import iso_from_timestamp, migrate, now_iso
-
-
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    id: str
-    conversation_id: str
-    kind: str
-    status: str
-
-
-def title_of(message: str | None) -> str:
-    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "New conversation"
-    return first[:80]
 
 
 async def connect(path: Path) -> aiosqlite.Connection:
@@ -102,17 +89,17 @@ class RunStore:
 
     async def get_run(self, run_id: str) -> RunRow | None:
         async with self.conn.execute(
-            "SELECT id, conversation_id, kind, status FROM runs WHERE id = ?", (run_id,)
+            f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)
         ) as cur:
             row = await cur.fetchone()
-        return RunRow(*row) if row else None
+        return RunRow.from_row(row) if row else None
 
     async def running_runs(self) -> list[RunRow]:
         async with self.conn.execute(
-            "SELECT id, conversation_id, kind, status FROM runs WHERE status = ?", (RunStatus.RUNNING,)
+            f"SELECT {RUN_COLUMNS} FROM runs WHERE status = ?", (RunStatus.RUNNING,)
         ) as cur:
             rows = await cur.fetchall()
-        return [RunRow(*r) for r in rows]
+        return [RunRow.from_row(r) for r in rows]
 
     async def start_run(self, job: RunJob) -> RunRow | None:
         """Record the run ``running`` (and its conversation, if new) in one transaction.

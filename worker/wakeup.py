@@ -11,7 +11,10 @@ Taking a job: arq's ``start_jobs`` checks the job is still queued and not in
 progress, then marks it in progress, with WATCH, EXISTS, ZSCORE and MULTI/EXEC:
 four round trips on the path of every run (issue 6). :meth:`start_jobs` does the
 same check-and-mark in one script, which is atomic where WATCH is optimistic;
-the rest is arq's own code (pinned: arq 0.28).
+the rest is arq's own code. It mirrors ``arq.worker.Worker.start_jobs`` of arq
+0.28.0 (pinned exactly in pyproject.toml, arq is in maintenance mode) and relies
+on ``Worker._poll_iteration`` calling it; tests/test_arq_contract.py fails when
+either changes, or when the copy stops taking the jobs arq's own would.
 """
 
 from __future__ import annotations

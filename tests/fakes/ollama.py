@@ -19,6 +19,7 @@ a line of their own; the last line has ``"done": true`` and the usage counters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import select
@@ -408,10 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _cut(self) -> None:
         """Close the socket without finishing the chunked body: the client sees a broken stream."""
         self.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         raise _Cut
 
     # -- chat stream pieces

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import httpx
 
@@ -69,6 +69,36 @@ async def post_chat_async(
         return await http.post(
             "/api/chat", json=chat_body(message, conversation, resume), headers=_headers(token)
         )
+
+
+def chat(
+    api_url: str,
+    message: str | None = None,
+    conversation: str | None = None,
+    resume: bool = False,
+    *,
+    token: str | None = None,
+) -> tuple[str, str]:
+    """``POST /api/chat``, assert 202, return ``(conversation, run)``."""
+    response = post_chat(api_url, message, conversation, resume, token=token)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    return body["conversation"], body["run"]
+
+
+async def chat_async(
+    api_url: str,
+    message: str | None = None,
+    conversation: str | None = None,
+    resume: bool = False,
+    *,
+    token: str | None = None,
+) -> tuple[str, str]:
+    """:func:`chat` for async tests."""
+    response = await post_chat_async(api_url, message, conversation, resume, token=token)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    return body["conversation"], body["run"]
 
 
 def get_json(
@@ -223,9 +253,12 @@ class SseParser:
 
 
 def _sse_request(
-    conversation: str, last_event_id: str | int | None, via_query: bool, token: str | None
+    conversation: str, last_event_id: str | int | None, via_query: bool, token: str | None,
+    run: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     params = {"conversation": conversation}
+    if run is not None:
+        params["run"] = run
     headers = {"Accept": "text/event-stream", **_headers(token)}
     if last_event_id is not None:
         if via_query:
@@ -315,44 +348,71 @@ async def read_sse_async(
     last_event_id: str | int | None = None,
     *,
     via_query: bool = False,
+    run: str | None = None,
     timeout: float = 30.0,  # noqa: ASYNC109 - same signature as read_sse
     stop_after: int | None = None,
+    until: Callable[[SseEvents], bool] | None = None,
+    on_event: Callable[[SseEvent], None] | None = None,
+    on_open: Callable[[], None] | None = None,
     token: str | None = None,
     raise_on_timeout: bool = True,
+    raise_on_status: bool = True,
     allow_drop: bool = False,
+    http: httpx.AsyncClient | None = None,
 ) -> SseEvents:
-    """:func:`read_sse` for async tests; the deadline is exact."""
-    params, headers = _sse_request(conversation, last_event_id, via_query, token)
+    """:func:`read_sse` for async tests; the deadline is exact.
+
+    Beyond :func:`read_sse`: ``run`` names the run to follow; ``until(events)`` cuts the
+    connection once it holds (like ``stop_after``); ``on_event`` sees each event as it is
+    parsed (latency measurements); ``on_open()`` is called once the server has answered 200
+    (the server-side stream is open); ``raise_on_status=False`` returns an answer other than
+    200 as empty events with its ``status_code`` (a 204 for a client past the end); ``http``
+    reuses the caller's client (its connection limits) instead of one of its own.
+    """
+    params, headers = _sse_request(conversation, last_event_id, via_query, token, run)
     events = SseEvents()
     parser = SseParser()
 
-    async def consume() -> None:
-        async with (
-            httpx.AsyncClient(
-                base_url=api_url, timeout=httpx.Timeout(None, connect=5.0), trust_env=False
-            ) as http,
-            http.stream("GET", "/api/chat", params=params, headers=headers) as response,
-        ):
+    async def consume(client: httpx.AsyncClient) -> None:
+        async with client.stream("GET", "/api/chat", params=params, headers=headers) as response:
             events.status_code = response.status_code
             if response.status_code != 200:
-                _check_sse_response(response, (await response.aread()).decode(errors="replace"))
+                body = (await response.aread()).decode(errors="replace")
+                if not raise_on_status:
+                    return
+                _check_sse_response(response, body)
             _check_sse_response(response, "")
+            if on_open is not None:
+                on_open()
             async for line in response.aiter_lines():
                 event = parser.feed(line)
                 events.pings = parser.pings
                 if event is not None:
                     events.append(event)
+                    if on_event is not None:
+                        on_event(event)
                     if event.terminal:
                         events.ended = True
                         return
-                    if stop_after is not None and len(events) >= stop_after:
+                    if (stop_after is not None and len(events) >= stop_after) or (
+                        until is not None and until(events)
+                    ):
                         events.cut = True
                         return
         _dropped(events, None, allow_drop)
 
+    async def consume_with_own_client() -> None:
+        if http is not None:
+            await consume(http)
+            return
+        async with httpx.AsyncClient(
+            base_url=api_url, timeout=httpx.Timeout(None, connect=5.0), trust_env=False
+        ) as client:
+            await consume(client)
+
     try:
         async with asyncio.timeout(timeout):
-            await consume()
+            await consume_with_own_client()
     except _DROP_ERRORS as exc:
         return _dropped(events, exc, allow_drop)
     except TimeoutError:
@@ -383,13 +443,33 @@ def wait_for(
         time.sleep(interval)
 
 
+@overload
 async def wait_for_async(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float = ...,  # noqa: ASYNC109
+    *,
+    interval: float = ...,
+    message: str | Callable[[], str] = ...,
+) -> T: ...
+
+
+@overload
+async def wait_for_async(
+    predicate: Callable[[], T],
+    timeout: float = ...,  # noqa: ASYNC109
+    *,
+    interval: float = ...,
+    message: str | Callable[[], str] = ...,
+) -> T: ...
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any],
     timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
     *,
     interval: float = 0.05,
     message: str | Callable[[], str] = "condition",
-) -> T:
+) -> Any:
     """:func:`wait_for` for async tests; ``predicate`` may be a coroutine function."""
     deadline = time.monotonic() + timeout
     while True:

@@ -29,6 +29,10 @@ from tests.support.ports import free_port
 HEARTBEAT_KEY = "sophos:worker:heartbeat"
 
 READY_TIMEOUT = 30.0
+#: Set (by coverage's ``patch = ["subprocess"]``) when this test run measures coverage.
+MEASURING_COVERAGE = "COVERAGE_PROCESS_CONFIG" in os.environ
+#: How long teardown waits for SIGTERMed processes before SIGKILL, when measuring coverage.
+COVERAGE_STOP_SECONDS = 3.0
 LOG_TAIL_CHARS = 20_000
 
 
@@ -362,5 +366,21 @@ class ProcessGroup:
         ]
 
     def close(self) -> None:
+        if MEASURING_COVERAGE:
+            self._stop_for_coverage()
         for proc in self.processes:
             proc.kill_group()
+
+    def _stop_for_coverage(self) -> None:
+        """SIGTERM what is still running and give it a moment to exit by itself.
+
+        A process killed with SIGKILL never writes its coverage data; one stopped with SIGTERM
+        does, at exit. Only when coverage is measured: otherwise teardown stays an instant kill.
+        """
+        running = [proc for proc in self.processes if proc.alive]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + COVERAGE_STOP_SECONDS
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
