@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiosqlite
+import structlog
 
 from shared.contracts import RunJob, RunStatus
 from shared.schema import iso_from_timestamp, migrate, now_iso
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,8 @@ async def end_failed_transaction(conn: aiosqlite.Connection) -> None:
     try:
         if conn.in_transaction:
             await conn.rollback()
-    except sqlite3.Error:
-        pass
+    except sqlite3.Error as exc:
+        log.warning("database.rollback_failed", error=str(exc))
 
 
 class RunStore:
@@ -169,6 +172,18 @@ class RunStore:
                 " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
                 (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
             )
+
+
+    async def delete_conversation(self, conversation_id: str) -> list[str]:
+        """Delete the conversation's row and its runs' in one transaction; return those runs' ids."""
+        async with self._transaction():
+            async with self.conn.execute(
+                "SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,)
+            ) as cur:
+                run_ids = [str(row[0]) for row in await cur.fetchall()]
+            await self.conn.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
+            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return run_ids
 
 
 class _AlreadyRecorded(Exception):
