@@ -132,7 +132,10 @@ class RunStore:
                     " VALUES (?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
                     " last_run_id = excluded.last_run_id",
-                    (job.conversation_id, title_of(job.message), now, now, job.run_id),
+                    # created_at: when its first run was accepted, the key the API listed it
+                    # by while it was queued; unchanged from then on (stable paging).
+                    (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
+                     job.run_id),
                 )
                 cursor = await self.conn.execute(
                     "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
