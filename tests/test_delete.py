@@ -38,8 +38,9 @@ def thread_rows(database: Path, conversation: str) -> dict[str, int]:
     """What the file holds of the conversation, table by table (read beside the worker)."""
     conn = sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True)
     try:
+        sql = "SELECT count(*) FROM {} WHERE {} = ?"
         return {
-            table: conn.execute(f"SELECT count(*) FROM {table} WHERE {column} = ?", (conversation,)).fetchone()[0]
+            table: conn.execute(sql.format(table, column), (conversation,)).fetchone()[0]
             for table, column in (
                 ("checkpoints", "thread_id"), ("writes", "thread_id"),
                 ("runs", "conversation_id"), ("conversations", "id"),
@@ -76,7 +77,8 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
     assert thread_rows(sophos_env.database_path, conversation) == {
         "checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0,
     }
-    assert redis_sync_client.exists(events_key(first), events_key(second), run_key(first), run_key(second)) == 0
+    kept = (events_key(first), events_key(second), run_key(first), run_key(second))
+    assert redis_sync_client.exists(*kept) == 0
     assert redis_sync_client.hget(ACTIVE_RUNS, conversation) is None
     assert listed(api) == [other]
     with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:

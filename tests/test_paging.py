@@ -105,7 +105,8 @@ def test_pages_newest_created_first_stay_stable_while_conversations_are_added_an
     assert [len(ids(p)) for p in pages] == [3, 3, 1]
     assert [c for p in pages for c in ids(p)] == everything  # nothing skipped, nothing twice
     by_id = {c["id"]: c for p in pages for c in p["conversations"]}
-    assert by_id[created[0]]["messageCount"] == 4 and by_id[created[0]]["updatedAt"] > by_id[created[0]]["createdAt"]
+    updated = by_id[created[0]]
+    assert updated["messageCount"] == 4 and updated["updatedAt"] > updated["createdAt"]
     assert ids(page(api, limit=1)) == [newest]
     # A page that ends exactly at the last conversation says so.
     assert page(api, limit=8)["nextCursor"] is None
@@ -122,7 +123,8 @@ def test_a_queued_first_run_is_listed_in_its_place_and_once(
         assert response.status_code == 202
         queued.append(response.json()["conversation"])
     first = page(api, limit=2)
-    assert ids(first) == [queued[2], queued[1]] and all(c["status"] == "queued" for c in first["conversations"])
+    assert ids(first) == [queued[2], queued[1]]
+    assert all(c["status"] == "queued" for c in first["conversations"])
     start_worker(sophos_env)
     for conversation in queued:
         read_sse(api, conversation)
