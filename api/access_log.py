@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import structlog
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 log = structlog.get_logger("api.access")
 
@@ -22,7 +22,15 @@ def access_log(app: ASGIApp) -> ASGIApp:
             return
         structlog.contextvars.clear_contextvars()
         started = time.perf_counter()
-        status = 500
+        status: int | None = None
+        disconnected = False
+
+        async def receive_wrapper() -> ReceiveMessage:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+            return message
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -30,15 +38,29 @@ def access_log(app: ASGIApp) -> ASGIApp:
                 status = message["status"]
             await send(message)
 
+        failed = False
         try:
-            await app(scope, receive, send_wrapper)
+            await app(scope, receive_wrapper, send_wrapper)
+        except BaseException:
+            failed = True
+            raise
         finally:
+            fields: dict[str, object] = {}
+            if (status is None or status >= 500) and (disconnected or (status is None and not failed)):
+                # Never answered: the client went away first (before its body ended, say),
+                # and what the app then tried to send (an error about the missing body)
+                # reached no one. Not a 5xx: alerts on 5xx must not fire for it.
+                status = None
+                fields["outcome"] = "client_disconnected"
+            elif status is None:
+                status = 500  # uvicorn answers an exception that escaped with a 500
             log.info(
                 "request",
                 method=scope.get("method"),
                 path=scope.get("path"),
                 status=status,
                 duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                **fields,
             )
             structlog.contextvars.clear_contextvars()
 

@@ -38,6 +38,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             routes_chat.stream_chat,
             routes_read.list_conversations,
             routes_read.get_conversation,
+            routes_read.delete_conversation,
             routes_read.export_conversation,
             routes_read.list_runs,
             routes_read.get_run,

@@ -14,11 +14,17 @@ from msgspec import UNSET
 from redis.asyncio import Redis
 
 from api import live, transcript
-from api.runs import REDIS_DOWN, run_error
-from api.schemas import CheckpointLine, ConversationDetail, ConversationInfo, ConversationSummary
+from api.runs import REDIS_DOWN, decode_cursor, encode_cursor, run_error
+from api.schemas import (
+    CheckpointLine,
+    ConversationDetail,
+    ConversationInfo,
+    ConversationList,
+    ConversationSummary,
+)
 from api.store import ConversationRow, RunRow, Store
 from api.timefmt import iso_from_timestamp
-from shared.contracts import RunStatus
+from shared.contracts import ACTIVE_RUNS, RunStatus, is_delete_claim
 from shared.errors import NotFound
 
 log = structlog.get_logger(__name__)
@@ -62,6 +68,10 @@ def queued_only(run: live.QueuedRun) -> ConversationInfo:
     )
 
 
+def _key(info: ConversationInfo) -> tuple[str, str]:
+    return (info.created_at, info.id)
+
+
 def _as_summary(info: ConversationInfo) -> ConversationSummary:
     return ConversationSummary(
         id=info.id, title=info.title, created_at=info.created_at, updated_at=info.updated_at,
@@ -82,21 +92,56 @@ class Conversations:
             log.warning("conversations.redis_unavailable", error=str(exc))
             return None
 
-    async def newest_first(self) -> list[ConversationSummary]:
-        rows = await self.store.conversations()
-        claims = await self._claims() or {}
-        active_rows = await self.store.runs_by_id(list(claims.values()))
-        infos = [summary(r, claims.get(r.id), active_rows.get(claims.get(r.id, ""))) for r in rows]
-        known = {r.id for r in rows}
-        unrecorded = [run for conv, run in claims.items() if conv not in known]
-        if unrecorded:
-            try:
-                described = await live.described_runs(self.redis, unrecorded)
-            except REDIS_DOWN:
-                described = {}
-            infos += [queued_only(run) for run in described.values()]
-        infos.sort(key=lambda c: (c.updated_at, c.id), reverse=True)
-        return [_as_summary(i) for i in infos]
+    async def page(self, *, limit: int, cursor: str | None) -> ConversationList:
+        """One page of conversations, newest created first, and the cursor of the next one.
+
+        The key (createdAt, id) never changes, so a conversation updated while a client
+        pages is neither skipped nor listed twice, and new ones only appear before the
+        first page (the runs listing's approach, api/runs.py). A conversation whose first
+        run is still queued has no row yet: it comes from its claim, with its key.
+        """
+        before = decode_cursor(cursor) if cursor else None
+        rows = await self.store.conversations(limit=limit + 1, before=before)
+        try:
+            claims: dict[str, str] = await self.redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
+        except REDIS_DOWN as exc:
+            log.warning("conversations.redis_unavailable", error=str(exc))
+            claims = {}
+        # Being deleted: no longer listed.
+        deleting = {conv for conv, holder in claims.items() if is_delete_claim(holder)}
+        runs = {conv: holder for conv, holder in claims.items() if conv not in deleting}
+        page_runs = [runs[r.id] for r in rows if r.id in runs]
+        active_rows = await self.store.runs_by_id(page_runs)
+        infos = [
+            summary(r, runs.get(r.id), active_rows.get(runs.get(r.id, "")))
+            for r in rows
+            if r.id not in deleting
+        ]
+        infos += await self._unrecorded(runs, {r.id for r in rows}, before)
+        infos.sort(key=_key, reverse=True)
+        shown = infos[:limit]
+        return ConversationList(
+            conversations=[_as_summary(i) for i in shown],
+            next_cursor=encode_cursor(_key(shown[-1])) if len(infos) > limit else None,
+        )
+
+    async def _unrecorded(
+        self, runs: dict[str, str], listed: set[str], before: tuple[str, str] | None
+    ) -> list[ConversationInfo]:
+        """Conversations known only from their queued first run, older than ``before``."""
+        candidates = [conv for conv in runs if conv not in listed]
+        if not candidates:
+            return []
+        recorded = await self.store.existing_conversations(candidates)
+        unrecorded = [runs[conv] for conv in candidates if conv not in recorded]
+        if not unrecorded:
+            return []
+        try:
+            described = await live.described_runs(self.redis, unrecorded)
+        except REDIS_DOWN:
+            return []
+        infos = [queued_only(run) for run in described.values()]
+        return [i for i in infos if before is None or _key(i) < before]
 
     async def info(self, conversation_id: str) -> ConversationInfo:
         row = await self.store.conversation(conversation_id)

@@ -20,6 +20,7 @@ from shared.contracts import (
     arq_in_progress_key,
     cancel_key,
     cancelled_run_key,
+    is_delete_claim,
     progress_key,
     run_key,
 )
@@ -88,13 +89,15 @@ def _float(raw: str | None) -> float | None:
 
 
 async def active_run(redis: Redis, conversation_id: str) -> str | None:
-    """The run holding ``conversation_id`` (queued or running), if any."""
-    return await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[misc]
+    """The run holding ``conversation_id`` (queued or running), if any (a delete is not a run)."""
+    holder: str | None = await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[misc]
+    return None if holder is None or is_delete_claim(holder) else holder
 
 
 async def active_runs(redis: Redis) -> dict[str, str]:
     """conversation id -> run id, for every conversation with a queued or running run."""
-    return await redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
+    claims: dict[str, str] = await redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
+    return {conv: holder for conv, holder in claims.items() if not is_delete_claim(holder)}
 
 
 async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRun]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -50,18 +51,24 @@ _CHUNK_BYTES = 64 * 1024
 _TERMINAL = frozenset({EventType.END.value, EventType.CHAT_ERROR.value})
 
 
+#: The largest Last-Event-ID taken: stream ids are unsigned 64-bit and the relay reads
+#: from the one after it, so anything above could not be asked of Redis (XRANGE refuses it).
+LAST_EVENT_ID_MAX = 2**63 - 1
+_LAST_EVENT_ID = re.compile(r"[0-9]{1,19}")
+
+
 def parse_last_event_id(header: str | None, query: str | None) -> int:
     """The last event the client has seen (0: none). The header wins over the query."""
     raw = header if header not in (None, "") else query
     if raw in (None, ""):
         return 0
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise BadRequest(f"Last-Event-ID must be a non-negative integer, got {str(raw)[:32]!r}") from None
-    if value < 0:
-        raise BadRequest(f"Last-Event-ID must be a non-negative integer, got {value}")
-    return value
+    text = str(raw).strip()
+    # ASCII digits only: int() would also take "+1", "1_000" and other scripts' digits.
+    if not _LAST_EVENT_ID.fullmatch(text) or int(text) > LAST_EVENT_ID_MAX:
+        raise BadRequest(
+            f"Last-Event-ID must be an integer from 0 to {LAST_EVENT_ID_MAX}, got {text[:32]!r}"
+        )
+    return int(text)
 
 
 # data=None: an empty "data:" line would make browsers dispatch an empty message.

@@ -6,26 +6,74 @@ from typing import Annotated
 
 import msgspec
 import structlog
-from litestar import Response, get
+from litestar import Response, delete, get
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from msgspec import UNSET
 
 from api import readiness
+from api.deletion import Deleted, Deletions
 from api.ids import parse_id
 from api.openapi import errors
 from api.resources import Resources
-from api.schemas import ConversationDetail, ConversationList, Health, NotReadyBody, Ready, RunInfo, RunList
+from api.schemas import (
+    ConversationDetail,
+    ConversationList,
+    DeleteAccepted,
+    Health,
+    NotReadyBody,
+    Ready,
+    RunInfo,
+    RunList,
+)
 from shared.contracts import RunStatus
 from shared.errors import BadRequest
 
 MARKDOWN = "text/markdown; charset=utf-8"
 NDJSON = "application/x-ndjson"
+CONVERSATIONS_DEFAULT_LIMIT = 50
+CONVERSATIONS_MAX_LIMIT = 200
 
 
-@get("/conversations", summary="Conversations, newest first", responses=errors(401, 503))
-async def list_conversations(resources: Resources) -> ConversationList:
-    return ConversationList(conversations=await resources.conversations.newest_first())
+@get(
+    "/conversations",
+    summary="Conversations, newest first, in pages",
+    description=(
+        "Newest created first (`createdAt`, then `id`: a key that never changes, so a conversation "
+        "updated while you page is neither skipped nor listed twice). Page with `cursor` = the previous "
+        "page's `nextCursor`; `nextCursor` is null on the last page."
+    ),
+    responses=errors(400, 401, 503),
+)
+async def list_conversations(
+    resources: Resources,
+    limit: Annotated[int, Parameter(ge=1, le=CONVERSATIONS_MAX_LIMIT)] = CONVERSATIONS_DEFAULT_LIMIT,
+    cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
+) -> ConversationList:
+    return await resources.conversations.page(limit=limit, cursor=cursor)
+
+
+@delete(
+    "/conversations/{conversation_id:str}",
+    status_code=202,
+    summary="Delete a conversation: its messages, checkpoints, runs and events",
+    description=(
+        "The worker deletes it. 204 once it has (within a few seconds); 202 when it has not confirmed "
+        "in time: it deletes the conversation when it takes the job. 409 while a run of it is queued or "
+        "running; no run can be accepted for it while it is being deleted."
+    ),
+    responses={
+        204: ResponseSpec(data_container=None, description="Deleted by the worker"),
+        **errors(400, 401, 404, 409, 503),
+    },
+)
+async def delete_conversation(conversation_id: str, resources: Resources) -> Response[DeleteAccepted | None]:
+    conversation_id = parse_id(conversation_id, "conversation id")
+    structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+    done = await Deletions(resources.store, resources.redis).delete(conversation_id)
+    if done is Deleted.DONE:
+        return Response(None, status_code=204)
+    return Response(DeleteAccepted(conversation=conversation_id), status_code=202)
 
 
 @get(

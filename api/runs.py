@@ -155,18 +155,29 @@ def sort_key(run: RunInfo) -> Key:
     return (run.enqueued_at or run.started_at or "", run.id)
 
 
+#: Longer than any cursor this API gives out (a timestamp and a UUID, base64): refused
+#: before it is decoded, so no cursor can make the decoder work hard.
+CURSOR_MAX_CHARS = 200
+
+
 def encode_cursor(key: Key) -> str:
+    """The cursor of a listing (runs, conversations): a page's last (timestamp, id), opaque."""
     return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
 
 
 def decode_cursor(raw: str) -> Key:
+    """The (timestamp, id) of :func:`encode_cursor`, or BadRequest naming ``cursor``."""
+    refused = BadRequest("cursor is not one this API gave out (pass nextCursor as it was)")
+    if len(raw) > CURSOR_MAX_CHARS:
+        raise refused
     try:
         at, run_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
         if not isinstance(at, str) or parse_iso(at) is None:
             raise ValueError(at)
         return at, parse_id(run_id, "cursor")
-    except (ValueError, TypeError, binascii.Error, BadRequest):
-        raise BadRequest("cursor is not one this API gave out (pass nextCursor as it was)") from None
+    except (ValueError, TypeError, RecursionError, binascii.Error, BadRequest):
+        # RecursionError: deeply nested JSON (refused by length now, kept as a second line).
+        raise refused from None
 
 
 def worker_info(liveness: Liveness, now: float | None = None) -> WorkerInfo:

@@ -60,8 +60,17 @@ class ConversationInfo(ConversationSummary, kw_only=True):
     resumable: bool
 
 
-class ConversationList(msgspec.Struct):
+class ConversationList(msgspec.Struct, rename="camel"):
     conversations: list[ConversationSummary]
+    #: pass as ``cursor`` for the next (older) page; null on the last page
+    next_cursor: str | None = None
+
+
+class DeleteAccepted(msgspec.Struct):
+    """202 to a DELETE: the worker deletes the conversation when it takes the job."""
+
+    conversation: str
+    status: Literal["deleting"] = "deleting"
 
 
 class ToolCall(msgspec.Struct):

@@ -13,27 +13,32 @@ read-only connections to a WAL database, which shape the code below:
   first read fails with "attempt to write a readonly database". That is reported
   as DATABASE_UNAVAILABLE (readyz: database false) and retried on the next call;
   ``immutable=1`` is deliberately not used, as it would hide the worker's writes.
-- A failed connection is dropped and reopened on the next call, and so is one whose
-  file was replaced (new inode), so a recreated database is picked up.
+- A failed connection is retired and another opened on the next call, and so is one
+  whose file was replaced (new inode), so a recreated database is picked up. A
+  retired connection is closed only once the reads using it are done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import anyio
 import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from shared.contracts import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.rows import RUN_COLUMNS, RunRow
 from shared.schema import MIGRATIONS
@@ -65,6 +70,16 @@ _RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
 #: the order of the runs listing (with ``id``): when a run was accepted
 _RUN_KEY = "COALESCE(enqueued_at, started_at)"
 
+# The conversations listing, newest first by (created_at, id): a key that never
+# changes, so paging is stable while conversations are updated (shared/schema.py:
+# the index ``conversations_listing`` serves it, a page costs the same at any size).
+CONVERSATION_PAGE_SQL = f"{_CONVERSATION_SQL} ORDER BY c.created_at DESC, c.id DESC"
+CONVERSATION_PAGE_AFTER_SQL = (
+    f"{_CONVERSATION_SQL} WHERE (c.created_at, c.id) < (?, ?) ORDER BY c.created_at DESC, c.id DESC"
+)
+#: what /metrics shows of the runs table (index ``runs_by_status``)
+RUNNING_COUNT_SQL = "SELECT count(*) FROM runs WHERE status = ?"
+
 
 def _conversation(row: Sequence[Any]) -> ConversationRow:
     return ConversationRow(
@@ -80,95 +95,146 @@ def thread_config(conversation_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": conversation_id, "checkpoint_ns": ""}}
 
 
+class CheckpointDecodeError(Exception):
+    """The serializer could not decode a stored checkpoint or write (damaged, or refused)."""
+
+
+class _DecodingSerializer(JsonPlusSerializer):
+    """The strict serializer, its failures told apart from the connection's.
+
+    The saver decodes inside the same call that queries, so an error from a
+    closed or broken connection and one from a damaged blob arrive the same way;
+    only the second is the conversation's fault (CONVERSATION_UNREADABLE).
+    """
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        try:
+            return super().loads_typed(data)
+        except Exception as exc:
+            raise CheckpointDecodeError(f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(slots=True, eq=False)
+class _Handle:
+    """One opened connection and its saver, closed once retired *and* no query uses it."""
+
+    conn: aiosqlite.Connection
+    saver: AsyncSqliteSaver
+    identity: tuple[int, int]
+    users: int = 0
+    retired: bool = False
+
+
 class Store:
-    """The API's read-only view of the database file, opened lazily."""
+    """The API's read-only view of the database file, opened lazily.
+
+    Every read leases the current connection (:meth:`_lease`). A connection found
+    broken, or replaced because the file was, is retired: new reads open another,
+    and the retired one is closed when the last read using it ends, never under a
+    read in flight (which would fail with aiosqlite's "Connection closed").
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._conn: aiosqlite.Connection | None = None
-        self._saver: AsyncSqliteSaver | None = None
-        self._identity: tuple[int, int] | None = None
+        self._handle: _Handle | None = None
         self._schema_ready = False
         self._checkpoints_ready = False
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
         async with self._lock:
-            await self._drop()
+            handle, self._handle = self._handle, None
+            if handle is not None:
+                handle.retired = True
+                await _close(handle.conn)
 
     # --- connection -------------------------------------------------------------
 
-    async def _drop(self) -> None:
-        conn, self._conn, self._saver, self._identity = self._conn, None, None, None
-        self._schema_ready = self._checkpoints_ready = False
-        if conn is not None:
-            try:
-                await conn.close()
-            except sqlite3.Error as exc:
-                log.warning("database.close_failed", error=str(exc))
+    async def _retire(self, handle: _Handle) -> None:
+        """Stop handing ``handle`` out; close it now if no read is using it (lock held)."""
+        if self._handle is handle:
+            self._handle = None
+            self._schema_ready = self._checkpoints_ready = False
+        if not handle.retired:
+            handle.retired = True
+            if handle.users == 0:
+                await _close(handle.conn)
 
-    async def _connection(self) -> aiosqlite.Connection | None:
-        """The open connection, (re)opened as needed; None while the file does not exist."""
-        async with self._lock:
-            try:
-                stat = os.stat(self.path)
-            except FileNotFoundError:
-                await self._drop()
-                return None
-            identity = (stat.st_dev, stat.st_ino)
-            if self._conn is not None and self._identity == identity:
-                return self._conn
-            await self._drop()
-            conn: aiosqlite.Connection | None = None
-            try:
-                conn = await aiosqlite.connect(f"{self.path.as_uri()}?mode=ro", uri=True, timeout=5.0)
-                # A first read proves the connection usable (see the module docstring).
-                await (await conn.execute("PRAGMA user_version")).close()
-            except sqlite3.Error as exc:
-                if conn is not None:
-                    await conn.close()
-                raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
-            self._conn, self._identity = conn, identity
-            # Strict deserialization whatever the environment says: the API only
-            # needs the message types on the allowlist.
-            self._saver = AsyncSqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=None))
-            log.info("database.opened", path=str(self.path))
-            return conn
+    async def _current(self) -> _Handle | None:
+        """The open connection, (re)opened as needed; None while the file does not exist (lock held)."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            if self._handle is not None:
+                await self._retire(self._handle)
+            return None
+        identity = (stat.st_dev, stat.st_ino)
+        if self._handle is not None:
+            if self._handle.identity == identity:
+                return self._handle
+            await self._retire(self._handle)
+        conn: aiosqlite.Connection | None = None
+        try:
+            conn = await aiosqlite.connect(f"{self.path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+            # A first read proves the connection usable (see the module docstring).
+            await (await conn.execute("PRAGMA user_version")).close()
+        except sqlite3.Error as exc:
+            if conn is not None:
+                await _close(conn)
+            raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+        # Strict deserialization whatever the environment says: the API only
+        # needs the message types on the allowlist.
+        saver = AsyncSqliteSaver(conn, serde=_DecodingSerializer(allowed_msgpack_modules=None))
+        self._handle = _Handle(conn, saver, identity)
+        log.info("database.opened", path=str(self.path))
+        return self._handle
 
-    async def _failed(self, conn: aiosqlite.Connection, exc: sqlite3.Error) -> DatabaseUnavailable:
-        log.warning("database.read_failed", error=str(exc))
+    @asynccontextmanager
+    async def _lease(self) -> AsyncIterator[_Handle | None]:
+        """The current connection, kept open until the block ends; None while there is no file.
+
+        A ``sqlite3.Error`` raised in the block retires the connection (the next read
+        opens a fresh one) and becomes DATABASE_UNAVAILABLE.
+        """
         async with self._lock:
-            if self._conn is conn:
-                await self._drop()
-        return DatabaseUnavailable(f"the database cannot be read: {exc}")
+            handle = await self._current()
+            if handle is not None:
+                handle.users += 1
+        if handle is None:
+            yield None
+            return
+        try:
+            yield handle
+        except sqlite3.Error as exc:
+            log.warning("database.read_failed", error=str(exc))
+            async with self._lock:
+                await self._retire(handle)
+            raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+        finally:
+            # Shielded: a read cancelled by its client must still give the connection back.
+            with anyio.CancelScope(shield=True):
+                async with self._lock:
+                    handle.users -= 1
+                    if handle.retired and handle.users == 0:
+                        await _close(handle.conn)
 
     async def schema_version(self) -> int | None:
         """``PRAGMA user_version`` of the file, or None when it does not exist."""
-        conn = await self._connection()
-        if conn is None:
-            return None
-        rows = await self._query(conn, "PRAGMA user_version")
+        async with self._lease() as handle:
+            if handle is None:
+                return None
+            rows = await _rows(handle.conn, "PRAGMA user_version")
         return int(rows[0][0]) if rows else 0
 
-    async def _tables(self) -> aiosqlite.Connection | None:
-        """The connection once the worker has created the application tables."""
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Rows of ``sql`` once the worker has created the application tables ([] before)."""
         if not self._schema_ready:
             version = await self.schema_version()
             if version is None or version < len(MIGRATIONS):
-                return None
+                return []
             self._schema_ready = True
-        return await self._connection()
-
-    async def _query(self, conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        try:
-            async with conn.execute(sql, params) as cur:
-                return list(await cur.fetchall())
-        except sqlite3.Error as exc:
-            raise await self._failed(conn, exc) from exc
-
-    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        conn = await self._tables()
-        return [] if conn is None else await self._query(conn, sql, params)
+        async with self._lease() as handle:
+            return [] if handle is None else await _rows(handle.conn, sql, params)
 
     # --- application tables -----------------------------------------------------
 
@@ -176,9 +242,26 @@ class Store:
         rows = await self._fetch(f"{_CONVERSATION_SQL} WHERE c.id = ?", (conversation_id,))
         return _conversation(rows[0]) if rows else None
 
-    async def conversations(self) -> list[ConversationRow]:
-        rows = await self._fetch(f"{_CONVERSATION_SQL} ORDER BY c.updated_at DESC, c.id")
+    async def conversations(
+        self, *, limit: int, before: tuple[str, str] | None = None
+    ) -> list[ConversationRow]:
+        """Conversations newest first by (created_at, id); ``before``: only those older than that key."""
+        if before is None:
+            rows = await self._fetch(f"{CONVERSATION_PAGE_SQL} LIMIT ?", (limit,))
+        else:
+            rows = await self._fetch(f"{CONVERSATION_PAGE_AFTER_SQL} LIMIT ?", (*before, limit))
         return [_conversation(r) for r in rows]
+
+    async def existing_conversations(self, conversation_ids: Sequence[str]) -> set[str]:
+        """Which of these conversations have a row."""
+        found: set[str] = set()
+        ids = list(dict.fromkeys(conversation_ids))
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._fetch(f"SELECT id FROM conversations WHERE id IN ({marks})", chunk)
+            found.update(str(r[0]) for r in rows)
+        return found
 
     async def run(self, run_id: str) -> RunRow | None:
         rows = await self._fetch(f"{_RUN_SQL} WHERE id = ?", (run_id,))
@@ -221,58 +304,74 @@ class Store:
         )
         return [RunRow.from_row(r) for r in rows]
 
-    async def run_counts(self) -> dict[str, int]:
-        """How many runs the table holds in each status."""
-        rows = await self._fetch("SELECT status, count(*) FROM runs GROUP BY status")
-        return {str(status): int(n) for status, n in rows}
+    async def running_count(self) -> int:
+        """How many runs are recorded ``running`` (a search of the status index, not a scan)."""
+        rows = await self._fetch(RUNNING_COUNT_SQL, (RunStatus.RUNNING.value,))
+        return int(rows[0][0]) if rows else 0
 
     # --- checkpoints ------------------------------------------------------------
 
-    async def _checkpointer(self) -> tuple[aiosqlite.Connection, AsyncSqliteSaver] | None:
+    @asynccontextmanager
+    async def _checkpointer(self) -> AsyncIterator[AsyncSqliteSaver | None]:
         """The saver once the checkpoint tables exist (its setup() cannot create them read-only)."""
-        conn = await self._connection()
-        if conn is None or self._saver is None:
-            return None
-        if not self._checkpoints_ready:
-            rows = await self._query(
-                conn,
-                "SELECT count(*) FROM sqlite_master"
-                " WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
-            )
-            if not rows or rows[0][0] < 2:
-                return None
-            self._checkpoints_ready = True
-        return conn, self._saver
+        async with self._lease() as handle:
+            if handle is None:
+                yield None
+                return
+            if not self._checkpoints_ready:
+                rows = await _rows(
+                    handle.conn,
+                    "SELECT count(*) FROM sqlite_master"
+                    " WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
+                )
+                if not rows or rows[0][0] < 2:
+                    yield None
+                    return
+                self._checkpoints_ready = True
+            yield handle.saver
 
     async def latest_checkpoint(self, conversation_id: str) -> CheckpointTuple | None:
-        opened = await self._checkpointer()
-        if opened is None:
-            return None
-        conn, saver = opened
-        try:
-            return await saver.aget_tuple(thread_config(conversation_id))
-        except sqlite3.Error as exc:
-            raise await self._failed(conn, exc) from exc
-        except Exception as exc:
-            raise _unreadable(conversation_id, exc) from exc
+        async with self._checkpointer() as saver:
+            if saver is None:
+                return None
+            try:
+                return await saver.aget_tuple(thread_config(conversation_id))
+            except _DECODING_ERRORS as exc:
+                raise _unreadable(conversation_id, exc) from exc
 
     async def checkpoints(self, conversation_id: str) -> list[CheckpointTuple]:
         """Every checkpoint of the conversation's thread, oldest first."""
-        opened = await self._checkpointer()
-        if opened is None:
-            return []
-        conn, saver = opened
-        try:
-            newest_first = [t async for t in saver.alist(thread_config(conversation_id))]
-        except sqlite3.Error as exc:
-            raise await self._failed(conn, exc) from exc
-        except Exception as exc:
-            raise _unreadable(conversation_id, exc) from exc
+        async with self._checkpointer() as saver:
+            if saver is None:
+                return []
+            try:
+                newest_first = [t async for t in saver.alist(thread_config(conversation_id))]
+            except _DECODING_ERRORS as exc:
+                raise _unreadable(conversation_id, exc) from exc
         return newest_first[::-1]
+
+
+#: What a stored checkpoint that cannot be decoded raises: the serializer's refusal
+#: (wrapped), or metadata that is not JSON (the saver decodes it with ``json.loads``).
+#: A closed or broken connection raises something else and is not the conversation's fault.
+_DECODING_ERRORS = (CheckpointDecodeError, json.JSONDecodeError, UnicodeDecodeError)
+
+
+async def _rows(conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    async with conn.execute(sql, params) as cur:
+        return list(await cur.fetchall())
+
+
+async def _close(conn: aiosqlite.Connection) -> None:
+    try:
+        await conn.close()
+    except sqlite3.Error as exc:
+        log.warning("database.close_failed", error=str(exc))
 
 
 def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
     """The checkpoint serializer refused the thread's data (it never runs what it refuses)."""
+    reason = str(exc) if isinstance(exc, CheckpointDecodeError) else f"{type(exc).__name__}: {exc}"
     return ConversationUnreadable(
-        f"the saved state of conversation {conversation_id} cannot be read: {type(exc).__name__}: {exc}"
+        f"the saved state of conversation {conversation_id} cannot be read: {reason}"
     )

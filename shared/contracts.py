@@ -73,6 +73,42 @@ class RunJob:
         )
 
 
+#: The arq function that deletes a conversation (DELETE /api/conversations/{id}).
+DELETE_FUNCTION = "delete_conversation"
+_DELETE_CLAIM = "delete:"
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteJob:
+    """Payload of a delete job. Its arq job id, and its claim in ``ACTIVE_RUNS``, is ``claim``."""
+
+    conversation_id: str
+    claim: str
+    enqueued_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeleteJob:
+        return cls(str(data["conversation_id"]), str(data["claim"]), float(data["enqueued_at"]))
+
+
+def delete_claim(job_id: str) -> str:
+    """What a delete holds ``ACTIVE_RUNS`` with (and its arq job id): never a run id, so a
+    run cannot be accepted for the conversation while it is being deleted."""
+    return f"{_DELETE_CLAIM}{job_id}"
+
+
+def is_delete_claim(holder: str) -> bool:
+    return holder.startswith(_DELETE_CLAIM)
+
+
+def deleted_key(claim: str) -> str:
+    """List the worker pushes the delete's outcome to (``deleted`` or ``failed: ...``), briefly kept."""
+    return f"sophos:deleted:{claim}"
+
+
 # --- events ---------------------------------------------------------------------
 
 

@@ -9,8 +9,9 @@ import structlog
 from arq import func
 from arq.worker import Function
 
-from shared.contracts import JOB_FUNCTION, RunJob
+from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RunJob
 from shared.settings import Settings
+from worker.deletion import delete_job
 from worker.resources import worker_resources
 from worker.runs import RunService
 
@@ -41,4 +42,4 @@ async def on_shutdown(ctx: dict[str, Any]) -> None:
 def functions() -> list[Function]:
     # A run is never retried by arq behind the user's back: execute_run returns
     # without doing anything for a run that already started (see RunService.execute).
-    return [func(execute_run, name=JOB_FUNCTION)]
+    return [func(execute_run, name=JOB_FUNCTION), func(delete_job, name=DELETE_FUNCTION)]

@@ -14,10 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiosqlite
+import structlog
 
 from shared.contracts import RunJob, RunStatus
 from shared.rows import RUN_COLUMNS, RunRow, title_of
 from shared.schema import iso_from_timestamp, migrate, now_iso
+
+log = structlog.get_logger(__name__)
 
 
 async def connect(path: Path) -> aiosqlite.Connection:
@@ -57,8 +60,8 @@ async def end_failed_transaction(conn: aiosqlite.Connection) -> None:
     try:
         if conn.in_transaction:
             await conn.rollback()
-    except sqlite3.Error:
-        pass
+    except sqlite3.Error as exc:
+        log.warning("database.rollback_failed", error=str(exc))
 
 
 class RunStore:
@@ -116,7 +119,10 @@ class RunStore:
                     " VALUES (?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
                     " last_run_id = excluded.last_run_id",
-                    (job.conversation_id, title_of(job.message), now, now, job.run_id),
+                    # created_at: when its first run was accepted, the key the API listed it
+                    # by while it was queued; unchanged from then on (stable paging).
+                    (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
+                     job.run_id),
                 )
                 cursor = await self.conn.execute(
                     "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
@@ -156,6 +162,18 @@ class RunStore:
                 " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
                 (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
             )
+
+
+    async def delete_conversation(self, conversation_id: str) -> list[str]:
+        """Delete the conversation's row and its runs' in one transaction; return those runs' ids."""
+        async with self._transaction():
+            async with self.conn.execute(
+                "SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,)
+            ) as cur:
+                run_ids = [str(row[0]) for row in await cur.fetchall()]
+            await self.conn.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
+            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return run_ids
 
 
 class _AlreadyRecorded(Exception):

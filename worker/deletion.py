@@ -1,0 +1,103 @@
+"""Deleting a conversation: its thread, its rows, what Redis keeps of its runs.
+
+The API claims the conversation with a delete claim and enqueues the job
+(api/deletion.py); no run of it can be queued or running meanwhile. Order, and why:
+
+1. The thread's checkpoints and writes (``saver.adelete_thread``, its own commit).
+2. The conversation's row and its runs' rows, in one transaction.
+3. Redis: the runs' event streams, descriptions, progress and cancel keys.
+4. Free the conversation and publish the outcome for the API waiting on it
+   (persist, then notify).
+
+A crash between two steps leaves a state the same job completes when arq delivers
+it again (each step deletes what is there, so it is safe twice); until then the
+conversation is still listed after step 1 (without messages), so the user sees
+it and can delete it again: the thread's content is never left behind invisibly.
+Whatever fails, the claim is released (the conversation is not blocked) and the
+API is told, so the user may try again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from shared.contracts import (
+    ACTIVE_RUNS,
+    CANCELLED_RUNS,
+    RELEASE_ACTIVE_LUA,
+    DeleteJob,
+    cancel_key,
+    cancelled_run_key,
+    deleted_key,
+    events_key,
+    progress_key,
+    run_key,
+)
+from worker.runs import RunService
+
+log = structlog.get_logger(__name__)
+
+#: How long the outcome of a delete is kept for the API requests waiting on it.
+OUTCOME_TTL_SECONDS = 60
+
+
+async def delete_conversation_data(service: RunService, conversation_id: str) -> int:
+    """Delete the conversation's thread, rows and run records; return how many runs it had."""
+    saver = service.graph.checkpointer
+    if saver is not None and not isinstance(saver, bool):
+        await saver.adelete_thread(conversation_id)
+    run_ids = await service.store.delete_conversation(conversation_id)
+    await _forget_runs(service.redis, conversation_id, run_ids)
+    return len(run_ids)
+
+
+async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -> None:
+    # Runs cancelled while queued have no row: the last one is named per conversation.
+    cancelled: str | None = await redis.get(cancelled_run_key(conversation_id))
+    ids = [*run_ids, *([cancelled] if cancelled else [])]
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in ids:
+            pipe.delete(events_key(run_id), run_key(run_id), progress_key(run_id), cancel_key(run_id))
+        if cancelled:
+            pipe.zrem(CANCELLED_RUNS, cancelled)
+        pipe.delete(cancelled_run_key(conversation_id))
+        await pipe.execute()
+
+
+async def delete(service: RunService, job: DeleteJob) -> str:
+    outcome = "failed: the worker stopped"
+    try:
+        runs = await delete_conversation_data(service, job.conversation_id)
+        outcome = "deleted"
+        log.info("conversation.deleted", runs=runs)
+    except Exception as exc:
+        outcome = f"failed: {type(exc).__name__}: {exc}"
+        log.exception("conversation.delete_failed")
+    finally:
+        await _notify(service.redis, job, outcome)
+    return outcome
+
+
+async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:
+    key = deleted_key(job.claim)
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, job.conversation_id, job.claim)
+            pipe.rpush(key, outcome)
+            pipe.expire(key, OUTCOME_TTL_SECONDS)
+            await pipe.execute()
+    except RedisError as exc:
+        # Start-up reconciliation frees a claim whose job is no longer queued.
+        log.warning("conversation.release_failed", error=str(exc))
+
+
+async def delete_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
+    """arq's entry point: decode, bind log context, delete."""
+    job = DeleteJob.from_dict(payload)
+    with structlog.contextvars.bound_contextvars(conversation_id=job.conversation_id, job_id=job.claim):
+        service: RunService = ctx["service"]
+        return await delete(service, job)
