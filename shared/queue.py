@@ -15,6 +15,7 @@ together, start one run and all get its answer.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,7 +296,3 @@ async def drop_unstarted(
         message,
     )
     return bool(done)
-
-
-def now() -> float:
-    return time.time()

@@ -34,6 +34,7 @@ a record can live.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -134,13 +135,14 @@ class ClaimSweep:
                 ):
                     dropped += 1
                     log.warning("run.dropped_unstarted", run_id=run_id, conversation_id=conversation_id)
-            elif RunStatus(row.status).finished:
-                if await release_conversation(self.redis, conversation_id, run_id):
-                    released += 1
-                    log.warning(
-                        "run.released_stale_claim", run_id=run_id, conversation_id=conversation_id,
-                        status=row.status,
-                    )
+            elif RunStatus(row.status).finished and await release_conversation(
+                self.redis, conversation_id, run_id
+            ):
+                released += 1
+                log.warning(
+                    "run.released_stale_claim", run_id=run_id, conversation_id=conversation_id,
+                    status=row.status,
+                )
             # else: recorded running, by this worker (there is no other): its end releases it.
         return dropped, released
 
@@ -189,10 +191,8 @@ class ClaimSweep:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
 
 def _text(value: str | bytes) -> str:
