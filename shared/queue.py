@@ -183,7 +183,9 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 
 # KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics
 # ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message
-# 1 if the claim was released (and the run recorded failed, its terminal event published), else 0.
+# 1 if the claim was released (and the run recorded failed, its terminal event published); 2 if
+# released only, the run being recorded already (refused by the database: only its release was
+# lost); else 0.
 _DROP_UNSTARTED_LUA = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
@@ -197,6 +199,10 @@ if score and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
+local ended = redis.call('HGET', KEYS[5], 'status')
+if ended == 'failed' or ended == 'cancelled' then
+  return 2
+end
 if score and redis.call('HEXISTS', KEYS[5], 'enqueued_at') == 0 then
   redis.call('HSET', KEYS[5], 'enqueued_at', string.format('%.3f', tonumber(score) / 1000))
 end

@@ -170,9 +170,20 @@ async def test_one_pass_releases_only_the_claims_whose_run_will_never_run(
     await redis.delete(arq_job_key(dropped.run_id), run_key(dropped.run_id))
     await redis.zrem(QUEUE_NAME, dropped.run_id)
 
+    # Refused by the database when the worker took it (recorded in its description), and the
+    # release that followed was lost.
+    refused = await _submitted(redis)
+    await redis.delete(arq_job_key(refused.run_id))
+    await redis.zrem(QUEUE_NAME, refused.run_id)
+    said = {"status": "failed", "failed_at": "1", "error_code": "DATABASE_UNAVAILABLE", "error_message": "x"}
+    await redis.hset(run_key(refused.run_id), mapping=said)  # type: ignore[misc]
+
     sweep = ClaimSweep(redis, store, executing=lambda: {executing.run_id}, event_retention=60)
     report = await sweep.once()
-    assert (report.dropped, report.released) == (2, 1)
+    assert (report.dropped, report.released) == (3, 1)
+    assert await _claim(redis, refused) is None
+    assert said.items() <= (await redis.hgetall(run_key(refused.run_id))).items()  # type: ignore[misc]
+    assert await redis.exists(events_key(refused.run_id)) == 0
 
     for kept in (queued, being_taken, executing, running):
         assert await _claim(redis, kept) == kept.run_id, kept
