@@ -6,7 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import pytest
 import redis as redis_sync
@@ -154,8 +154,11 @@ def test_late_subscriber_and_last_event_id(stack: SophosEnv, model: FakeOllama) 
     # Late for certain: the run's end event is in its stream before anyone subscribes.
     redis = redis_sync.Redis.from_url(stack.redis_url, decode_responses=True)
     try:
-        wait_for(lambda: any(f["type"] == "end" for _, f in redis.xrange(events_key(run))), 20,
-                 message="the run's end event in its stream")
+        def ended() -> bool:
+            entries = cast(list[tuple[str, dict[str, str]]], redis.xrange(events_key(run)))
+            return any(fields["type"] == "end" for _, fields in entries)
+
+        wait_for(ended, 20, message="the run's end event in its stream")
     finally:
         redis.close()
     full = read_sse(stack.api_url, conversation)

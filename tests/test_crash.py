@@ -66,7 +66,7 @@ async def test_kill_during_tool_then_resume_repeats_only_the_step_in_flight(
     # arq will not run the job again behind the user's back, nor hold the conversation.
     assert await redis.zcard(QUEUE_NAME) == 0
     assert await redis.keys("arq:in-progress:*") == []
-    assert await redis.hget(ACTIVE_RUNS, conversation) is None
+    assert await redis.hget(ACTIVE_RUNS, conversation) is None  # type: ignore[misc]  # redis-py's stubs
 
     _, resumed = chat(api.url, conversation=conversation, resume=True)
     assert resumed != run
@@ -192,7 +192,7 @@ async def test_a_second_delivery_of_a_recorded_run_does_nothing(
 
         async def settled() -> bool:
             queued = await redis.zscore(QUEUE_NAME, run)
-            return queued is None and not await redis.hexists(ACTIVE_RUNS, conversation)  # type: ignore[misc]
+            return queued is None and not await redis.hexists(ACTIVE_RUNS, conversation)
 
         await wait_for_async(settled, message="the job gone and the conversation free")
     finally:

@@ -177,10 +177,10 @@ async def test_reconnect_at_each_point_of_a_run_on_either_process(
     half = len(full) // 2
     cut("after end", api1.url, lambda ev: len(ev) >= half)
 
-    for task in readers:
-        assert key(await task) == key(full)
-    for point, task in cuts.items():
-        first, rest, again = await task
+    for reader in readers:
+        assert key(await reader) == key(full)
+    for point, cut_task in cuts.items():
+        first, rest, again = await cut_task
         assert first.cut and len(first) > 0, point
         assert key(first) + key(rest) == key(full), point
         # Without Last-Event-ID the reconnect is a fresh join: everything, from the start.
@@ -264,12 +264,12 @@ async def test_expired_last_event_id_gets_missed_then_the_rest_and_the_terminal(
         events = await read_sse_async(api.url, conversation, last_event_id=after, via_query=via_query)
         assert events[0].event == "missed"
         assert events[0].data == {"from": after + 1, "to": oldest - 1}
-        assert [int(e.id) for e in events[1:]] == list(range(oldest, total + 1))
+        assert [int(e.id or 0) for e in events[1:]] == list(range(oldest, total + 1))
         assert events[-1].event == "end" and events.ended
     # A client that starts from the beginning is told too.
     fresh = await read_sse_async(api.url, conversation)
     assert fresh[0].event == "missed" and fresh[0].data == {"from": 1, "to": oldest - 1}
-    assert [int(e.id) for e in fresh[1:]] == list(range(oldest, total + 1))
+    assert [int(e.id or 0) for e in fresh[1:]] == list(range(oldest, total + 1))
 
     # Once the stream has expired (EVENT_RETENTION), the ending is rebuilt from the run's row.
     await redis.delete(events_key(run))
@@ -346,7 +346,7 @@ async def test_frozen_client_is_dropped_and_costs_no_one_anything(
         assert info["status"] == "completed"
         # The frozen streams were dropped before the run ended (their relays closed early).
         closed = [json.loads(line) for line in api.log_text().splitlines() if '"relay.closed"' in line]
-        terminal_id = int(results[0][-1].id)
+        terminal_id = int(results[0][-1].id or 0)
         dropped = [c for c in closed if c["last_event_id"] < terminal_id]
         assert len(dropped) == len(frozen), closed
         rss_after = rss_kib(api.pid)
@@ -462,7 +462,7 @@ async def test_relay_latency_from_publish_to_sse_client(
     # slow, so events come further apart.
     for subscribers, spacing in ((1, 0.005), (50, 0.02)):
         conversation, run = str(uuid.uuid4()), str(uuid.uuid4())
-        await redis.hset(ACTIVE_RUNS, conversation, run)
+        await redis.hset(ACTIVE_RUNS, conversation, run)  # type: ignore[misc]  # redis-py's stubs: sync or async
         publisher = EventPublisher(redis, run, retention=60, max_len=10_000)
         await publisher.start()
         sent: dict[str, float] = {}
@@ -478,7 +478,10 @@ async def test_relay_latency_from_publish_to_sse_client(
         sent["1"] = time.perf_counter()
         await publisher.token("start ")
         readers = [asyncio.create_task(subscribe(seen)) for seen in received]
-        await wait_for_async(lambda received=received: all("1" in seen for seen in received), 10)
+        def all_have_the_first(received: list[dict[str, float]] = received) -> bool:
+            return all("1" in seen for seen in received)
+
+        await wait_for_async(all_have_the_first, 10)
         for i in range(2, count + 1):
             sent[str(i)] = time.perf_counter()
             await publisher.token(f"t{i} ")
@@ -571,7 +574,7 @@ async def test_redis_hiccup_during_a_run_costs_the_run_nothing(
         os.kill(server.pid, signal.SIGCONT)
     events = await reader
     assert events.text == "".join(words)  # buffered through the hiccup, nothing missed
-    assert [int(e.id) for e in events] == list(range(1, len(events) + 1))
+    assert [int(e.id or 0) for e in events] == list(range(1, len(events) + 1))
     info = await run_info(api.url, run)
     assert info["status"] == "completed"
     duration = next(v for k, v in info.items() if k.lower().replace("_", "") == "durationms")

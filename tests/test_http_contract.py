@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
+from typing import cast
 
 import httpx
 import pytest
@@ -89,9 +90,10 @@ def test_queued_run_is_listed_and_blocks_a_second_message(api_only: SophosEnv) -
 
 def submits_waiting(redis_client: redis_sync.Redis, api_pid: int) -> int:
     """How many of the API's Redis connections are held at a script (EVAL/EVALSHA) by a pause."""
+    clients = cast(list[dict[str, str]], redis_client.client_list())
     return sum(
         1
-        for client in redis_client.client_list()
+        for client in clients
         if client.get("name") == f"sophos-api-{api_pid}"
         and client.get("cmd") in ("eval", "evalsha")
         and "b" in client.get("flags", "")

@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 from shared.contracts import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
+    chat,
     get_json,
-    post_chat,
     read_sse,
     read_sse_async,
     tool_calls,
@@ -32,13 +32,6 @@ from tests.support.client import (
 from tests.support.env import SophosEnv
 
 RUNNING_TIMEOUT = 20.0
-
-
-def chat(api_url: str, message: str | None = None, conversation: str | None = None,
-         resume: bool = False) -> tuple[str, str]:
-    response = post_chat(api_url, message, conversation, resume)
-    assert response.status_code == 202, response.text
-    return response.json()["conversation"], response.json()["run"]
 
 
 def runs(api_url: str, **params: Any) -> dict[str, Any]:
@@ -502,9 +495,7 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
 
 
 def chat_with_token(api_url: str, message: str) -> tuple[str, str]:
-    response = post_chat(api_url, message, token="operator-secret")
-    assert response.status_code == 202, response.text
-    return response.json()["conversation"], response.json()["run"]
+    return chat(api_url, message, token="operator-secret")
 
 
 def wait_status_token(api_url: str, run_id: str, status: str) -> None:

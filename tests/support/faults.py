@@ -21,16 +21,11 @@ import redis as redis_sync
 
 from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
-from tests.support.client import get_json, post_chat, tool_calls
+from tests.support.client import chat, get_json, tool_calls
 
-
-def accepted(api_url: str, message: str | None = None, conversation: str | None = None,
-             resume: bool = False) -> tuple[str, str]:
-    """POST /api/chat, assert 202, return ``(conversation, run)``."""
-    response = post_chat(api_url, message, conversation, resume)
-    assert response.status_code == 202, response.text
-    body = response.json()
-    return body["conversation"], body["run"]
+#: The one ``chat()`` helper, under the name the fault tests use: POST /api/chat, assert 202,
+#: return ``(conversation, run)``.
+accepted = chat
 
 
 def transcript(api_url: str, conversation: str) -> list[tuple[Any, ...]]:
