@@ -77,7 +77,8 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     tool_calls: list[ToolCall] | UnsetType = UNSET
     name: str | UnsetType = UNSET
     tool_call_id: str | UnsetType = UNSET
-    #: a tool result's status: success or error
+    #: a tool result's status: success, error, or stopped (cut short by a cancel); an
+    #: assistant message's: stopped (what was streamed before a cancel), else absent
     status: str | UnsetType = UNSET
 
 
