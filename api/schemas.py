@@ -120,7 +120,7 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     #: while running: the node of the current step and the time since the run started
     node: str | UnsetType = UNSET
     elapsed_ms: int | UnsetType = UNSET
-    #: a cancel was asked for and the run has not reached a step boundary yet
+    #: a cancel was asked for and the worker has not stopped the run yet
     cancel_requested: bool | UnsetType = UNSET
 
 

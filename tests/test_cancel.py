@@ -134,7 +134,9 @@ async def test_a_cancel_during_a_slow_tool_call_answers_the_call_as_stopped(
     start_worker(env)
     api = start_api(env).url
     conversation, run = accepted(api, "take your time")
-    wait_for(lambda: tool_calls(env.tools_log, "slow"), timeout=STREAM_TIMEOUT, message="the slow tool started")
+    wait_for(
+        lambda: tool_calls(env.tools_log, "slow"), timeout=STREAM_TIMEOUT, message="the slow tool started"
+    )
     seen = await read_sse_async(api, conversation, stop_after=4, timeout=STREAM_TIMEOUT)
     assert [e.data["event"] for e in seen] == ["enter", "call", "leave", "enter"]
 
@@ -144,7 +146,9 @@ async def test_a_cancel_during_a_slow_tool_call_answers_the_call_as_stopped(
     result, leave = rest.of("trace")
     assert result.data["event"] == "result" and result.data["data"]["tool_call_id"] == call_id
     assert result.data["data"]["status"] == "stopped"
-    assert leave.data == {"step": 2, "node": "tools", "event": "leave", "name": "tools", "data": {"stopped": True}}
+    assert leave.data == {
+        "step": 2, "node": "tools", "event": "leave", "name": "tools", "data": {"stopped": True},
+    }
     assert get_json(api, f"/api/runs/{run}")["status"] == "cancelled"
 
     messages = assert_thread_closed(api, conversation)
@@ -163,7 +167,8 @@ async def test_a_cancel_during_a_slow_tool_call_answers_the_call_as_stopped(
     _, following = accepted(api, "now echo", conversation)
     events = read_sse(api, conversation, timeout=STREAM_TIMEOUT)
     assert events[-1].data["run"] == following and events[-1].data["status"] == "completed"
-    assert [r.data["data"]["status"] for r in events.of("trace") if r.data["event"] == "result"] == ["success"]
+    results = [r.data["data"]["status"] for r in events.of("trace") if r.data["event"] == "result"]
+    assert results == ["success"]
     assert events.text == "Echoed."
     sent = model.requests[-1]["messages"]
     assert [m["role"] for m in sent[1:]] == [
