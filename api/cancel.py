@@ -1,4 +1,4 @@
-"""``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one stops at a step boundary.
+"""``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one is cut at once.
 
 **Queued.** One Lua script, so it is all or nothing and races neither arq nor a
 second cancel: if the run is in the queue and arq has not taken it (no
@@ -11,13 +11,14 @@ worker, so its Redis description *is* its record (kept
 ``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
 and a conversation whose first run it was never existed in the database.
 
-**Running** (or taken by arq and about to be recorded). The API sets
-``cancel_key(run)``; the worker reads it at the start and end of every step and
-asks LangGraph to drain (``RunControl.request_drain("cancel")``), which stops the
-run at the next step boundary. The worker records ``cancelled`` and publishes
-``end``; the thread keeps its checkpoints, so the conversation is resumable when
-a step was still to run. A run that reaches its end before a boundary completes
-normally: the answer is then 409, as for any finished run.
+**Running** (or taken by arq and about to be recorded). In one transaction the API
+sets ``cancel_key(run)`` (the record: the worker reads it before the run's first
+step, and start-up recovery after a crash) and publishes the run's id on
+``CANCEL_CHANNEL``, to which the worker is subscribed: it cuts the run where it
+stands, mid-answer or mid-tool, closes the thread (the answer so far kept and
+marked stopped, tool calls cut short answered as stopped), records ``cancelled``
+and publishes ``end`` (worker/stopping.py). A run that reaches its end first
+completes normally: the answer is then 409, as for any finished run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from api.runs import Runs
 from api.schemas import RunInfo
 from shared.contracts import (
     ACTIVE_RUNS,
+    CANCEL_CHANNEL,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
     QUEUE_NAME,
@@ -142,8 +144,12 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
         if RunStatus(row.status).finished:
             return _finished(await runs.get(run_id))
 
-    # Running, or taken by the worker and about to be recorded: ask the worker.
-    await redis.set(cancel_key(run_id), json.dumps({"requested_at": time.time()}), ex=CANCEL_MARKER_SECONDS)
+    # Running, or taken by the worker and about to be recorded: ask the worker. The marker
+    # first (a worker that was not listening finds it), then the signal it hears at once.
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(cancel_key(run_id), json.dumps({"requested_at": time.time()}), ex=CANCEL_MARKER_SECONDS)
+        pipe.publish(CANCEL_CHANNEL, run_id)
+        await pipe.execute()
     info = await runs.get(run_id)
     if info.status.finished:
         # It ended between our two looks: the marker is moot.

@@ -18,12 +18,13 @@ from api.schemas import RunInfo
 
 @post(
     "/runs/{run_id:str}/cancel",
-    summary="Cancel a run: a queued one leaves the queue, a running one stops at its next step",
+    summary="Cancel a run: a queued one leaves the queue, a running one is stopped at once",
     description=(
         "200 with the run, now `cancelled` (also when it already was: cancelling twice is harmless). "
-        "202 with the run, `cancelRequested: true`, when it is running: the worker stops it at its next "
-        "step boundary and records it `cancelled`; its stream then ends with `end` and status "
-        "`cancelled`. 409 RUN_FINISHED when it finished otherwise."
+        "202 with the run, `cancelRequested: true`, when it is running: the worker cuts it at once "
+        "(mid-answer or mid-tool), keeps what was streamed marked stopped and records it `cancelled`; "
+        "its stream then ends with `end` and status `cancelled`. 409 RUN_FINISHED when it finished "
+        "otherwise."
     ),
     status_code=200,
     responses=errors(400, 401, 404, 409, 503),

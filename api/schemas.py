@@ -86,7 +86,8 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     tool_calls: list[ToolCall] | UnsetType = UNSET
     name: str | UnsetType = UNSET
     tool_call_id: str | UnsetType = UNSET
-    #: a tool result's status: success or error
+    #: a tool result's status: success, error, or stopped (cut short by a cancel); an
+    #: assistant message's: stopped (what was streamed before a cancel), else absent
     status: str | UnsetType = UNSET
 
 
@@ -128,7 +129,7 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     #: while running: the node of the current step and the time since the run started
     node: str | UnsetType = UNSET
     elapsed_ms: int | UnsetType = UNSET
-    #: a cancel was asked for and the run has not reached a step boundary yet
+    #: a cancel was asked for and the worker has not stopped the run yet
     cancel_requested: bool | UnsetType = UNSET
 
 

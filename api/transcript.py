@@ -15,7 +15,7 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointTuple
 from msgspec import UNSET
 
 from api.schemas import CheckpointLine, ConversationInfo, Message, ToolCall
-from shared.contracts import text_of
+from shared.contracts import STOPPED_MARK, text_of
 
 _START = "__start__"
 _BRANCH = "branch:to:"
@@ -32,14 +32,22 @@ def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
             ToolCall(id=call.get("id") or "", name=call["name"], arguments=dict(call.get("args") or {}))
             for call in message.tool_calls
         ]
-        return Message(id=message_id, role="assistant", content=content, tool_calls=calls or UNSET)
+        return Message(
+            id=message_id, role="assistant", content=content, tool_calls=calls or UNSET,
+            status="stopped" if _stopped(message) else UNSET,
+        )
     if isinstance(message, ToolMessage):
         return Message(
             id=message_id, role="tool", content=content,
             name=message.name if message.name is not None else UNSET,
-            tool_call_id=message.tool_call_id, status=message.status,
+            tool_call_id=message.tool_call_id, status="stopped" if _stopped(message) else message.status,
         )
     return None
+
+
+def _stopped(message: BaseMessage) -> bool:
+    """Written by the worker when a cancel cut the run: an answer or a tool call cut short."""
+    return bool((message.response_metadata or {}).get(STOPPED_MARK))
 
 
 def thread_messages(checkpoint: Checkpoint) -> list[BaseMessage]:
@@ -154,7 +162,7 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
         if message.role == "user":
             lines += ["## User", "", message.content]
         elif message.role == "assistant":
-            lines.append("## Assistant")
+            lines.append("## Assistant" + (" (stopped)" if message.status == "stopped" else ""))
             if message.content:
                 lines += ["", message.content]
             for call in message.tool_calls or []:
@@ -164,6 +172,6 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
         else:
             name = _code(message.name) if message.name else "tool"
             for_call = f" for call {_code(message.tool_call_id)}" if message.tool_call_id else ""
-            failed = " (error)" if message.status == "error" else ""
+            failed = {"error": " (error)", "stopped": " (stopped)"}.get(str(message.status), "")
             lines += [f"## Tool result: {name}{for_call}{failed}", "", _fence(message.content, "text")]
     return "\n".join(lines) + "\n"

@@ -190,8 +190,16 @@ def cancelled_run_key(conversation_id: str) -> str:
 
 
 def cancel_key(run_id: str) -> str:
-    """Set by the API to ask the worker to stop a started run at its next step boundary."""
+    """Set by the API to ask the worker to stop a started run (read again after a crash)."""
     return f"sophos:cancel:{run_id}"
+
+
+#: pub/sub channel the API publishes a run's id on, with ``cancel_key``: the worker,
+#: subscribed for its life, cuts the run at once
+CANCEL_CHANNEL = "sophos:cancels"
+#: ``response_metadata`` key set on the messages a cancel wrote into a thread (the
+#: answer cut short, the tool results of calls cut short)
+STOPPED_MARK = "stopped"
 
 
 def progress_key(run_id: str) -> str:

@@ -172,7 +172,7 @@ def cancel(api: Api, args: argparse.Namespace) -> int:
     if run["status"] == "cancelled":
         print(f"run {run['id']} cancelled")
     else:
-        print(f"run {run['id']} is {run['status']}: it stops at its next step boundary")
+        print(f"run {run['id']} is {run['status']}: the worker is stopping it")
     return 0
 
 

@@ -1,11 +1,15 @@
 """Outcomes the database refused to record, written as soon as it takes writes again.
 
-A run ends while the database is locked past its busy timeout, or the disk is
-full: its outcome cannot be committed. The run service releases the
-conversation and tells the client anyway (a database that is away for a while
-must not keep a conversation claimed in Redis for ever), and leaves the write
-here. It is retried every second in the background and before the next run
-starts, so the next run of the conversation never overtakes it. If the worker
+A run ends while the database is locked past its busy timeout, the disk is
+full, or it raises anything else on that write (a damaged file, a constraint):
+its outcome cannot be committed. The run service releases the conversation and
+tells the client anyway (a database that is away for a while must not keep a
+conversation claimed in Redis for ever), and leaves the write here. It is
+retried every second in the background and before the next run starts, so the
+next run never overtakes it: while it is refused, new runs are refused too
+(``DATABASE_UNAVAILABLE``), each with its terminal event. Every kind of refusal
+is retried, not only "unavailable": the write is the run's only record, and a
+database that raised something else may take it once repaired. If the worker
 stops first, start-up recovery marks the run ``interrupted``.
 """
 
@@ -36,32 +40,26 @@ class UnrecordedOutcomes:
         return len(self._pending)
 
     async def record(self, run_id: str, write: Record) -> bool:
-        """Write now; if the database refuses, keep the write for later. True if written now."""
+        """Write now; if that raises anything, keep the write for later. True if written now."""
         try:
             async with self._lock:
                 await write()
             return True
         except Exception as exc:
-            if not is_database_unavailable(exc):
-                raise
-            log.warning("run.outcome_deferred", run_id=run_id, error=str(exc))
+            _log_refusal("run.outcome_deferred", run_id, exc, trace=True)
             self._pending[run_id] = write
             if self._retrier is None or self._retrier.done():
                 self._retrier = asyncio.create_task(self._retry(), name="outcomes-retry")
             return False
 
     async def flush(self) -> bool:
-        """Write every kept outcome, oldest first; False if the database still refuses."""
+        """Write every kept outcome, oldest first; False if the database still refuses one."""
         async with self._lock:
             for run_id, write in list(self._pending.items()):
                 try:
                     await write()
                 except Exception as exc:
-                    if not is_database_unavailable(exc):
-                        # Not the database being away: retrying will not help.
-                        log.exception("run.outcome_lost", run_id=run_id)
-                        del self._pending[run_id]
-                        continue
+                    _log_refusal("run.outcome_retry_failed", run_id, exc)
                     return False
                 del self._pending[run_id]
                 log.info("run.outcome_recorded_late", run_id=run_id)
@@ -78,3 +76,13 @@ class UnrecordedOutcomes:
             self._retrier.cancel()
         if self._pending:
             await self.flush()
+
+
+def _log_refusal(event: str, run_id: str, exc: Exception, *, trace: bool = False) -> None:
+    error = f"{type(exc).__name__}: {exc}"
+    if is_database_unavailable(exc):
+        log.warning(event, run_id=run_id, error=error)
+    else:
+        # Not the database being away: someone should look (a damaged file, a bug).
+        # The traceback once, when the write is first refused, not at every retry.
+        log.error(event, run_id=run_id, error=error, exc_info=exc if trace else None)

@@ -5,36 +5,46 @@ One :class:`RunTracker` per run, driven by the run service at each step:
 * ``progress_key(run)`` holds the current node and step (the API shows them with
   the elapsed time). Written with the events (:meth:`EventPublisher.along`), so
   it costs no round trip; deleted, the same way, when the run ends.
-* ``cancel_key(run)``, set by the API's cancel route, is read before the first
-  step and at the end of every task. Reading it there is what makes a cancel
-  take effect at the *next* step boundary: LangGraph checks ``RunControl``
-  between steps, after the task results are streamed.
 * Model and tool call latencies noted by :func:`worker.metrics.timed` travel in
-  the same round trips.
+  the same writes.
+
+One :class:`CancelSignals` for the worker's life hears cancels: the API sets
+``cancel_key(run)`` (the record, which start-up recovery reads after a crash) and
+publishes the run's id on ``CANCEL_CHANNEL`` in the same transaction. The worker
+is subscribed once, so a cancel reaches a run in a Redis round trip, without a
+look per token or per step; the run service then cuts the run (worker/stopping.py).
+A run reads its marker once more before its first step, for a cancel asked
+between being taken from the queue and being listed as in progress.
 
 Nothing here fails the run: Redis is the view, the checkpoint is the truth. A
-Redis outage hides progress and delays a cancel.
+Redis outage hides progress and delays a cancel until Redis is back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
 
 import structlog
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from shared.contracts import cancel_key, progress_key
+from shared.contracts import CANCEL_CHANNEL, cancel_key, progress_key
 from shared.metrics import RUN_DURATION, MetricBatch, queue_increments
 from worker.events import EventPublisher
 
 log = structlog.get_logger(__name__)
 
-#: the drain reason that turns a drained run into a cancelled one
-CANCEL_REASON = "cancel"
 #: a live run's progress must outlast any pause between steps
 _PROGRESS_TTL_SECONDS = 24 * 3600
+#: an idle subscription is pinged this often: a dead connection is found and replaced
+#: within this time, instead of failing silently
+SUBSCRIPTION_PING_SECONDS = 5.0
+_RESUBSCRIBE_MAX_SECONDS = 2.0
 
 
 class RunTracker:
@@ -46,8 +56,8 @@ class RunTracker:
         #: steps started so far (the run's step count, whatever its outcome)
         self.steps = 0
 
-    async def _run(self) -> bool:
-        """One round trip: pending metrics, the cancel marker."""
+    async def cancel_requested(self) -> bool:
+        """One round trip before the first step: pending metrics, the cancel marker."""
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 queue_increments(pipe, self.batch)
@@ -58,15 +68,8 @@ class RunTracker:
             return False
         return bool(replies[-1])
 
-    async def cancel_requested(self) -> bool:
-        return await self._run()
-
     def step_started(self, step: int, node: str, events: EventPublisher) -> None:
-        """Record the step; the write rides with the step's ``enter`` event.
-
-        No cancel check here: one requested during the step is read when its task
-        finishes, which is still before the next step boundary.
-        """
+        """Record the step; the write rides with the step's ``enter`` event."""
         self.steps = step
         updated_at = time.time()
 
@@ -80,9 +83,9 @@ class RunTracker:
 
         events.along(queue)
 
-    async def task_finished(self) -> bool:
-        """Write the latencies gathered so far; True when a cancel has been requested."""
-        return await self._run()
+    def task_finished(self, events: EventPublisher) -> None:
+        """The latencies gathered so far ride with the next events written (no round trip)."""
+        events.along(lambda pipe: queue_increments(pipe, self.batch))
 
     def queue_close(self, pipe: Pipeline, duration: float | None) -> None:
         """The run has its outcome: note its duration, forget its progress and cancel marker.
@@ -94,3 +97,81 @@ class RunTracker:
             self.batch.observe(RUN_DURATION, duration)
         queue_increments(pipe, self.batch)
         pipe.delete(progress_key(self.run_id), cancel_key(self.run_id))
+
+
+class CancelSignals:
+    """Hears a cancel the moment the API asks for it, for the runs in progress.
+
+    ``stop(run_id)`` is called for every run named on ``CANCEL_CHANNEL`` (the run
+    service ignores runs it is not running); ``running()`` lists the runs in
+    progress. Pub/sub keeps nothing for a subscriber that is away, so after every
+    subscription, the first and each one after the connection was lost (a Redis
+    restart), the markers of the runs in progress are read once: a cancel asked
+    while the worker was not listening still lands, a round trip after it listens
+    again. Used as an async context manager for the worker's life.
+    """
+
+    def __init__(
+        self, redis: Redis, stop: Callable[[str], object], running: Callable[[], Iterable[str]]
+    ) -> None:
+        self.redis = redis
+        self.stop = stop
+        self.running = running
+        #: subscriptions made so far (1 + reconnections)
+        self.subscriptions = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> CancelSignals:
+        self._task = asyncio.create_task(self._listen(), name="cancel-signals")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _listen(self) -> None:
+        delay = 0.05
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(CANCEL_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(timeout=SUBSCRIPTION_PING_SECONDS)
+                    if message is None:
+                        await pubsub.ping()  # a dead connection raises here rather than stay silent
+                    elif message["type"] == "subscribe":
+                        # Also after redis-py reconnected by itself and subscribed again.
+                        self.subscriptions += 1
+                        log.info("cancels.listening", subscriptions=self.subscriptions)
+                        await self._sweep()
+                        delay = 0.05
+                    elif message["type"] == "message":
+                        self.stop(_text(message["data"]))
+            except (RedisError, OSError) as exc:
+                log.warning("cancels.subscription_lost", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RESUBSCRIBE_MAX_SECONDS)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+
+    async def _sweep(self) -> None:
+        """Stop the runs in progress whose cancel was asked while no one was listening."""
+        runs = list(self.running())
+        if not runs:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in runs:
+                pipe.exists(cancel_key(run_id))
+            found = await pipe.execute()
+        for run_id, asked in zip(runs, found, strict=True):
+            if asked:
+                self.stop(run_id)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -109,6 +109,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
 
         stack.push_async_callback(service.unrecorded.close)
+        await stack.enter_async_context(service.cancel_signals())
         beat = asyncio.create_task(_heartbeat(redis, time.time(), toolbox.status), name="heartbeat")
 
         async def stop_beating() -> None:

@@ -11,6 +11,11 @@ Orderings that matter, and why:
   A client that sees ``end`` can read the final state at once.
 * ``durability="sync"``: every step's checkpoint is on disk before the next
   step starts, so a crash repeats at most the step in flight.
+* The graph streams in a task of its own, so a cancel can cut it mid-step
+  (worker/stopping.py): the cut is closed in the thread before the outcome.
+* Release and the terminal event come in a ``finally``: whatever the database
+  raised when the outcome was written (kept and retried, worker/outcomes.py),
+  the client is told and the conversation is free.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from worker.graph import AGENT, TOOLS
 from worker.metrics import collecting
 from worker.model import is_model_unavailable
 from worker.outcomes import UnrecordedOutcomes
-from worker.progress import CANCEL_REASON, RunTracker
+from worker.progress import CancelSignals, RunTracker
+from worker.stopping import Closed, LiveRun, close_thread
 from worker.store import RunStore, end_failed_transaction, is_database_unavailable
 
 log = structlog.get_logger(__name__)
@@ -67,19 +73,29 @@ class RunService:
     redis: Redis
     store: RunStore
     graph: CompiledStateGraph[Any, Any, Any, Any]
-    #: controls of the runs in progress, so a shutdown can drain them
-    controls: dict[str, RunControl] = field(default_factory=dict)
-    #: outcomes the database refused (busy, full), retried until it takes them
+    #: the runs in progress, so a cancel can cut them and a shutdown drain them
+    live: dict[str, LiveRun] = field(default_factory=dict)
+    #: outcomes the database refused (busy, full, failing), retried until it takes them
     unrecorded: UnrecordedOutcomes = field(default_factory=UnrecordedOutcomes)
 
     def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
 
     def drain(self, reason: str = "shutdown") -> int:
-        for control in self.controls.values():
-            if control.drain_reason != CANCEL_REASON:  # a cancelled run stays cancelled
-                control.request_drain(reason)
-        return len(self.controls)
+        for live in self.live.values():
+            if not live.stopping:  # a run being cut for a cancel stays cancelled
+                live.control.request_drain(reason)
+        return len(self.live)
+
+    def stop(self, run_id: str) -> None:
+        """Cut ``run_id`` now if it is in progress here (a cancel was asked)."""
+        live = self.live.get(run_id)
+        if live is not None and live.stop():
+            log.info("run.cancel_requested", run_id=run_id, node=live.node)
+
+    def cancel_signals(self) -> CancelSignals:
+        """The worker's one subscription to cancels (an async context manager, for its life)."""
+        return CancelSignals(self.redis, self.stop, lambda: list(self.live))
 
     async def execute(self, job: RunJob) -> str:
         """Run ``job`` once. A second delivery of the same job does nothing."""
@@ -90,15 +106,16 @@ class RunService:
                 raise DatabaseBusy("earlier outcomes are still waiting to be recorded")
             existing = await self.store.start_run(job)
         except Exception as exc:
+            # Busy, full, malformed, or anything else: the run is not recorded, and the
+            # client must still be told and the conversation freed (``_refuse``).
             if not is_database_unavailable(exc) and not isinstance(exc, DatabaseBusy):
-                raise
+                log.error("run.start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
             # A second delivery of a recorded run is skipped below, busy database or not
             # (a reader is never locked out in WAL mode).
             try:
                 existing = await self.store.get_run(job.run_id)
             except Exception as again:
-                if not is_database_unavailable(again):
-                    raise
+                log.warning("run.lookup_failed", error=f"{type(again).__name__}: {again}")
                 existing = None
             if existing is None:
                 await self._refuse(job, exc)
@@ -121,29 +138,35 @@ class RunService:
             retention=self.settings.event_retention, max_len=self.settings.event_max_per_run,
             new_stream=True,
         )
-        control = RunControl()
-        self.controls[job.run_id] = control
+        # An id of its own, so the message is the same one in the input checkpoint
+        # (``__start__``) and in the thread once the first step applies it.
+        message = (
+            HumanMessage(job.message or "", id=str(uuid.uuid4())) if job.kind is JobKind.RUN else None
+        )
+        live = LiveRun(RunControl(), input=message)
         tracker = RunTracker(self.redis, job.run_id)
+        final: FinalState | None = None
         try:
             try:
-                with collecting(tracker.batch):
-                    final = await self._stream(job, events, control, tracker)
-                outcome = Outcome(RunStatus.COMPLETED)
+                # From here on a cancel reaches the run (RunService.stop).
+                self.live[job.run_id] = live
+                final = await self._run_graph(job, events, live, tracker)
+                if final is None:
+                    outcome, final = await self._close_cut(job, events, live, tracker)
+                else:
+                    outcome = Outcome(RunStatus.COMPLETED)
             finally:
-                self.controls.pop(job.run_id, None)
+                self.live.pop(job.run_id, None)
         except GraphRecursionError:
             outcome = Outcome(
                 RunStatus.FAILED, RunErrorCode.RECURSION_LIMIT,
                 f"the agent took more than {self.settings.agent_recursion_limit} steps",
             )
-        except GraphDrained as exc:
-            if exc.reason == CANCEL_REASON:
-                outcome = Outcome(RunStatus.CANCELLED)
-            else:
-                outcome = Outcome(
-                    RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED,
-                    "the worker shut down during the run; resume the conversation to finish it",
-                )
+        except GraphDrained:
+            outcome = Outcome(
+                RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED,
+                "the worker shut down during the run; resume the conversation to finish it",
+            )
         except NotResumable as exc:
             outcome = Outcome(RunStatus.FAILED, RunErrorCode.RUN_NOT_RESUMABLE, str(exc))
         except asyncio.CancelledError:
@@ -174,7 +197,7 @@ class RunService:
                 )
         await self._conclude(
             job, outcome, events, tracker, started,
-            final if outcome.status is RunStatus.COMPLETED else None,
+            final if outcome.status in (RunStatus.COMPLETED, RunStatus.CANCELLED) else None,
         )
         return outcome.status.value
 
@@ -182,11 +205,27 @@ class RunService:
         self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
         final: FinalState | None = None,
     ) -> None:
+        try:
+            await self._record(job, outcome, events, tracker, started, final)
+        finally:
+            # Whatever recording the outcome raised, the client is told and the conversation
+            # freed: without this an SSE client would get pings for ever and every new
+            # message of the conversation a 409. (Persist, then notify: the outcome above
+            # is either committed or kept for a retry by now.)
+            duration = time.monotonic() - started
+            # With the events, so it lands after every progress write the run queued there.
+            events.along(lambda pipe: tracker.queue_close(pipe, duration))
+            await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
+
+    async def _record(
+        self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
+        final: FinalState | None,
+    ) -> None:
         steps = tracker.steps
         message_count: int | None = None
         pending: bool | None = None
         if final is not None:
-            # The run went to END: its last state is at hand, and nothing is left to run.
+            # The thread has nothing left to run (END, or a cut closed): its size is at hand.
             message_count, pending = final.message_count, False
         else:
             try:
@@ -205,28 +244,75 @@ class RunService:
                 message_count=message_count, pending_tasks=pending, step_count=steps,
             )
 
-        # If the database refuses the outcome, it is kept and retried; the conversation
-        # is released below all the same, or it would stay claimed for ever.
+        # Whatever the database raises, the outcome is kept and retried until it is taken.
         await self.unrecorded.record(job.run_id, record)
-        duration = time.monotonic() - started
         log.info(
             "run.finished", status=outcome.status.value, error_code=outcome.code,
-            steps=steps, duration_ms=round(duration * 1000),
+            steps=steps, duration_ms=round((time.monotonic() - started) * 1000),
             event_publish_failures=events.failures, events=events.next_id - 1, event_writes=events.writes,
         )
-        # With the events, so it lands after every progress write the run queued there.
-        events.along(lambda pipe: tracker.queue_close(pipe, duration))
-        await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
+
+    async def _run_graph(
+        self, job: RunJob, events: EventPublisher, live: LiveRun, tracker: RunTracker
+    ) -> FinalState | None:
+        """Stream the graph in a task of its own, which a cancel cuts; None when it was cut."""
+        # Asked between being taken from the queue and being listed in ``live``: the
+        # subscription could not tell this run, the marker does.
+        if await tracker.cancel_requested():
+            self.stop(job.run_id)
+        if live.stopping:
+            return None
+        with collecting(tracker.batch):  # the task copies this context, and the batch with it
+            live.task = asyncio.create_task(
+                self._stream(job, events, live, tracker), name=f"run:{job.run_id}"
+            )
+        try:
+            return await live.task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if live.stopping and not (current is not None and current.cancelling()):
+                return None  # our cut, not arq cancelling this job
+            raise
+
+    async def _close_cut(
+        self, job: RunJob, events: EventPublisher, live: LiveRun, tracker: RunTracker
+    ) -> tuple[Outcome, FinalState | None]:
+        """Leave the thread valid and finished after a cut (worker/stopping.py); the outcome."""
+        # A checkpoint write cut between its statement and its commit leaves the saver's
+        # transaction open (and the database's write lock held): roll it back, as a crash would.
+        await self._end_failed_checkpoint_write()
+        config: RunnableConfig = {
+            "configurable": {"thread_id": job.conversation_id}, "metadata": {"run_id": job.run_id},
+        }
+        try:
+            closed = await close_thread(self.graph, config, live)
+        except Exception as exc:
+            # The database refused: the thread stays as the cut left it (resumable, like
+            # after a crash); the run was stopped all the same.
+            log.warning("run.cut_not_closed", error=f"{type(exc).__name__}: {exc}")
+            await self._end_failed_checkpoint_write()
+            return Outcome(RunStatus.CANCELLED), None
+        await self._trace_cut(events, live, tracker, closed)
+        log.info("run.cut", node=live.node, stopped=closed.stopped, closed=closed.finished)
+        status = RunStatus.CANCELLED if closed.stopped else RunStatus.COMPLETED
+        return Outcome(status), FinalState(closed.message_count) if closed.finished else None
+
+    async def _trace_cut(
+        self, events: EventPublisher, live: LiveRun, tracker: RunTracker, closed: Closed
+    ) -> None:
+        """What the cut wrote, as the trace events a step would have published."""
+        step = tracker.steps
+        for result in closed.tool_results:
+            await events.trace(step, TOOLS, "result", result.name or "", {
+                "name": result.name, "result": text_of(result.content),
+                "tool_call_id": result.tool_call_id, "status": "stopped",
+            })
+        if live.node is not None:
+            await events.trace(step, live.node, "leave", live.node, {"stopped": True})
 
     async def _stream(
-        self, job: RunJob, events: EventPublisher, control: RunControl, tracker: RunTracker
+        self, job: RunJob, events: EventPublisher, live: LiveRun, tracker: RunTracker
     ) -> FinalState:
-        def check(cancel: bool) -> None:
-            # Takes effect at the next step boundary (LangGraph checks between steps).
-            if cancel and not control.drain_requested:
-                log.info("run.cancel_requested", step=tracker.steps)
-                control.request_drain(CANCEL_REASON)
-
         config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id},
             # Stored on every checkpoint this run writes: exports can tell runs apart,
@@ -234,24 +320,19 @@ class RunService:
             "metadata": {"run_id": job.run_id},
             "recursion_limit": self.settings.agent_recursion_limit,
         }
-        graph_input: dict[str, Any] | None
-        if job.kind is JobKind.RESUME:
+        graph_input: dict[str, Any] | None = None
+        if live.input is not None:
+            graph_input = {"messages": [live.input]}
+        else:
             state = await self.graph.aget_state(self.thread_config(job.conversation_id))
             if not state.tasks:
                 raise NotResumable("the conversation has no unfinished step to resume")
-            graph_input = None
-        else:
-            # An id of its own, so the message is the same one in the input checkpoint
-            # (``__start__``) and in the thread once the first step applies it.
-            graph_input = {"messages": [HumanMessage(job.message or "", id=str(uuid.uuid4()))]}
 
-        # Cancelled between being taken from the queue and now: stop before the first step.
-        check(await tracker.cancel_requested())
         step = 0
         final = FinalState()
         async for item in self.graph.astream(
             graph_input, config,
-            stream_mode=["messages", "tasks", "values"], durability="sync", control=control,
+            stream_mode=["messages", "tasks", "values"], durability="sync", control=live.control,
         ):
             mode, payload = cast(tuple[str, Any], item)
             if mode == "values":
@@ -263,18 +344,19 @@ class RunService:
                 if meta.get("langgraph_node") == AGENT and isinstance(chunk, AIMessageChunk):
                     text = text_of(chunk.content)
                     if text:
+                        live.streamed(text)
                         await events.token(text)
             elif mode == "tasks":
                 node = payload["name"]
                 if "input" in payload:
                     step += 1
+                    live.started(node)
                     tracker.step_started(step, node, events)
                     await events.trace(step, node, "enter", node)
                     continue
-                calls = False
+                live.finished(node)
                 for message in (payload.get("result") or {}).get("messages", []):
                     if node == AGENT and isinstance(message, AIMessage):
-                        calls = calls or bool(message.tool_calls)
                         for call in message.tool_calls:
                             await events.trace(step, node, "call", call["name"], {
                                 "name": call["name"], "arguments": call["args"], "tool_call_id": call["id"],
@@ -286,13 +368,8 @@ class RunService:
                         })
                 leave: dict[str, Any] | None = {"error": payload["error"]} if payload.get("error") else None
                 await events.trace(step, node, "leave", node, leave)
-                if node == AGENT and not calls and leave is None:
-                    # An answer without tool calls goes to END: there is no next step to
-                    # cancel, so no marker to read (its metrics go with the run's end).
-                    continue
-                check(await tracker.task_finished())
+                tracker.task_finished(events)
         return final
-
 
     async def _refuse(self, job: RunJob, exc: BaseException) -> None:
         """The run could not even be recorded: tell the client and free the conversation."""

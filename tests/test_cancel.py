@@ -1,0 +1,256 @@
+"""Stop means stop: a cancel cuts a running run at once, mid-answer, mid-tool or between steps.
+
+Real worker, API, Redis and SQLite; the model is the fake Ollama streaming slowly,
+the tools the fake MCP server (``slow`` sleeps). What each test checks, after the
+cut: the run ended ``cancelled`` with its ``end`` event; what was streamed is in
+the conversation, marked stopped; every tool call has a result; the conversation
+is not resumable into the step that was cut; the next message is accepted at once
+and the model receives a valid history for it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from shared.contracts import cancel_key
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import get_json, read_sse, read_sse_async, tool_calls, tool_log, wait_for
+from tests.support.env import SophosEnv, mcp_servers
+from tests.support.faults import DatabaseLock, accepted
+
+#: The contract (DESIGN.md, README "Cancelling"): from the cancel request to the run's
+#: ``end`` event, at most this long. A generous bound, not a speed figure: the cut
+#: itself takes a few milliseconds plus two SQLite commits (see the README).
+CANCEL_BOUND_SECONDS = 1.0
+#: a 150-token answer streamed over 7.5 s: a run that is not cut completes
+LONG_ANSWER = Text(" ".join(f"word{i}" for i in range(150)), token_delay=0.05)
+STREAM_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def env(sophos_env: SophosEnv) -> SophosEnv:
+    """Only the fake tools server (the fetch server is not needed here)."""
+    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
+    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
+    return sophos_env
+
+
+def cancel(api_url: str, run_id: str) -> httpx.Response:
+    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+        return http.post(f"/api/runs/{run_id}/cancel")
+
+
+async def cancel_and_time(api_url: str, conversation: str, run: str, seen: Any) -> tuple[float, Any]:
+    """Cancel ``run``, read its stream on from ``seen``; seconds from the request to ``end``."""
+    asked = time.monotonic()
+    response = cancel(api_url, run)
+    assert response.status_code == 202, response.text
+    assert response.json()["cancelRequested"] is True
+    rest = await read_sse_async(api_url, conversation, seen.last_id, timeout=STREAM_TIMEOUT)
+    took = time.monotonic() - asked
+    assert rest[-1].event == "end", rest.types
+    assert rest[-1].data == {"conversation": conversation, "run": run, "status": "cancelled"}
+    return took, rest
+
+
+def assert_valid_history(wire_messages: list[dict[str, Any]]) -> None:
+    """What the model received: every assistant tool call is followed by a tool result."""
+    for i, message in enumerate(wire_messages):
+        calls = message.get("tool_calls") or []
+        if message["role"] == "assistant" and calls:
+            following = [m["role"] for m in wire_messages[i + 1 : i + 1 + len(calls)]]
+            assert following == ["tool"] * len(calls), wire_messages
+
+
+def assert_thread_closed(api_url: str, conversation: str) -> list[dict[str, Any]]:
+    """Every tool call answered, nothing left to run; returns the messages."""
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is False
+    assert detail["conversation"]["status"] == "cancelled"
+    messages: list[dict[str, Any]] = detail["messages"]
+    answered = {m["toolCallId"] for m in messages if m["role"] == "tool"}
+    for message in messages:
+        for call in message.get("toolCalls", []):
+            assert call["id"] in answered, messages
+    return messages
+
+
+async def test_a_cancel_mid_answer_ends_the_run_at_once_and_keeps_what_was_streamed(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    model.script(LONG_ANSWER, Text("A short one."))
+    start_worker(env)
+    api = start_api(env).url
+    conversation, run = accepted(api, "tell me a long story")
+    seen = await read_sse_async(api, conversation, stop_after=20, timeout=STREAM_TIMEOUT)
+    assert seen.types[0] == "trace" and set(seen.types[1:]) == {"token"}
+
+    took, rest = await cancel_and_time(api, conversation, run, seen)
+    assert took < CANCEL_BOUND_SECONDS, f"cancel to end took {took:.3f}s"
+    streamed = seen.text + rest.text
+    assert 0 < len(streamed) < len(LONG_ANSWER.text)
+    assert LONG_ANSWER.text.startswith(streamed)
+    assert rest.of("trace")[-1].data == {
+        "step": 1, "node": "agent", "event": "leave", "name": "agent", "data": {"stopped": True},
+    }
+    info = get_json(api, f"/api/runs/{run}")
+    assert info["status"] == "cancelled" and "error" not in info and info["stepCount"] == 1
+
+    # The streamed part is the assistant's reply, marked stopped; nothing is left to run.
+    messages = assert_thread_closed(api, conversation)
+    assert [(m["role"], m["content"], m.get("status")) for m in messages] == [
+        ("user", "tell me a long story", None), ("assistant", streamed, "stopped"),
+    ]
+    export = get_json(api, f"/api/conversations/{conversation}/export", raw=True)
+    assert "## Assistant (stopped)" in export
+
+    # The conversation takes the next message at once, and the model sees the cut reply.
+    _, following = accepted(api, "shorter, please", conversation)
+    events = read_sse(api, conversation, timeout=STREAM_TIMEOUT)
+    assert events[-1].data == {"conversation": conversation, "run": following, "status": "completed"}
+    assert events.text == "A short one."
+    sent = model.requests[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent[1:]] == [
+        ("user", "tell me a long story"), ("assistant", streamed), ("user", "shorter, please"),
+    ]
+    assert_valid_history(sent)
+    assert model.calls == 2
+
+
+async def test_a_cancel_during_a_slow_tool_call_answers_the_call_as_stopped(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    model.script(
+        ToolCalls([("tools__slow", {"seconds": 3.0})]),
+        ToolCalls([("tools__echo", {"text": "still works"})]),
+        Text("Echoed."),
+    )
+    start_worker(env)
+    api = start_api(env).url
+    conversation, run = accepted(api, "take your time")
+    wait_for(
+        lambda: tool_calls(env.tools_log, "slow"), timeout=STREAM_TIMEOUT, message="the slow tool started"
+    )
+    seen = await read_sse_async(api, conversation, stop_after=4, timeout=STREAM_TIMEOUT)
+    assert [e.data["event"] for e in seen] == ["enter", "call", "leave", "enter"]
+
+    took, rest = await cancel_and_time(api, conversation, run, seen)
+    assert took < CANCEL_BOUND_SECONDS, f"cancel to end took {took:.3f}s"
+    call_id = seen[1].data["data"]["tool_call_id"]
+    result, leave = rest.of("trace")
+    assert result.data["event"] == "result" and result.data["data"]["tool_call_id"] == call_id
+    assert result.data["data"]["status"] == "stopped"
+    assert leave.data == {
+        "step": 2, "node": "tools", "event": "leave", "name": "tools", "data": {"stopped": True},
+    }
+    assert get_json(api, f"/api/runs/{run}")["status"] == "cancelled"
+
+    messages = assert_thread_closed(api, conversation)
+    assert [(m["role"], m.get("status")) for m in messages] == [
+        ("user", None), ("assistant", None), ("tool", "stopped"), ("assistant", "stopped"),
+    ]
+    assert messages[2]["toolCallId"] == call_id and "stopped" in messages[2]["content"]
+    assert messages[3]["content"] == ""
+    # The tool server was not told: it finishes the call it had started (README, "Cancelling").
+    wait_for(
+        lambda: any(e.get("event") == "done" for e in tool_log(env.tools_log)),
+        timeout=STREAM_TIMEOUT, message="the slow tool finished on its server",
+    )
+
+    # The next message at once; the same tool session serves it; the model sees a valid thread.
+    _, following = accepted(api, "now echo", conversation)
+    events = read_sse(api, conversation, timeout=STREAM_TIMEOUT)
+    assert events[-1].data["run"] == following and events[-1].data["status"] == "completed"
+    results = [r.data["data"]["status"] for r in events.of("trace") if r.data["event"] == "result"]
+    assert results == ["success"]
+    assert events.text == "Echoed."
+    sent = model.requests[-1]["messages"]
+    assert [m["role"] for m in sent[1:]] == [
+        "user", "assistant", "tool", "assistant", "user", "assistant", "tool",
+    ]
+    assert_valid_history(sent)
+    assert len(tool_calls(env.tools_log, "slow")) == 1  # never run again
+
+
+async def test_a_cancel_between_steps_stops_before_the_tool_runs(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """The model's answer is in, its step is being saved (the database held), the tool not started."""
+    hang = Hang(text="Looking. ", then=ToolCalls([("tools__echo", {"text": "never"})]))
+    model.script(hang, Text("Fine."))
+    start_worker(env)
+    api = start_api(env).url
+    conversation, run = accepted(api, "use a tool")
+    await hang.wait_started_async(STREAM_TIMEOUT)
+    with DatabaseLock(env.database_path) as lock:
+        hang.release()
+        # The step's task finished (its trace says so) but its writes wait for the lock.
+        seen = await read_sse_async(api, conversation, stop_after=4, timeout=STREAM_TIMEOUT)
+        assert [e.event for e in seen] == ["trace", "token", "trace", "trace"]
+        assert [seen[2].data["event"], seen[3].data["event"]] == ["call", "leave"]
+        response = cancel(api, run)
+        assert response.status_code == 202, response.text
+        lock.release()
+    rest = await read_sse_async(api, conversation, seen.last_id, timeout=STREAM_TIMEOUT)
+    assert rest[-1].data == {"conversation": conversation, "run": run, "status": "cancelled"}
+    assert tool_calls(env.tools_log) == []  # the tools step never started
+
+    messages = assert_thread_closed(api, conversation)
+    assert [(m["role"], m["content"], m.get("status")) for m in messages] == [
+        ("user", "use a tool", None), ("assistant", "Looking. ", None),
+        ("tool", messages[2]["content"], "stopped"), ("assistant", "", "stopped"),
+    ]
+    _, following = accepted(api, "never mind", conversation)
+    assert read_sse(api, conversation, timeout=STREAM_TIMEOUT)[-1].data["run"] == following
+    assert_valid_history(model.requests[-1]["messages"])
+
+
+async def test_a_cancel_the_worker_did_not_hear_is_found_when_the_run_starts(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """The marker alone (its signal missed): the run stops before its first step, message kept."""
+    worker = start_worker(env)
+    api = start_api(env).url
+    worker.signal(signal.SIGSTOP)  # taken from the queue only after the cancel
+    try:
+        conversation, run = accepted(api, "stop before you start")
+        # A cancel marker without its signal, as if the worker had not been listening.
+        await redis.set(cancel_key(run), "{}")
+    finally:
+        worker.signal(signal.SIGCONT)
+    events = read_sse(api, conversation, timeout=STREAM_TIMEOUT)
+    assert events[-1].data == {"conversation": conversation, "run": run, "status": "cancelled"}
+    assert model.calls == 0
+    messages = assert_thread_closed(api, conversation)
+    assert [(m["role"], m["content"], m.get("status")) for m in messages] == [
+        ("user", "stop before you start", None), ("assistant", "", "stopped"),
+    ]
+    model.script(Text("Started."))
+    accepted(api, "go on then", conversation)
+    assert read_sse(api, conversation, timeout=STREAM_TIMEOUT).text == "Started."
+
+
+async def test_cancels_are_heard_again_after_a_redis_restart(
+    env: SophosEnv, start_redis, start_worker, start_api, model: FakeOllama
+) -> None:
+    server = start_redis()  # AOF on, like every deployment
+    own = env.with_(REDIS_URL=server.url)
+    worker = start_worker(own)
+    api = start_api(own).url
+    worker.wait_for_log('"subscriptions": 1', timeout=STREAM_TIMEOUT)
+    model.script(LONG_ANSWER)
+    conversation, run = accepted(api, "long, across a restart")
+    await read_sse_async(api, conversation, stop_after=2, timeout=STREAM_TIMEOUT)
+
+    server.restart(signal.SIGTERM, down_for=0.5)
+    worker.wait_for_log('"subscriptions": 2', timeout=STREAM_TIMEOUT)  # subscribed again
+    seen = await read_sse_async(api, conversation, stop_after=5, timeout=STREAM_TIMEOUT)
+    took, _ = await cancel_and_time(api, conversation, run, seen)
+    assert took < CANCEL_BOUND_SECONDS, f"cancel to end took {took:.3f}s"
+    assert worker.alive

@@ -1,0 +1,175 @@
+"""A cancel cuts a run where it stands; what the cut leaves in the thread.
+
+The run service runs a run's ``astream`` in a task of its own (:attr:`LiveRun.task`)
+and cancels that task the moment a cancel is heard (worker/progress.py,
+:class:`~worker.progress.CancelSignals`): in the middle of the model's answer, of
+a tool call, or between two steps. LangGraph's own step bookkeeping unwinds with
+the cancellation (the node's HTTP request or MCP call is abandoned, background
+checkpoint writes already started are awaited), so the thread's last checkpoint
+is a step boundary, perhaps with the results of a task that finished before the
+cut.
+
+The user pressed stop: the conversation must take their next message, the model
+must be callable on the thread, and nothing must run again behind their back. So
+:func:`close_thread` closes the cut through LangGraph (``aupdate_state``, a
+checkpoint like any step's), one step at a time, until nothing is left to run:
+
+* the run's message never reached a checkpoint (cut before the first one): it is
+  recorded, as the graph's input would have been;
+* a task that finished before the cut but whose step was not checkpointed: its
+  result is applied as it came (it happened);
+* a tools step, running or about to run: every tool call of the last answer
+  without a result gets one saying the user stopped it (``status="error"``,
+  marked stopped), since a model may be called only with every tool call
+  answered;
+* the model's answer in flight, or about to start: what was streamed of it
+  becomes the assistant's message (empty if nothing was), marked stopped, with
+  no tool calls, so the graph goes to END.
+
+Stopped messages carry ``response_metadata={"stopped": True}``; the API shows
+them with ``status: "stopped"``. Afterwards the thread has no task left: the
+conversation is not resumable into the step that was cut. Anything else found
+(an interrupt, several tasks, a node this module does not know) is left as it
+is, as a crash would leave it: the conversation is then resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import RunControl
+
+from shared.contracts import STOPPED_MARK
+from worker.graph import AGENT, TOOLS
+
+log = structlog.get_logger(__name__)
+
+START = "__start__"
+#: what a tool call cut short answers the model
+STOPPED_TOOL_RESULT = "The user stopped this tool call before it returned; its outcome is unknown."
+#: the marker on messages written by a cut
+STOPPED = {STOPPED_MARK: True}
+#: a cut takes at most input + finished task + tools + answer: more means something unknown
+_MAX_CLOSING_STEPS = 5
+
+
+@dataclass(slots=True, eq=False)
+class LiveRun:
+    """A run in progress, as the cancel signal and a shutdown see it."""
+
+    control: RunControl
+    #: the run's message, for a run cut before its input checkpoint (None for a resume)
+    input: HumanMessage | None = None
+    #: the task streaming the graph (None until it starts)
+    task: asyncio.Task[Any] | None = None
+    #: a cancel was heard: the run is being cut
+    stopping: bool = False
+    #: the node whose task the stream has seen start and not finish
+    node: str | None = None
+    #: the text the model has streamed in the agent step in flight
+    partial: list[str] = field(default_factory=list)
+
+    def stop(self) -> bool:
+        """Cut the run now. False if it was already being cut."""
+        if self.stopping:
+            return False
+        self.stopping = True
+        if self.task is not None:
+            self.task.cancel()
+        return True
+
+    def started(self, node: str) -> None:
+        self.node = node
+        if node == AGENT:
+            self.partial = []
+
+    def finished(self, node: str) -> None:
+        self.node = None
+        if node == AGENT:
+            self.partial = []  # it is the task's result now, not a partial answer
+
+    def streamed(self, text: str) -> None:
+        self.partial.append(text)
+
+
+@dataclass(slots=True)
+class Closed:
+    """What :func:`close_thread` did."""
+
+    #: nothing is left to run in the thread
+    finished: bool = False
+    #: a stopped message was written (False: the run had in fact finished)
+    stopped: bool = False
+    message_count: int = 0
+    #: the tool results it wrote, for the run's trace events
+    tool_results: list[ToolMessage] = field(default_factory=list)
+    #: the answer it wrote, if any
+    answer: AIMessage | None = None
+
+
+async def close_thread(
+    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, live: LiveRun
+) -> Closed:
+    """Close a cut run's thread (see the module docstring). Raises what the database raises."""
+    closed = Closed()
+    partial = "".join(live.partial)
+    for _ in range(_MAX_CLOSING_STEPS):
+        state = await graph.aget_state(config)
+        messages: list[BaseMessage] = list((state.values or {}).get("messages", []))
+        closed.message_count = len(messages)
+        tasks = list(state.tasks)
+        recorded = live.input is None or any(m.id == live.input.id for m in messages)
+        if not recorded and not any(t.name == START for t in tasks):
+            # Cut before the input checkpoint: the message is the thread's all the same.
+            await graph.aupdate_state(config, {"messages": [live.input]}, as_node=START)
+            continue
+        if not tasks:
+            closed.finished = True
+            return closed
+        if len(tasks) > 1 or tasks[0].interrupts:
+            break
+        task = tasks[0]
+        if task.result is not None:
+            # It finished before the cut and its writes are saved: it happened, keep it.
+            await graph.aupdate_state(config, task.result, as_node=task.name)
+        elif task.name == START and live.input is not None:
+            await graph.aupdate_state(config, {"messages": [live.input]}, as_node=START)
+        elif task.name == TOOLS:
+            results = _stopped_results(messages)
+            await graph.aupdate_state(config, {"messages": results}, as_node=TOOLS)
+            closed.tool_results += results
+            closed.stopped = True
+        elif task.name == AGENT:
+            answer = AIMessage(partial, id=str(uuid.uuid4()), response_metadata=dict(STOPPED))
+            await graph.aupdate_state(config, {"messages": [answer]}, as_node=AGENT)
+            partial = ""
+            closed.answer = answer
+            closed.stopped = True
+        else:
+            break
+    log.warning("run.cut_left_open", tasks=[t.name for t in state.tasks])
+    closed.stopped = True
+    return closed
+
+
+def _stopped_results(messages: list[BaseMessage]) -> list[ToolMessage]:
+    """A stopped result for each tool call of the last answer that has none."""
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    last = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    calls = last.tool_calls if last is not None else []
+    return [
+        ToolMessage(
+            STOPPED_TOOL_RESULT, tool_call_id=call["id"] or "", name=call["name"],
+            status="error", id=str(uuid.uuid4()), response_metadata=dict(STOPPED),
+        )
+        for call in calls
+        if call["id"] not in answered
+    ]
+
