@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -22,6 +23,24 @@ from shared.settings import Settings
 def _resources(state: State) -> Resources:
     resources: Resources = state.resources
     return resources
+
+
+def cors_config(settings: Settings) -> CORSConfig | None:
+    """CORS for the origins of CORS_ORIGINS only; None (same origin only) when there are none.
+
+    Litestar's middleware runs before routing: it answers a preflight ``OPTIONS`` itself
+    (no guard sees it, so no token is needed for it), and adds the headers to every answer
+    to a listed origin, errors included, so a page can read why it was refused.
+    """
+    if not settings.cors_origins:
+        return None
+    return CORSConfig(
+        allow_origins=list(settings.cors_origins),
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+        expose_headers=["Retry-After"],
+        allow_credentials=False,  # the token travels in a header, never in a cookie
+    )
 
 
 def create_app(settings: Settings, *, draining: threading.Event | None = None) -> Litestar:
@@ -72,7 +91,9 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         ),
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
-        # Without a token: no cross-origin browser requests, no DNS rebinding (api/auth.py).
+        cors_config=cors_config(settings),
+        # Without a token: no cross-origin browser requests but from CORS_ORIGINS, no DNS
+        # rebinding (api/auth.py).
         guards=[guard for guard in (browser_guard(settings),) if guard is not None],
         middleware=[access_log, StreamLimit(settings.max_streams_per_client).middleware],
         request_max_body_size=settings.max_body_bytes,

@@ -8,7 +8,8 @@ headers; no log line of ours contains a query string (api/access_log.py).
 Without a token, a web page in the local user's browser could still reach a
 loopback API: by a cross-origin "simple" POST (no preflight; the body is read
 as JSON whatever its content type) or by DNS rebinding (its own name resolving
-to 127.0.0.1, making the API same-origin). :func:`browser_guard` refuses both.
+to 127.0.0.1, making the API same-origin). :func:`browser_guard` refuses both,
+except for pages of the origins listed in CORS_ORIGINS, which are let in on purpose.
 With a token neither works: a browser never adds the token by itself.
 """
 
@@ -98,11 +99,13 @@ def browser_guard(settings: Settings) -> Guard | None:
     """Without API_TOKEN: refuse cross-origin browser requests and, on loopback, foreign Host names.
 
     Clients that are not browsers send no ``Origin`` and a loopback ``Host``, and
-    pass. None when a token is set.
+    pass; so do pages of an origin in CORS_ORIGINS (their ``Host`` is still checked).
+    None when a token is set.
     """
     if settings.api_token:
         return None
     check_host = is_loopback(settings.api_host)
+    listed = frozenset(settings.cors_origins)
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         host = connection.headers.get("host", "")
@@ -114,7 +117,9 @@ def browser_guard(settings: Settings) -> Guard | None:
                     f"(localhost, 127.0.0.1, [::1]), not {host[:100]!r}"
                 )
         origin = connection.headers.get("origin")
-        if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
+        if origin is None or origin in listed:
+            return
+        if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
             raise Forbidden(f"cross-origin requests are not accepted (Origin {origin[:100]!r})")
 
     return guard

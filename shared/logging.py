@@ -1,11 +1,15 @@
-"""structlog, configured once per process."""
+"""structlog, configured once per process; the standard library's records rendered alike."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+#: The stdlib logger every structlog event goes out through (already filtered by level).
+EVENTS_LOGGER = "sophos"
 
 
 def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> None:
@@ -14,6 +18,11 @@ def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> No
 
     Context (run_id, conversation_id, job_id) is bound with
     ``structlog.contextvars.bind_contextvars`` at the start of a job or request.
+
+    One handler writes every line: our events and the records of the libraries that log
+    through the standard library (uvicorn, arq, LangGraph, httpx, asyncio, warnings),
+    rendered by the same renderer through structlog's ``ProcessorFormatter``. One
+    handler, one lock, one write per line: lines from several threads never interleave.
     """
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -28,11 +37,28 @@ def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> No
     else:
         renderer = structlog.processors.JSONRenderer()
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_events_logger,
         cache_logger_on_first_use=True,
     )
-    # Libraries (arq, uvicorn, httpx) log through the standard library.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    formatter = structlog.stdlib.ProcessorFormatter(
+        # Records of other libraries: named by their logger, stamped like ours.
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    # Libraries at WARNING (httpx logs each request at INFO, arq each job); ours as filtered above.
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    logging.getLogger(EVENTS_LOGGER).setLevel(logging.DEBUG)
     logging.getLogger("arq").setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # warnings.warn(...) is a record of "py.warnings", not raw text
+
+
+def _events_logger(*_args: Any) -> logging.Logger:
+    return logging.getLogger(EVENTS_LOGGER)

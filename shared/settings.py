@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit
 
 
 class SettingsError(ValueError):
@@ -103,6 +104,51 @@ def _addresses(env: Mapping[str, str], name: str, default: str) -> str:
     return raw
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+
+
+def _origins(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of web origins (``scheme://host[:port]``), as browsers send them.
+
+    Each is normalized to the form of an ``Origin`` header (lower case, no default port,
+    no trailing slash), which is compared as an exact string.
+    """
+    origins: list[str] = []
+    for item in (part.strip() for part in (env.get(name) or "").split(",")):
+        if not item:
+            continue
+        problem = f"expected origins like https://app.example.com[:port], got {item!r}"
+        try:
+            parsed = urlsplit(item)
+            port = parsed.port
+        except ValueError:
+            raise SettingsError(name, problem) from None
+        host = parsed.hostname or ""
+        if (
+            parsed.scheme not in _DEFAULT_PORTS
+            or parsed.path not in ("", "/")
+            or parsed.query or parsed.fragment or parsed.username is not None or parsed.password is not None
+            or not (_HOST_NAME.fullmatch(host) or _is_ip(host))
+        ):
+            raise SettingsError(name, problem)
+        shown = f"[{host}]" if ":" in host else host
+        if port is not None and port != _DEFAULT_PORTS[parsed.scheme]:
+            shown = f"{shown}:{port}"
+        origin = f"{parsed.scheme}://{shown}"
+        if origin not in origins:
+            origins.append(origin)
+    return tuple(origins)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     raw = env.get(name) or default
     if "\x00" in raw:
@@ -136,6 +182,9 @@ class Settings:
     rate_limit_per_minute: int = 60
     # Open event streams per client address, per API process; 0 turns the limit off.
     max_streams_per_client: int = 32
+    # Web origins (scheme://host[:port]) whose pages may call the API from a browser: they
+    # get CORS headers and pass the browser guard (api/auth.py). Empty: same origin only.
+    cors_origins: tuple[str, ...] = ()
     # json, console, or auto: readable lines on a terminal, JSON lines otherwise.
     log_format: str = "auto"
     log_content: bool = False
@@ -197,6 +246,7 @@ class Settings:
             forwarded_allow_ips=_addresses(env, "FORWARDED_ALLOW_IPS", d.forwarded_allow_ips),
             rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
             max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
+            cors_origins=_origins(env, "CORS_ORIGINS"),
             log_format=_choice(env, "LOG_FORMAT", d.log_format, ("auto", "json", "console")),
             log_content=_bool(env, "LOG_CONTENT", d.log_content),
             event_retention=_int(env, "EVENT_RETENTION", d.event_retention, minimum=1),

@@ -300,7 +300,7 @@ def test_a_pickled_job_in_the_queue_is_not_executed(
         assert client.zscore(QUEUE_NAME, job_id) is None  # taken off the queue, not retried
     finally:
         client.close()
-    assert "ERROR" in line
+    assert json.loads(line)["level"] == "error"
     assert not marker.exists()
     assert worker.alive
     # ... and still serving.

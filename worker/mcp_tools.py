@@ -21,11 +21,11 @@ from typing import Any
 
 import structlog
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from langchain_mcp_adapters.sessions import create_session
 from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent
 
 from shared.metrics import TOOL_CALL
+from worker.mcp_stdio import open_stdio_session
 from worker.metrics import timed
 
 log = structlog.get_logger(__name__)
@@ -102,7 +102,8 @@ class McpServer:
         # must not wake or clear the one opened after it.
         held: ClientSession | None = None
         try:
-            async with create_session(self.connection) as session:  # type: ignore[arg-type]
+            # Its stderr goes to our log as events (worker/mcp_stdio.py).
+            async with open_stdio_session(self.name, self.connection) as session:
                 await session.initialize()
                 self.session = held = session
                 self.error = None

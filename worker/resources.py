@@ -100,7 +100,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
         sweep = ClaimSweep(
             redis, store,
-            executing=lambda: set(service.controls), event_retention=settings.event_retention,
+            executing=lambda: set(service.live), event_retention=settings.event_retention,
         )
         recovered = await recover(service, saver, sweep)
         # Stopped before the store closes (the stack unwinds in reverse).

@@ -8,6 +8,9 @@ Every call appends one JSON line ``{"tool", "args", "pid"}`` to the file named b
 across worker restarts; ``slow`` appends ``{"tool": "slow", "event": "done"}``
 when it finishes. Lines are short single writes in append mode, so lines from
 several server processes do not interleave.
+
+Like the real memory server, it says on stderr that it runs (``STARTED_LINE``): the
+worker must log that as an event, not pass it on raw.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from typing import Any
 
 from mcp.server.fastmcp import FastMCP
+
+STARTED_LINE = "Tools MCP Server running on stdio"
 
 # WARNING: FastMCP logs every request at INFO on stderr, which would flood the worker log.
 mcp = FastMCP("tools", log_level="WARNING")
@@ -72,4 +78,5 @@ def fail(message: str) -> str:
 
 
 if __name__ == "__main__":
+    print(STARTED_LINE, file=sys.stderr, flush=True)
     mcp.run("stdio")

@@ -1,0 +1,429 @@
+"""The deployment files: docker-compose.yml, the Dockerfile, deploy/nginx.conf, .env.example.
+
+No Docker engine is needed. The compose file is read with a YAML parser and checked
+against what the README promises (services, health checks, volumes and who writes them,
+the mounted config, the token from ``.env``), and validated by a compose CLI where one is
+installed (``apt-get install docker-compose`` validates without an engine). The nginx
+settings run in a real nginx where one is installed (Debian's ``nginx-light``), in front
+of a real API process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.client import wait_for
+from tests.support.env import SophosEnv
+from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker-compose.yml"
+GPU_OVERRIDE = REPO / "deploy" / "gpu.yml"
+DOCKERFILE = REPO / "Dockerfile"
+NGINX_CONF = REPO / "deploy" / "nginx.conf"
+ENV_EXAMPLE = REPO / ".env.example"
+MCP_CONFIG = REPO / "config" / "mcp.json"
+
+MEMORY_PACKAGE = "@modelcontextprotocol/server-memory"
+DATA_VOLUME = "sophos-data"
+
+
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def mounts(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read_only) of a service's volumes, short or long syntax."""
+    found = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target, *mode = volume.split(":")
+            found.append((source, target, bool(mode) and "ro" in mode[0].split(",")))
+        else:
+            found.append((volume["source"], volume["target"], bool(volume.get("read_only"))))
+    return found
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The image's ENV (``ENV A=1 \\ B=2`` form)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(item.partition("=")[::2] for item in line[4:].split())
+    return env
+
+
+# --- the compose file ------------------------------------------------------------------------
+
+
+def test_compose_file_parses_with_its_services_and_volumes() -> None:
+    spec = compose()
+    services = spec["services"]
+    assert set(services) == {"redis", "ollama", "worker", "api", "proxy"}
+    assert set(spec["volumes"]) == {"redis-data", "ollama-models", DATA_VOLUME}
+    # Redis keeps accepted runs across a restart (AOF), DESIGN's requirement.
+    assert "--appendonly" in services["redis"]["command"]
+    # Every service runs for good: each has a health check and comes back after a crash.
+    for name, service in services.items():
+        check = service.get("healthcheck")
+        assert check and check["test"][0] in ("CMD", "CMD-SHELL"), f"{name} has no health check"
+        assert service.get("restart") == "unless-stopped", name
+    assert services["ollama"]["healthcheck"]["test"] == ["CMD", "ollama", "list"]
+    assert services["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker", "--check"]
+    # Only the proxy publishes a port.
+    assert [name for name, service in services.items() if "ports" in service] == ["proxy"]
+
+
+def test_only_the_worker_mounts_the_database_read_write() -> None:
+    services = compose()["services"]
+    database_dir = str(Path(dockerfile_env()["DATABASE_PATH"]).parents[1])  # /data/db/sophos.db -> /data
+    writers, readers = [], []
+    for name, service in services.items():
+        for source, target, read_only in mounts(service):
+            if source == DATA_VOLUME:
+                assert target == database_dir, (name, target)
+                (readers if read_only else writers).append(name)
+    assert writers == ["worker"]
+    # The API reads it (mode=ro) through a read-only mount: see the SQLite test below.
+    assert readers == ["api"]
+
+
+def test_config_is_mounted_not_baked_into_the_image() -> None:
+    config_dir = dockerfile_env()["CONFIG_DIR"]
+    worker = compose()["services"]["worker"]
+    assert ("./config", config_dir, True) in mounts(worker)
+    copied = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith(("COPY", "ADD"))]
+    assert copied and not [line for line in copied if "config" in line.split()[1:-1]], copied
+
+
+def test_api_token_comes_from_env_and_other_commands_need_none(sophos_env: SophosEnv) -> None:
+    api = compose()["services"]["api"]
+    # ${VAR:?message} fails every compose command (pull, logs, exec) while unset: not used.
+    assert ":?" not in COMPOSE.read_text()
+    assert api["environment"]["API_TOKEN"] == "${API_TOKEN:-}"
+    assert api["environment"]["API_HOST"] == "0.0.0.0"  # beyond loopback: a token is required
+    example = dict(
+        line.split("=", 1)
+        for line in ENV_EXAMPLE.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert set(example) >= {"API_TOKEN", "OLLAMA_MODEL", "CORS_ORIGINS"}
+    assert example["API_TOKEN"] == ""  # a secret the deployer makes, never one we ship
+    assert ".env" in (REPO / ".gitignore").read_text().split()
+    # What compose passes when .env sets no token: the API refuses to start, naming it.
+    env = sophos_env.with_(API_HOST=api["environment"]["API_HOST"], API_TOKEN="")
+    done = subprocess.run(
+        [sys.executable, "-m", "api"], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 2, done
+    assert "API_TOKEN" in done.stderr and "refusing to start" in done.stderr
+
+
+def test_the_image_runs_as_a_user_that_owns_the_data_dirs() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0", "0:0"), users
+    user = users[-1].split(":")[0]
+    text = DOCKERFILE.read_text()
+    assert re.search(rf"useradd\b[^\n]*\b{user}\b", text)
+    data_dir = str(Path(dockerfile_env()["DATABASE_PATH"]).parents[1])
+    assert re.search(rf"chown -R {user}:{user} {data_dir}\b", text)
+    for path in (dockerfile_env()["DATABASE_PATH"], dockerfile_env()["MEMORY_FILE_PATH"]):
+        assert f"mkdir -p {Path(path).parent}" in text or Path(path).parent.as_posix() in text
+
+
+def test_memory_server_is_pinned_to_one_exact_version() -> None:
+    pinned = re.compile(re.escape(MEMORY_PACKAGE) + r"@(\d+\.\d+\.\d+)\b")
+    args = json.loads(MCP_CONFIG.read_text())["mcpServers"]["memory"]["args"]
+    local = [m.group(1) for arg in args if (m := pinned.fullmatch(arg))]
+    image = pinned.findall(DOCKERFILE.read_text())
+    assert len(local) == 1 and image == local, (args, image)
+    # No unpinned mention left: npx would ask the registry for "latest" at every start.
+    for text in (MCP_CONFIG.read_text(), DOCKERFILE.read_text()):
+        assert text.count(MEMORY_PACKAGE) == len(pinned.findall(text))
+    # In the image, npx resolves it from its cache, never from the registry.
+    assert "offline=true" in DOCKERFILE.read_text()
+
+
+def _compose_cli() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+@pytest.mark.skipif(_compose_cli() is None, reason="no compose CLI (apt-get install docker-compose)")
+def test_compose_cli_accepts_the_files_without_a_token(tmp_path: Path) -> None:
+    cli = _compose_cli()
+    assert cli is not None
+    env = {k: v for k, v in os.environ.items() if k not in ("API_TOKEN", "CORS_ORIGINS", "OLLAMA_MODEL")}
+    # An empty env file stands in for a .env the deployer may not have written yet.
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    for files in ([COMPOSE], [COMPOSE, GPU_OVERRIDE]):
+        argv = [*cli, "--project-directory", str(REPO), "--env-file", str(empty)]
+        for path in files:
+            argv += ["-f", str(path)]
+        done = subprocess.run([*argv, "config"], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        merged = yaml.safe_load(done.stdout)
+        assert merged["services"]["api"]["environment"]["API_TOKEN"] in ("", None)
+        if GPU_OVERRIDE in files:
+            devices = merged["services"]["ollama"]["deploy"]["resources"]["reservations"]["devices"]
+            assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+
+# --- the API's read-only mount ----------------------------------------------------------------
+
+
+_READER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+seen = []
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    seen.append(conn.execute("select count(*) from t").fetchone()[0])
+    if seen[-1] >= int(sys.argv[2]):
+        break
+    time.sleep(0.01)
+print(seen[0], seen[-1], seen == sorted(seen))
+"""
+
+
+def _read_only_view(source: Path, tmp: Path) -> tuple[list[str], Path] | None:
+    """A command prefix and a directory through which ``source`` cannot be written.
+
+    A read-only bind mount, as Docker gives the API (in a mount namespace of the reader's
+    own), where that is allowed; else, for a user other than root, the directory's modes.
+    """
+    if (
+        shutil.which("unshare")
+        and subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+    ):
+        view = tmp / "ro-view"
+        view.mkdir()
+        mount = f'mount --bind -o ro {source} {view} && exec "$@"'
+        return ["unshare", "-m", "sh", "-c", mount, "sh"], view
+    if os.geteuid() != 0:
+        source.chmod(0o555)
+        for entry in source.iterdir():
+            entry.chmod(0o444)
+        return [], source
+    return None
+
+
+def test_a_reader_on_a_read_only_mount_sees_each_commit(tmp_path: Path) -> None:
+    """What the API's ``:ro`` mount gives it: the database, -wal and -shm it cannot write."""
+    api = compose()["services"]["api"]
+    assert (DATA_VOLUME, "/data", True) in mounts(api)
+    data = tmp_path / "data"
+    data.mkdir()
+    writer = sqlite3.connect(data / "sophos.db", isolation_level=None, check_same_thread=False)
+    try:
+        writer.execute("pragma journal_mode=wal")
+        writer.execute("create table t(x)")
+        writer.execute("insert into t values (0)")
+        assert (data / "sophos.db-shm").exists()
+        view = _read_only_view(data, tmp_path)
+        if view is None:
+            pytest.skip("no way to make a read-only view here (root without mount namespaces)")
+        prefix, directory = view
+        target = 300
+        probe = "import sys, pathlib; p = pathlib.Path(sys.argv[1]); p.write_bytes(p.read_bytes())"
+        refused = subprocess.run(
+            [*prefix, sys.executable, "-c", probe, str(directory / "sophos.db-shm")],
+            capture_output=True,
+            text=True,
+        )
+        assert refused.returncode != 0 and ("Read-only" in refused.stderr or "Permission" in refused.stderr)
+        reader = subprocess.Popen(
+            [*prefix, sys.executable, "-c", _READER, str(directory / "sophos.db"), str(target)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+        def write() -> None:
+            for i in range(1, target):
+                writer.execute("insert into t values (?)", (i,))
+                time.sleep(0.005)
+
+        writing = threading.Thread(target=write)
+        writing.start()
+        out, err = reader.communicate(timeout=60)
+        writing.join()
+        assert reader.returncode == 0, err
+        first, last, in_order = out.split()
+        # It read while the writer wrote, and saw the last commit: nothing stale, nothing lost.
+        assert int(first) < target and int(last) == target and in_order == "True", out
+    finally:
+        writer.close()
+        for entry in [data, *data.iterdir()]:
+            entry.chmod(0o755)
+
+
+# --- nginx -----------------------------------------------------------------------------------
+
+
+needs_nginx = pytest.mark.skipif(
+    shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(),
+    reason="no nginx (apt-get install nginx-light)",
+)
+
+
+def _nginx() -> str:
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def _main_conf(tmp: Path, server_conf: Path) -> Path:
+    """A main nginx.conf around a server snippet, as the nginx image's default one includes it."""
+    main = tmp / "nginx-main.conf"
+    temp = {k: tmp / f"nginx-{k}" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
+    for path in temp.values():
+        path.mkdir(exist_ok=True)
+    temp_paths = "".join(f"  {k}_temp_path {v};\n" for k, v in temp.items())
+    main.write_text(
+        f"daemon off;\nmaster_process off;\npid {tmp / 'nginx.pid'};\nerror_log {tmp / 'nginx-error.log'};\n"
+        f"events {{}}\nhttp {{\n{temp_paths}  include {server_conf};\n}}\n"
+    )
+    return main
+
+
+def _substitute(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, f"deploy/nginx.conf no longer has exactly one {old!r}"
+    return text.replace(old, new)
+
+
+@pytest.fixture
+def start_nginx(tmp_path: Path) -> Iterator[Callable[[int], int]]:
+    """``start_nginx(api_port) -> port``: deploy/nginx.conf in a real nginx, sending to that API.
+
+    Only the listening address, the API's address and the access log's path change.
+    """
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(api_port: int) -> int:
+        port = free_port()
+        text = NGINX_CONF.read_text()
+        text = _substitute(text, "listen 8000;", f"listen 127.0.0.1:{port};")
+        text = _substitute(text, "http://api:8000;", f"http://127.0.0.1:{api_port};")
+        text = _substitute(text, "/var/log/nginx/access.log", str(tmp_path / "nginx-access.log"))
+        server_conf = tmp_path / "nginx-sophos.conf"
+        server_conf.write_text(text)
+        proc = subprocess.Popen(
+            [_nginx(), "-c", str(_main_conf(tmp_path, server_conf)), "-p", str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        started.append(proc)
+
+        def listening() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(listening, 10, message="nginx listening")
+        return port
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _conf_seconds(directive: str) -> float:
+    match = re.search(rf"^\s*{directive}\s+(\d+)s;", NGINX_CONF.read_text(), re.M)
+    assert match, f"{directive} is not set in deploy/nginx.conf"
+    return float(match.group(1))
+
+
+def _envelope(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code and body["error"]["message"], body
+
+
+@needs_nginx
+def test_nginx_answers_in_the_apis_error_envelope(
+    sophos_env: SophosEnv, start_api, start_nginx, tmp_path: Path
+) -> None:
+    # The shipped file as it is, in the main configuration the nginx image wraps it in.
+    checked = subprocess.run(
+        [_nginx(), "-t", "-c", str(_main_conf(tmp_path, NGINX_CONF)), "-p", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr
+    api = start_api(sophos_env)
+    port = start_nginx(int(sophos_env["API_PORT"]))
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http:
+        assert http.get("/api/healthz").status_code == 200  # through to the API
+        limit = 1024 * 1024  # the API's MAX_BODY_BYTES default, and nginx's client_max_body_size
+        too_large = http.post(
+            "/api/chat", content=b"x" * (limit + 1), headers={"content-type": "application/json"}
+        )
+        _envelope(too_large, 413, "PAYLOAD_TOO_LARGE")
+        # The same answer the API itself gives.
+        direct = httpx.post(
+            f"{api.url}/api/chat",
+            content=b"x" * (limit + 1),
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        _envelope(direct, 413, "PAYLOAD_TOO_LARGE")
+        assert direct.json()["error"]["message"] == too_large.json()["error"]["message"]
+        api.stop()
+        _envelope(http.get("/api/healthz"), 503, "SERVICE_UNAVAILABLE")
+
+
+@needs_nginx
+def test_nginx_drops_a_client_that_sends_its_headers_slowly(start_nginx) -> None:
+    # The API has no header timeout: the proxy bounds it. A slowloris client sends a header
+    # byte every half second, never finishing; nginx must close the connection.
+    header_timeout = _conf_seconds("client_header_timeout")
+    assert _conf_seconds("client_body_timeout") <= 60
+    port = start_nginx(free_port())  # nothing behind it: the request never gets that far
+    started = time.monotonic()
+    deadline = started + header_timeout + 20  # nginx's default is 60 s: this fails without the setting
+    closed = False
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+        conn.sendall(b"GET /api/healthz HTTP/1.1\r\nHost: sophos\r\n")
+        while not closed and time.monotonic() < deadline:
+            try:
+                conn.sendall(b"X")
+                conn.recv(4096)  # b"" (closed) or a 408: either way nginx ended it
+                closed = True
+            except TimeoutError:
+                continue  # still open: nothing to read within 0.5 s
+            except OSError:  # reset, broken pipe
+                closed = True
+    assert closed, f"connection still open after {time.monotonic() - started:.0f}s"
+    assert time.monotonic() - started >= header_timeout - 1
