@@ -182,7 +182,17 @@ def test_the_answer_streams_as_markdown_with_tool_cards(
     expect(page.locator("#export-jsonl")).to_have_attribute(
         "href", f"/api/conversations/{conversation}/export?format=jsonl"
     )
+    expect(page.locator("#runs-view")).to_be_hidden()
     screenshot(page, tmp_path, "chat")
+
+    # Usable at 375 px: the conversations fold away behind a button.
+    page.set_viewport_size({"width": 375, "height": 740})
+    expect(page.locator("#sidebar")).not_to_be_in_viewport()
+    expect(page.get_by_label("Message")).to_be_in_viewport()
+    page.get_by_role("button", name="Show conversations").click()
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    screenshot(page, tmp_path, "chat-375")
+    page.set_viewport_size({"width": 1100, "height": 760})
 
     # The same conversation opened afresh shows the same thing, from the checkpoint.
     page.goto(f"{url}/#/c/{conversation}")
@@ -199,7 +209,9 @@ HOSTILE = (
 )
 
 
-def test_model_text_is_shown_never_run(service: Callable[..., str], offline: Offline, model: FakeOllama) -> None:
+def test_model_text_is_shown_never_run(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
     url = service()
     model.script(Text(HOSTILE))
     page = offline.page()
@@ -327,6 +339,30 @@ def test_errors_show_the_apis_own_message(
     expect(page.get_by_label("Message")).to_have_value("and from the page")  # nothing typed is lost
     hang.release()
     idle(page)
+
+
+def test_stop_cancels_the_run(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    hang = Hang(text="Let me look that up ", then=ToolCalls([("tools__echo", {"text": "never"})]))
+    model.script(hang)
+    page = offline.page()
+    page.goto(url)
+    send(page, "look it up")
+    hang.wait_started(20)
+    expect(answers(page).last).to_contain_text("Let me look that up")
+    page.get_by_role("button", name="Stop").click()
+    conversation = conversation_of(page)
+    run = get_json(url, f"/api/runs?conversation={conversation}")["runs"][0]
+    # The run stops at its next step boundary, or sooner: either way the page says so.
+    hang.release()
+    expect(page.locator(".note")).to_have_text("Stopped.")
+    idle(page)
+    assert get_json(url, f"/api/runs/{run['id']}")["status"] == "cancelled"
+    expect(page.locator("#conversation-status")).to_have_text("stopped")
+    expect(answers(page).last).to_contain_text("Let me look that up")
+    assert tool_calls(sophos_env.tools_log) == []  # the tool call it asked for never ran
 
 
 # --- tokens ----------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ export class ChatView {
       else if (message.role === "assistant") {
         if (message.content) this.appendAssistant(message.content);
         for (const call of message.toolCalls || []) this.appendCard(call.name, call.arguments, call.id);
-        this.segment = null;
+        this.closeSegment();
       } else if (message.role === "tool") {
         const card = this.cards.get(message.toolCallId) || this.appendCard(message.name || "tool", {}, message.toolCallId);
         setResult(card, message.content, message.status);
@@ -246,12 +246,22 @@ export class ChatView {
     return node;
   }
 
-  appendUser(text) {
+  /** The answer being written is complete (a tool call, a new step, the end followed). */
+  closeSegment() {
+    const segment = this.segment;
     this.segment = null;
+    if (!segment) return;
+    segment.body.innerHTML = renderMarkdown(segment.text);
+    segment.node.classList.remove("streaming");
+  }
+
+  appendUser(text) {
+    this.closeSegment();
     return this.place(el("div", { class: "message user" }, el("div", { class: "bubble", text })));
   }
 
   appendAssistant(text) {
+    this.closeSegment();
     const body = el("div", { class: "bubble markdown" });
     const node = this.place(el("div", { class: "message assistant" }, body));
     this.segment = { node, body, text, scheduled: false };
@@ -276,7 +286,7 @@ export class ChatView {
   }
 
   appendCard(name, args, callId) {
-    this.segment = null;
+    this.closeSegment();
     const card = toolCard(name, args, callId);
     this.place(card);
     if (callId) this.cards.set(callId, card);
@@ -341,7 +351,7 @@ export class ChatView {
 
   trace(trace) {
     const data = trace.data || {};
-    if (trace.event === "enter" && trace.node === "agent") this.segment = null;
+    if (trace.event === "enter" && trace.node === "agent") this.closeSegment();
     else if (trace.event === "call") this.appendCard(data.name || trace.name, data.arguments, data.tool_call_id);
     else if (trace.event === "result") {
       const card = this.cards.get(data.tool_call_id) || this.appendCard(data.name || trace.name, {}, data.tool_call_id);
@@ -380,8 +390,7 @@ export class ChatView {
     this.detach();
     this.run = null;
     this.setActive(false);
-    if (this.segment) this.segment.node.classList.remove("streaming");
-    this.segment = null;
+    this.closeSegment();
     this.sidebar.refresh();
     if (missed) {
       // Some events were no longer kept: the checkpoint has the whole story.
@@ -399,21 +408,16 @@ export class ChatView {
   }
 
   ended(data) {
-    this.flush();
+    this.closeSegment();
     if (data.status === "cancelled") this.note("Stopped.");
     else if (data.status === "waiting") this.note("Waiting for approval: this page cannot approve or reject tool calls yet.");
     this.finish();
   }
 
   failed(data) {
-    this.flush();
+    this.closeSegment();
     this.banners.show({ code: data.code, message: data.message });
     this.finish();
-  }
-
-  /** Render the streaming answer now (the terminal event arrived). */
-  flush() {
-    if (this.segment) this.segment.body.innerHTML = renderMarkdown(this.segment.text);
   }
 
   // --- actions ---------------------------------------------------------------------
