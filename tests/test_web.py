@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
@@ -151,6 +152,8 @@ def test_the_answer_streams_as_markdown_with_tool_cards(
     page = offline.page()
     page.goto(url)
     expect(page.locator("#empty")).to_be_visible()
+    headers = httpx.get(f"{url}/", timeout=10).headers
+    assert "script-src 'self'" in headers["content-security-policy"]
     send(page, "Say hello\nthrough the tool")
 
     card = page.locator("details.tool")
@@ -268,6 +271,29 @@ def test_a_reload_mid_answer_shows_every_token_once(
     assert model.calls == 2
 
 
+def test_a_dropped_stream_resumes_with_last_event_id(
+    sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
+) -> None:
+    """The API process dies mid-answer and another takes its port: the browser's EventSource
+    reconnects with ``Last-Event-ID`` and the page shows every token once."""
+    words = [f"v{i}" for i in range(1, 101)]
+    model.script(Text(" ".join(words), token_delay=0.04))
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    page = offline.page()
+    page.goto(api.url)
+    send(page, "count while the API restarts")
+    expect(answers(page).last).to_contain_text("v10")
+    api.kill()
+    assert api.wait(10) == -signal.SIGKILL
+    second = start_api(sophos_env, port=int(sophos_env["API_PORT"]))
+    expect(answers(page).last).to_contain_text("v100")
+    idle(page)
+    assert answers(page).last.inner_text().split() == words
+    resumed = [r for r in second.log_records() if r.get("event") == "relay.opened"]
+    assert resumed and all(r["after"] > 0 for r in resumed), resumed  # picked up after what was seen
+
+
 def test_an_interrupted_run_shows_why_and_resumes(
     sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
 ) -> None:
@@ -307,7 +333,7 @@ def test_an_interrupted_run_shows_why_and_resumes(
 def test_errors_show_the_apis_own_message(
     service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
-    url = service()
+    url = service(RATE_LIMIT_PER_MINUTE=5)
     page = offline.page()
     page.goto(url)
 
@@ -339,6 +365,14 @@ def test_errors_show_the_apis_own_message(
     expect(page.get_by_label("Message")).to_have_value("and from the page")  # nothing typed is lost
     hang.release()
     idle(page)
+
+    # Rate limited: the sixth submission within a minute (four from the page, two from the test).
+    send(page, "third from the page")
+    idle(page)
+    send(page, "one too many")
+    limited = page.locator('.banner[data-code="RATE_LIMITED"] .message')
+    expect(limited).to_contain_text("too many chat submissions from this address: at most 5 per minute")
+    expect(page.get_by_label("Message")).to_have_value("one too many")
 
 
 def test_stop_cancels_the_run(
