@@ -9,6 +9,7 @@ COPY worker worker
 COPY shared shared
 COPY sophos_cli sophos_cli
 COPY config config
+COPY web web
 RUN pip install --no-cache-dir -c requirements.lock . \
     && npm install -g @modelcontextprotocol/server-memory \
     && cd "$(python -c 'import os, readabilipy; print(os.path.dirname(readabilipy.__file__))')/javascript" \

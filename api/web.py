@@ -20,10 +20,6 @@ from litestar.enums import MediaType
 from litestar.openapi.plugins import OpenAPIRenderPlugin, SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
 
-#: ``web/`` beside the packages (a checkout or an editable install); else the working
-#: directory's (an image that installs the packages and copies ``web/`` to its workdir).
-_CANDIDATES = (Path(__file__).resolve().parent.parent / "web", Path.cwd() / "web")
-
 #: Model text is untrusted: even if a reply slipped past the renderer, the browser would
 #: run no inline script, load nothing from elsewhere and send nothing elsewhere.
 PAGE_HEADERS = {
@@ -41,11 +37,14 @@ _VIEWER = "/web/vendor/swagger-ui-dist"
 
 
 def web_dir() -> Path:
-    """The folder holding ``index.html`` (the first candidate that has one)."""
-    for candidate in _CANDIDATES:
+    """The folder holding ``index.html``: ``web/`` beside the packages (a checkout, an
+    editable install), else the working directory's (the image installs the packages
+    into site-packages and copies ``web/`` to its workdir)."""
+    candidates = (Path(__file__).resolve().parent.parent / "web", Path.cwd() / "web")
+    for candidate in candidates:
         if (candidate / "index.html").is_file():
             return candidate
-    return _CANDIDATES[0]
+    return candidates[0]
 
 
 def _with_page_headers(response: Response[Any]) -> Response[Any]:
