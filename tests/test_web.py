@@ -271,6 +271,7 @@ def test_a_reload_mid_answer_shows_every_token_once(
     assert model.calls == 2
 
 
+@pytest.mark.fault
 def test_a_dropped_stream_resumes_with_last_event_id(
     sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
 ) -> None:
@@ -294,6 +295,7 @@ def test_a_dropped_stream_resumes_with_last_event_id(
     assert resumed and all(r["after"] > 0 for r in resumed), resumed  # picked up after what was seen
 
 
+@pytest.mark.fault
 def test_an_interrupted_run_shows_why_and_resumes(
     sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
 ) -> None:
@@ -375,6 +377,25 @@ def test_errors_show_the_apis_own_message(
     expect(page.get_by_label("Message")).to_have_value("one too many")
 
 
+@pytest.mark.fault
+def test_queue_down_is_a_banner(
+    sophos_env: SophosEnv, start_redis, start_worker, start_api, offline: Offline, model: FakeOllama
+) -> None:
+    redis = start_redis(appendonly=False)
+    env = sophos_env.with_(REDIS_URL=redis.url)
+    start_worker(env)
+    api = start_api(env)
+    page = offline.page()
+    page.goto(api.url)
+    expect(page.locator("#empty")).to_be_visible()
+    redis.stop()
+    send(page, "is anyone there?")
+    banner = page.locator('.banner[data-code="QUEUE_UNAVAILABLE"] .message')
+    expect(banner).to_have_text("the queue is unavailable, try again shortly")
+    expect(page.get_by_label("Message")).to_have_value("is anyone there?")
+    expect(page.locator("#send")).to_be_enabled()
+
+
 def test_stop_cancels_the_run(
     service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
 ) -> None:
@@ -382,6 +403,8 @@ def test_stop_cancels_the_run(
     hang = Hang(text="Let me look that up ", then=ToolCalls([("tools__echo", {"text": "never"})]))
     model.script(hang)
     page = offline.page()
+    # By the name `localhost` too: the browser guard compares Origin with Host, and they agree.
+    url = url.replace("127.0.0.1", "localhost")
     page.goto(url)
     send(page, "look it up")
     hang.wait_started(20)

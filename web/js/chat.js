@@ -178,7 +178,7 @@ export class ChatView {
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
       this.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
-      if (active) this.attach(active, 0);
+      if (active) this.attach(active, 0, latest.status);
       else this.showOutcome(detail.conversation, detail.resumable);
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
@@ -305,13 +305,13 @@ export class ChatView {
     if (active) this.resumeButton.hidden = true;
   }
 
-  /** Stream `run` after event `after` (0: from its start). */
-  attach(run, after) {
+  /** Stream `run` after event `after` (0: from its start); `status`: the run's, as last known. */
+  attach(run, after, status = "running") {
     this.detach();
     this.run = run;
     this.lastEventId = after;
     this.setActive(true);
-    this.setStatus("running");
+    this.setStatus(status);
     const params = new URLSearchParams({ conversation: this.conversation, run });
     if (after) params.set("lastEventId", String(after));
     const source = new EventSource(withToken(`/api/chat?${params}`));
@@ -323,6 +323,7 @@ export class ChatView {
         // Ids are strictly increasing per run: an event already shown is never shown twice.
         if (id && id <= this.lastEventId) return;
         if (id) this.lastEventId = id;
+        if (type === "token" || type === "trace") this.setStatus("running");
         handle(JSON.parse(event.data));
       });
     on("token", (text) => this.appendToken(text));
@@ -451,7 +452,7 @@ export class ChatView {
     }
     this.resumeButton.hidden = true;
     this.appendUser(text);
-    this.attach(accepted.run, 0);
+    this.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
 
@@ -475,7 +476,7 @@ export class ChatView {
     try {
       const accepted = await api("/api/chat", { method: "POST", body: { resume: true, conversation } });
       this.resumeButton.hidden = true;
-      this.attach(accepted.run, 0);
+      this.attach(accepted.run, 0, "queued");
       this.sidebar.refresh();
     } catch (error) {
       this.banners.show(error);
