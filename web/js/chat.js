@@ -307,7 +307,9 @@ export class ChatView {
 
   /** Stream `run` after event `after` (0: from its start); `status`: the run's, as last known. */
   attach(run, after, status = "running") {
+    const missed = after ? this.missed : false; // a reconnect keeps what it learnt
     this.detach();
+    this.missed = missed;
     this.run = run;
     this.lastEventId = after;
     this.setActive(true);
