@@ -14,6 +14,7 @@ COPY api api
 COPY worker worker
 COPY shared shared
 COPY sophos_cli sophos_cli
+COPY web web
 RUN pip install --no-cache-dir -c requirements.lock . \
     && cd "$(python -c 'import os, readabilipy; print(os.path.dirname(readabilipy.__file__))')/javascript" \
     && npm install --no-audit --no-fund

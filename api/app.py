@@ -11,7 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from api import routes_chat, routes_ops, routes_read
+from api import routes_chat, routes_ops, routes_read, web
 from api.access_log import access_log
 from api.auth import browser_guard, token_guard
 from api.errors import exception_handlers
@@ -81,10 +81,11 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         version="0.1.0",
         description="A durable chat agent: send messages, stream a run's events, read conversations.",
         path="/schema",
+        render_plugins=web.schema_viewers(),  # served from web/vendor: works offline
         components=components if settings.api_token else [],
     )
     return Litestar(
-        route_handlers=[api, scrape],
+        route_handlers=[api, scrape, *web.routes()],  # the page at / (api/web.py)
         lifespan=[lifespan(settings, draining)],
         state=State(
             {"draining": draining, "submission_limit": SubmissionLimit(settings.rate_limit_per_minute)}

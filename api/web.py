@@ -1,0 +1,82 @@
+"""The web page: ``GET /`` and its files under ``/web/``; the ``/schema`` viewer served from them.
+
+The page is plain HTML, CSS and ES modules in the repository's ``web/`` folder (no
+build step). Third-party files are vendored in ``web/vendor/`` by
+``scripts/vendor-web.sh``, so neither the page nor the API documentation fetches
+anything from a CDN: both work on a machine with no internet.
+
+The page is same-origin with the API, so the browser guard (api/auth.py) lets its
+requests through, and it needs no CORS. Its own files are public like ``/schema``:
+they hold no data, and the page must load before it can ask for a token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from litestar import Response, Router, get
+from litestar.enums import MediaType
+from litestar.openapi.plugins import OpenAPIRenderPlugin, SwaggerRenderPlugin
+from litestar.static_files import create_static_files_router
+
+#: Model text is untrusted: even if a reply slipped past the renderer, the browser would
+#: run no inline script, load nothing from elsewhere and send nothing elsewhere.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+_VIEWER = "/web/vendor/swagger-ui-dist"
+
+
+def web_dir() -> Path:
+    """The folder holding ``index.html``: ``web/`` beside the packages (a checkout, an
+    editable install), else the working directory's (the image installs the packages
+    into site-packages and copies ``web/`` to its workdir)."""
+    candidates = (Path(__file__).resolve().parent.parent / "web", Path.cwd() / "web")
+    for candidate in candidates:
+        if (candidate / "index.html").is_file():
+            return candidate
+    return candidates[0]
+
+
+def _with_page_headers(response: Response[Any]) -> Response[Any]:
+    response.headers.update(PAGE_HEADERS)
+    return response
+
+
+def routes() -> list[Any]:
+    """``GET /`` (the page) and ``/web/*`` (its files), left out of the OpenAPI document."""
+    folder = web_dir()
+
+    @get("/", include_in_schema=False, media_type=MediaType.HTML, sync_to_thread=False)
+    def page() -> Response[bytes]:
+        # Read per request: the file is small, and an edit shows on reload.
+        return Response((folder / "index.html").read_bytes(), media_type=MediaType.HTML, headers=PAGE_HEADERS)
+
+    files: Router = create_static_files_router(
+        path="/web", directories=[folder], name="web", include_in_schema=False,
+        after_request=_with_page_headers,
+    )
+    return [page, files]
+
+
+def schema_viewers() -> list[OpenAPIRenderPlugin]:
+    """Swagger UI at ``/schema`` from the vendored files (``/schema/openapi.json`` stays)."""
+    return [
+        SwaggerRenderPlugin(
+            path="/",
+            js_url=f"{_VIEWER}/swagger-ui-bundle.js",
+            css_url=f"{_VIEWER}/swagger-ui.css",
+            standalone_preset_js_url=f"{_VIEWER}/swagger-ui-standalone-preset.js",
+            # Litestar's default favicon is an image on a CDN.
+            favicon="<link rel='icon' href='data:,'>",
+        )
+    ]

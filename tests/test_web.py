@@ -1,0 +1,509 @@
+"""The web page at ``/``, in Debian's Chromium driven by Playwright, against the real API and worker.
+
+One browser for the module; each test gets a fresh context (its own sessionStorage)
+in which every request to a host other than loopback is aborted and recorded: the
+page and ``/schema`` must work on a machine with no internet. The browser is the
+system's (``/usr/bin/chromium``); Playwright's own download is never used. Without
+it these tests fail, naming the install line, rather than skip.
+
+Screenshots of the chat and the runs view go to ``tmp_path`` (and, with
+``SOPHOS_SCREENSHOTS=DIR``, to DIR: that is how the README's one was made).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
+from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.env import SophosEnv
+
+CHROMIUM = os.environ.get("SOPHOS_CHROMIUM", "/usr/bin/chromium")
+INSTALL_LINE = "apt-get update && apt-get install -y chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]
+#: Playwright's waits, in milliseconds: generous, the machine is shared.
+WAIT_MS = 20_000
+LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
+
+try:
+    from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
+except ImportError:  # pragma: no cover - the test extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+
+# --- the browser -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    if sync_playwright is None:
+        pytest.fail("playwright is not installed: .venv/bin/pip install -c requirements.lock -e '.[test]'")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
+        pytest.fail(f"the web tests need Chromium at {CHROMIUM}: install it with `{INSTALL_LINE}`")
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+class Offline:
+    """A browser context that aborts (and records) every request leaving loopback."""
+
+    def __init__(self, context: BrowserContext) -> None:
+        self.context = context
+        self.blocked: list[str] = []
+        self.errors: list[str] = []
+        context.route("**/*", self._route)
+
+    def _route(self, route: Any) -> None:
+        host = urlsplit(route.request.url).hostname or ""
+        if host in LOOPBACK:
+            route.continue_()
+        else:
+            self.blocked.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    def page(self) -> Page:
+        page = self.context.new_page()
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.set_default_timeout(WAIT_MS)
+        return page
+
+
+@pytest.fixture
+def offline(browser: Browser, tmp_path: Path) -> Iterator[Offline]:
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    offline = Offline(context)
+    yield offline
+    context.close()
+    assert offline.blocked == [], f"the page asked for hosts beyond loopback: {offline.blocked}"
+    assert offline.errors == [], f"uncaught errors in the page: {offline.errors}"
+
+
+@pytest.fixture
+def service(sophos_env: SophosEnv, start_worker, start_api) -> Callable[..., str]:
+    """``service(**env changes) -> API url``: a worker and an API for this test."""
+
+    def start(**changes: Any) -> str:
+        env = sophos_env.with_(**changes)
+        start_worker(env)
+        return str(start_api(env).url)
+
+    return start
+
+
+def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    page.screenshot(path=str(tmp_path / f"{name}.png"))
+    if folder := os.environ.get("SOPHOS_SCREENSHOTS"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"))
+
+
+def send(page: Page, text: str) -> None:
+    page.get_by_label("Message").fill(text)
+    page.get_by_label("Message").press("Enter")
+
+
+def conversation_of(page: Page) -> str:
+    wait_for(lambda: re.search(r"#/c/([0-9a-f-]{36})$", page.url), message="a conversation in the URL")
+    match = re.search(r"#/c/([0-9a-f-]{36})$", page.url)
+    assert match
+    return match.group(1)
+
+
+def answers(page: Page) -> Any:
+    return page.locator(".message.assistant .bubble")
+
+
+def idle(page: Page) -> None:
+    """Wait until no run streams into the view (the terminal event was handled)."""
+    expect(page.locator(".message.streaming")).to_have_count(0)
+    expect(page.locator("#stop")).to_be_hidden()
+    expect(page.locator("#send")).to_be_enabled()
+
+
+# --- chat ------------------------------------------------------------------------------------
+
+
+def test_the_answer_streams_as_markdown_with_tool_cards(
+    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path
+) -> None:
+    url = service()
+    hang = Hang(text="# Sums\n\nThe tool says **hello** and `x = 1`.\n\n", then=Text("- one\n- two\n"))
+    model.script(ToolCalls([("tools__echo", {"text": "hello"})]), hang)
+    page = offline.page()
+    page.goto(url)
+    expect(page.locator("#empty")).to_be_visible()
+    headers = httpx.get(f"{url}/", timeout=10).headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    send(page, "Say hello\nthrough the tool")
+
+    card = page.locator("details.tool")
+    expect(card.locator(".tool-name")).to_have_text("tools__echo")
+    expect(card.locator(".tool-state")).to_have_text("done")
+    card.locator("summary").click()
+    expect(card.locator(".tool-args")).to_contain_text('"text": "hello"')
+    expect(card.locator(".tool-result")).to_contain_text("hello")
+
+    # Part of the answer is on screen while the model is still writing it.
+    hang.wait_started(20)
+    answer = answers(page).last
+    expect(answer.locator("h1")).to_have_text("Sums")
+    expect(answer.locator("strong")).to_have_text("hello")
+    expect(answer.locator("code")).to_have_text("x = 1")
+    expect(page.locator(".message.streaming")).to_have_count(1)
+    expect(page.locator("#stop")).to_be_visible()
+    hang.release()
+
+    expect(answer.locator("li")).to_have_text(["one", "two"])
+    idle(page)
+    expect(page.locator(".message.user .bubble")).to_have_text("Say hello\nthrough the tool")
+    conversation = conversation_of(page)
+    item = page.locator(f'#conversations li[data-id="{conversation}"]')
+    expect(item.locator(".title")).to_have_text("Say hello")
+    expect(item.locator(".status")).to_have_text("completed")
+    expect(page.locator("#conversation-status")).to_have_text("completed")
+    expect(page.locator("#export-md")).to_have_attribute("href", f"/api/conversations/{conversation}/export")
+    expect(page.locator("#export-jsonl")).to_have_attribute(
+        "href", f"/api/conversations/{conversation}/export?format=jsonl"
+    )
+    expect(page.locator("#runs-view")).to_be_hidden()
+    screenshot(page, tmp_path, "chat")
+
+    # Usable at 375 px: the conversations fold away behind a button.
+    page.set_viewport_size({"width": 375, "height": 740})
+    expect(page.locator("#sidebar")).not_to_be_in_viewport()
+    expect(page.get_by_label("Message")).to_be_in_viewport()
+    page.get_by_role("button", name="Show conversations").click()
+    expect(page.locator("#sidebar")).to_be_in_viewport()
+    screenshot(page, tmp_path, "chat-375")
+    page.set_viewport_size({"width": 1100, "height": 760})
+
+    # The same conversation opened afresh shows the same thing, from the checkpoint.
+    page.goto(f"{url}/#/c/{conversation}")
+    page.reload()
+    expect(answers(page).last.locator("li")).to_have_text(["one", "two"])
+    expect(page.locator("details.tool .tool-result")).to_contain_text("hello")
+
+
+HOSTILE = (
+    "Look: <script>window.__pwned = 'script'</script> and "
+    "<img src=x onerror=\"window.__pwned = 'img'\"> and [a link](javascript:window.__pwned='link') "
+    "and ![pic](http://192.0.2.1/track.png) but **bold** is fine.\n\n"
+    "<div onmouseover=\"window.__pwned = 'div'\">hover</div>\n"
+)
+
+
+def test_model_text_is_shown_never_run(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    model.script(Text(HOSTILE))
+    page = offline.page()
+    page.goto(url)
+    send(page, "<b>mine</b> <img src=y onerror=\"window.__pwned = 'user'\">")
+    answer = answers(page).last
+    expect(answer.locator("strong")).to_have_text("bold")
+    idle(page)
+
+    text = answer.inner_text()
+    assert "<script>window.__pwned = 'script'</script>" in text
+    assert "<img src=x onerror=\"window.__pwned = 'img'\">" in text
+    assert "<div onmouseover=" in text
+    messages = page.locator("#messages")
+    assert messages.locator("img").count() == 0
+    assert messages.locator("script").count() == 0
+    assert messages.locator("[onerror], [onmouseover]").count() == 0
+    assert messages.locator('a[href^="javascript"]').count() == 0
+    expect(page.locator(".message.user .bubble")).to_have_text(
+        "<b>mine</b> <img src=y onerror=\"window.__pwned = 'user'\">"
+    )
+    page.locator(".message.assistant").hover()
+    assert page.evaluate("window.__pwned") is None
+
+    # Read back from the checkpoint (a reload), it is still text.
+    page.reload()
+    expect(answers(page).last.locator("strong")).to_have_text("bold")
+    assert page.locator("#messages img, #messages script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_a_reload_mid_answer_shows_every_token_once(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    words = [f"w{i}" for i in range(1, 121)]
+    model.script(
+        ToolCalls([("tools__echo", {"text": "before"})]),
+        Text(" ".join(words), token_delay=0.03),
+    )
+    page = offline.page()
+    page.goto(url)
+    send(page, "count slowly")
+    expect(answers(page).last).to_contain_text("w15")
+    page.reload()
+    # The page picks the run up where it is: the answer goes on streaming after the reload.
+    expect(page.locator(".message.streaming")).to_have_count(1)
+    expect(answers(page).last).to_contain_text("w120")
+    idle(page)
+    assert answers(page).count() == 1
+    assert answers(page).last.inner_text().split() == words
+    expect(page.locator("details.tool")).to_have_count(1)
+    expect(page.locator(".message.user")).to_have_count(1)
+    assert model.calls == 2
+
+
+@pytest.mark.fault
+def test_a_dropped_stream_resumes_with_last_event_id(
+    sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
+) -> None:
+    """The API process dies mid-answer and another takes its port: the browser's EventSource
+    reconnects with ``Last-Event-ID`` and the page shows every token once."""
+    words = [f"v{i}" for i in range(1, 101)]
+    model.script(Text(" ".join(words), token_delay=0.04))
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    page = offline.page()
+    page.goto(api.url)
+    send(page, "count while the API restarts")
+    expect(answers(page).last).to_contain_text("v10")
+    api.kill()
+    assert api.wait(10) == -signal.SIGKILL
+    second = start_api(sophos_env, port=int(sophos_env["API_PORT"]))
+    expect(answers(page).last).to_contain_text("v100")
+    idle(page)
+    assert answers(page).last.inner_text().split() == words
+    resumed = [r for r in second.log_records() if r.get("event") == "relay.opened"]
+    assert resumed and all(r["after"] > 0 for r in resumed), resumed  # picked up after what was seen
+
+
+@pytest.mark.fault
+def test_an_interrupted_run_shows_why_and_resumes(
+    sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All **done**."))
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    page = offline.page()
+    page.goto(api.url)
+    send(page, "do the slow thing")
+    expect(page.locator("details.tool .tool-name")).to_have_text("tools__slow")
+
+    wait_for(lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20)
+    worker.kill()
+    assert worker.wait(10) == -signal.SIGKILL
+    start_worker(sophos_env)
+
+    banner = page.locator('.banner[data-code="INTERRUPTED"]')
+    expect(banner).to_be_visible()
+    run = get_json(api.url, f"/api/runs?conversation={conversation_of(page)}")["runs"][0]
+    expect(banner.locator(".message")).to_have_text(run["error"]["message"])
+    expect(page.locator("#resume")).to_be_visible()
+
+    # Opened later, the conversation still says why, and offers Resume.
+    page.reload()
+    expect(page.locator('.banner[data-code="INTERRUPTED"] .message')).to_have_text(run["error"]["message"])
+    expect(page.locator("#conversation-status")).to_have_text("interrupted")
+    page.get_by_role("button", name="Resume").click()
+    expect(answers(page).last.locator("strong")).to_have_text("done")
+    idle(page)
+    expect(answers(page).last).to_have_text("All done.")
+    expect(page.locator("#resume")).to_be_hidden()
+    expect(page.locator(".banner")).to_have_count(0)
+    expect(page.locator("#conversation-status")).to_have_text("completed")
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight, once more
+
+
+def test_errors_show_the_apis_own_message(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    url = service(RATE_LIMIT_PER_MINUTE=5)
+    page = offline.page()
+    page.goto(url)
+
+    # The model fails: the run's chat-error, as the API words it.
+    model.script(Status(500, {"error": "model crashed"}))
+    send(page, "hello?")
+    banner = page.locator('.banner[data-code="MODEL_UNAVAILABLE"]')
+    expect(banner).to_be_visible()
+    conversation = conversation_of(page)
+    events = read_sse(url, conversation)
+    assert events[-1].event == "chat-error"
+    expect(banner.locator(".message")).to_have_text(events[-1].data["message"])
+    idle(page)
+
+    # Busy: another client started a run of this conversation behind the page's back.
+    hang = Hang(text="someone else's answer ")
+    model.script(hang)
+    response = post_chat(url, "from the command line", conversation)
+    assert response.status_code == 202, response.text
+    hang.wait_started(20)
+    send(page, "and from the page")
+    busy = page.locator('.banner[data-code="SESSION_IN_PROGRESS"]')
+    expect(busy).to_be_visible()
+    refused = post_chat(url, "again", conversation)
+    assert refused.status_code == 409
+    expect(busy.locator(".message")).to_have_text(refused.json()["error"]["message"])
+    # ... and the page now shows that run streaming.
+    expect(answers(page).last).to_contain_text("someone else's answer")
+    expect(page.get_by_label("Message")).to_have_value("and from the page")  # nothing typed is lost
+    hang.release()
+    idle(page)
+
+    # Rate limited: the sixth submission within a minute (four from the page, two from the test).
+    send(page, "third from the page")
+    idle(page)
+    send(page, "one too many")
+    limited = page.locator('.banner[data-code="RATE_LIMITED"] .message')
+    expect(limited).to_contain_text("too many chat submissions from this address: at most 5 per minute")
+    expect(page.get_by_label("Message")).to_have_value("one too many")
+
+
+@pytest.mark.fault
+def test_queue_down_is_a_banner(
+    sophos_env: SophosEnv, start_redis, start_worker, start_api, offline: Offline, model: FakeOllama
+) -> None:
+    redis = start_redis(appendonly=False)
+    env = sophos_env.with_(REDIS_URL=redis.url)
+    start_worker(env)
+    api = start_api(env)
+    page = offline.page()
+    page.goto(api.url)
+    expect(page.locator("#empty")).to_be_visible()
+    redis.stop()
+    send(page, "is anyone there?")
+    banner = page.locator('.banner[data-code="QUEUE_UNAVAILABLE"] .message')
+    expect(banner).to_have_text("the queue is unavailable, try again shortly")
+    expect(page.get_by_label("Message")).to_have_value("is anyone there?")
+    expect(page.locator("#send")).to_be_enabled()
+
+
+def test_stop_cancels_the_run(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    hang = Hang(text="Let me look that up ", then=ToolCalls([("tools__echo", {"text": "never"})]))
+    model.script(hang)
+    page = offline.page()
+    # By the name `localhost` too: the browser guard compares Origin with Host, and they agree.
+    url = url.replace("127.0.0.1", "localhost")
+    page.goto(url)
+    send(page, "look it up")
+    hang.wait_started(20)
+    expect(answers(page).last).to_contain_text("Let me look that up")
+    page.get_by_role("button", name="Stop").click()
+    conversation = conversation_of(page)
+    run = get_json(url, f"/api/runs?conversation={conversation}")["runs"][0]
+    # The run stops at its next step boundary, or sooner: either way the page says so.
+    hang.release()
+    expect(page.locator(".note")).to_have_text("Stopped.")
+    idle(page)
+    assert get_json(url, f"/api/runs/{run['id']}")["status"] == "cancelled"
+    expect(page.locator("#conversation-status")).to_have_text("stopped")
+    expect(answers(page).last).to_contain_text("Let me look that up")
+    assert tool_calls(sophos_env.tools_log) == []  # the tool call it asked for never ran
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def test_with_a_token_the_page_asks_once_and_streams_with_it(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    url = service(API_TOKEN="s3cret-token")
+    model.script(Text("Authorized **answer**."))
+    page = offline.page()
+    page.goto(url)
+    dialog = page.locator("#token-dialog")
+    expect(dialog).to_be_visible()
+    page.get_by_role("textbox", name="Token").fill("wrong")
+    page.get_by_role("button", name="Continue").click()
+    expect(page.locator("#token-error")).to_contain_text("the bearer token is not valid")
+    page.get_by_role("textbox", name="Token").fill("s3cret-token")
+    page.get_by_role("button", name="Continue").click()
+    expect(dialog).to_be_hidden()
+
+    send(page, "who may ask?")
+    expect(answers(page).last.locator("strong")).to_have_text("answer")
+    idle(page)
+    conversation = conversation_of(page)
+    assert page.evaluate("sessionStorage.getItem('sophos.token')") == "s3cret-token"
+    expect(page.locator("#export-md")).to_have_attribute(
+        "href", f"/api/conversations/{conversation}/export?access_token=s3cret-token"
+    )
+
+    # Kept for the tab: a reload asks nothing.
+    page.reload()
+    expect(page.locator(f'#conversations li[data-id="{conversation}"]')).to_be_visible()
+    expect(answers(page).last).to_have_text("Authorized answer.")
+    expect(dialog).to_be_hidden()
+
+
+# --- operators -------------------------------------------------------------------------------
+
+
+def test_the_runs_view_shows_the_queue_and_cancels(
+    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path
+) -> None:
+    url = service()
+    hang = Hang(text="slow ")
+    model.script(hang, Text("second"))
+    slow_conversation = post_chat(url, "the slow one").json()["conversation"]
+    hang.wait_started(20)
+    queued = post_chat(url, "waits behind it").json()
+
+    page = offline.page()
+    page.goto(f"{url}/#/runs")
+    expect(page.locator("#worker-state")).to_contain_text("Worker: alive")
+    expect(page.locator("#readiness")).to_contain_text("Ready")
+    running = page.locator("#runs-running tr[data-status=running]")
+    expect(running).to_have_count(1)
+    expect(running.locator(".node")).to_have_text("agent")
+    expect(running.locator("a")).to_have_attribute("href", f"#/c/{slow_conversation}")
+    waiting = page.locator(f'#runs-queued tr[data-run="{queued["run"]}"]')
+    expect(waiting.locator(".position")).to_have_text("1")
+    # It refreshes by itself: the time waited grows.
+    first = float(waiting.locator(".waited").inner_text().split()[0])
+    wait_for(lambda: float(waiting.locator(".waited").inner_text().split()[0]) > first + 1, timeout=20,
+             message="the queued run's wait to grow on screen")
+    screenshot(page, tmp_path, "runs")
+
+    waiting.get_by_role("button", name="Cancel").click()
+    finished = page.locator(f'#runs-finished tr[data-run="{queued["run"]}"]')
+    expect(finished.locator(".outcome")).to_have_text("stopped")
+    expect(page.locator("#runs-queued tr[data-run]")).to_have_count(0)
+    assert get_json(url, f"/api/runs/{queued['run']}")["status"] == "cancelled"
+
+    hang.release()
+    expect(page.locator("#runs-running tr[data-run]")).to_have_count(0)
+    expect(page.locator("#runs-finished tr[data-status=completed] .outcome")).to_have_text("completed")
+
+
+# --- the API documentation ------------------------------------------------------------------
+
+
+def test_schema_renders_offline(service: Callable[..., str], offline: Offline) -> None:
+    url = service()
+    page = offline.page()
+    page.goto(f"{url}/schema")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Sophos")
+    expect(page.locator(".swagger-ui .opblock-summary-path").first).to_be_visible()
+    assert page.locator(".swagger-ui .opblock").count() >= 10

@@ -1,0 +1,113 @@
+// Talking to the API: JSON requests, the error envelope, the optional bearer token.
+//
+// The page is served by the API itself (same origin), so no CORS is involved. With
+// API_TOKEN set, the first 401 asks for the token once; it is kept for the tab in
+// sessionStorage and sent as `Authorization: Bearer` (and as `access_token` on URLs
+// that a browser requests by itself: EventSource, download links).
+
+const TOKEN_KEY = "sophos.token";
+
+/** An answer in the API's `{error: {code, message}}` envelope, or no answer at all. */
+export class ApiError extends Error {
+  constructor(status, code, message, body = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.body = body;
+  }
+}
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+let asking = null;
+
+/** Show the token dialog (once for all callers waiting at the same time). */
+export function askForToken(reason) {
+  if (asking) return asking;
+  const dialog = document.getElementById("token-dialog");
+  const form = document.getElementById("token-form");
+  const input = document.getElementById("token");
+  document.getElementById("token-error").textContent = reason || "";
+  asking = new Promise((resolve) => {
+    const submit = (event) => {
+      event.preventDefault();
+      const value = input.value.trim();
+      if (!value) return;
+      sessionStorage.setItem(TOKEN_KEY, value);
+      form.removeEventListener("submit", submit);
+      dialog.close();
+      input.value = "";
+      asking = null;
+      resolve();
+    };
+    form.addEventListener("submit", submit);
+    // Escape would leave the page without a way to retry: keep the dialog open.
+    dialog.addEventListener("cancel", (event) => event.preventDefault(), { once: true });
+    dialog.showModal();
+    input.focus();
+  });
+  return asking;
+}
+
+/** `url` with the token as `access_token`, for requests the browser makes by itself. */
+export function withToken(url) {
+  const t = token();
+  if (!t) return url;
+  const u = new URL(url, location.origin);
+  u.searchParams.set("access_token", t);
+  return u.pathname + u.search;
+}
+
+async function send(path, { method = "GET", body, accept = "application/json" }) {
+  const headers = { Accept: accept };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  try {
+    return await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (error) {
+    throw new ApiError(0, "NETWORK_ERROR", `the API cannot be reached (${error.message})`);
+  }
+}
+
+/**
+ * Call the API; resolve with the parsed JSON (null for 204, the text when `text` is set);
+ * reject with an ApiError carrying the API's own code and message.
+ */
+export async function api(path, { method = "GET", body, text = false } = {}) {
+  for (;;) {
+    const response = await send(path, { method, body, accept: text ? "*/*" : "application/json" });
+    const raw = response.status === 204 ? "" : await response.text();
+    let data = null;
+    try {
+      data = raw && !text ? JSON.parse(raw) : null;
+    } catch {
+      data = null;
+    }
+    if (response.status === 401) {
+      const message = (data && data.error && data.error.message) || "a token is required";
+      await askForToken(token() ? `${message}: try again.` : "");
+      continue;
+    }
+    if (!response.ok) {
+      let error = data && data.error;
+      if (!error && raw.trim().startsWith("{")) {
+        try {
+          error = JSON.parse(raw).error;
+        } catch {
+          error = null;
+        }
+      }
+      throw new ApiError(
+        response.status,
+        (error && error.code) || `HTTP_${response.status}`,
+        (error && error.message) || raw.slice(0, 300) || response.statusText,
+        data,
+      );
+    }
+    if (response.status === 204) return null;
+    return text ? raw : data;
+  }
+}

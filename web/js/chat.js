@@ -1,0 +1,501 @@
+// One conversation: its messages, the run streaming into it, and what can be done to it.
+//
+// Durable by design: a run's events come over an EventSource on
+// `GET /api/chat?conversation=&run=`. A dropped connection is resumed by the browser
+// with `Last-Event-ID` (nothing missed, nothing twice). After a reload the page
+// replays the active run from its first event into an empty live view, and hides
+// the messages that run has already checkpointed (the JSON Lines export says which
+// checkpoint, and so which run, added each message): the text shown is exactly the
+// model's, however often the page is reloaded.
+import { api, ApiError, withToken } from "./api.js";
+import { renderMarkdown } from "./markdown.js";
+
+const ACTIVE = new Set(["queued", "running"]);
+const STATUS_LABELS = {
+  queued: "queued",
+  running: "running",
+  completed: "completed",
+  failed: "failed",
+  interrupted: "interrupted",
+  cancelled: "stopped",
+  waiting: "waiting for approval",
+};
+
+export function statusLabel(status) {
+  return STATUS_LABELS[status] || status;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+
+function pretty(value) {
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+/** Banners with the API's own code and message. */
+export class Banners {
+  constructor(container) {
+    this.container = container;
+  }
+
+  show(error, { kind = "error", actions = [] } = {}) {
+    const code = error instanceof ApiError || error.code ? error.code : "";
+    const message = error.message || String(error);
+    const closeButton = el("button", { type: "button", class: "icon", "aria-label": "Dismiss", text: "×" });
+    const banner = el(
+      "div",
+      { class: `banner banner-${kind}`, role: kind === "error" ? "alert" : "status", "data-code": code || null },
+      code ? el("strong", { class: "code", text: code }) : null,
+      el("span", { class: "message", text: message }),
+      ...actions,
+      closeButton,
+    );
+    closeButton.addEventListener("click", () => banner.remove());
+    this.container.append(banner);
+    return banner;
+  }
+
+  clear() {
+    this.container.replaceChildren();
+  }
+}
+
+/** A tool call and, once it comes, its result, as a collapsible card. */
+function toolCard(name, args, callId) {
+  const state = el("span", { class: "tool-state", text: "running…" });
+  const card = el(
+    "details",
+    { class: "tool", "data-call": callId || null },
+    el("summary", {}, el("span", { class: "tool-label", text: "Tool " }), el("code", { class: "tool-name", text: name }), " ", state),
+    el("div", { class: "tool-section-title", text: "Arguments" }),
+    el("pre", { class: "tool-args", text: pretty(args ?? {}) }),
+  );
+  card.state = state;
+  return card;
+}
+
+function setResult(card, result, status) {
+  let pre = card.querySelector(".tool-result");
+  if (!pre) {
+    card.append(el("div", { class: "tool-section-title", text: "Result" }));
+    pre = el("pre", { class: "tool-result" });
+    card.append(pre);
+  }
+  pre.textContent = pretty(result);
+  const failed = status === "error";
+  card.classList.toggle("tool-error", failed);
+  card.state.textContent = failed ? "error" : "done";
+}
+
+export class ChatView {
+  constructor({ sidebar, onConversation }) {
+    this.sidebar = sidebar;
+    this.onConversation = onConversation; // tells the router which conversation is shown
+    this.banners = new Banners(document.getElementById("banners"));
+    this.messages = document.getElementById("messages");
+    this.empty = document.getElementById("empty");
+    this.form = document.getElementById("composer");
+    this.input = document.getElementById("message");
+    this.sendButton = document.getElementById("send");
+    this.stopButton = document.getElementById("stop");
+    this.resumeButton = document.getElementById("resume");
+    this.connection = document.getElementById("connection");
+    this.bar = document.getElementById("conversation-bar");
+    this.title = document.getElementById("conversation-title");
+    this.status = document.getElementById("conversation-status");
+    this.exportMd = document.getElementById("export-md");
+    this.exportJsonl = document.getElementById("export-jsonl");
+    this.deleteButton = document.getElementById("delete");
+
+    this.conversation = null;
+    this.run = null; // the run being streamed
+    this.source = null;
+    this.lastEventId = 0;
+    this.generation = 0; // bumps on every open(): late answers of an old view are dropped
+
+    this.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.send();
+    });
+    this.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this.send();
+      }
+    });
+    this.stopButton.addEventListener("click", () => this.stop());
+    this.resumeButton.addEventListener("click", () => this.resume());
+    this.deleteButton.addEventListener("click", () => this.remove());
+  }
+
+  // --- showing a conversation ------------------------------------------------------
+
+  reset() {
+    this.detach();
+    this.generation += 1;
+    this.banners.clear();
+    this.messages.replaceChildren(this.empty);
+    this.empty.hidden = false;
+    this.segment = null;
+    this.cards = new Map();
+    this.resumeButton.hidden = true;
+    this.setActive(false);
+  }
+
+  /** Show conversation `id` (null: a new chat). */
+  async open(id) {
+    this.reset();
+    this.conversation = id;
+    const generation = this.generation;
+    this.bar.hidden = !id;
+    if (!id) {
+      this.input.focus();
+      return;
+    }
+    this.setHeader({ id, title: "…", status: "" });
+    try {
+      // The run first, then the thread: a run that ends in between is then replayed
+      // whole (its messages hidden below), never left out.
+      const runs = await api(`/api/runs?conversation=${encodeURIComponent(id)}&limit=1`);
+      const latest = runs.runs[0];
+      const active = latest && ACTIVE.has(latest.status) ? latest.id : null;
+      const detail = await api(`/api/conversations/${encodeURIComponent(id)}`);
+      const hidden = active ? await this.messagesOfRun(id, active) : new Set();
+      if (generation !== this.generation) return;
+      this.setHeader(detail.conversation);
+      this.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
+      if (active) this.attach(active, 0, latest.status);
+      else this.showOutcome(detail.conversation, detail.resumable);
+    } catch (error) {
+      if (generation === this.generation) this.banners.show(error);
+    }
+  }
+
+  /** Ids of the messages that checkpoints of `run` added to the thread. */
+  async messagesOfRun(conversation, run) {
+    const text = await api(`/api/conversations/${encodeURIComponent(conversation)}/export?format=jsonl`, { text: true });
+    const ids = new Set();
+    for (const line of text.split("\n")) {
+      if (!line.trim()) continue;
+      const checkpoint = JSON.parse(line);
+      if (checkpoint.run_id === run) for (const message of checkpoint.messages) ids.add(message.id);
+    }
+    return ids;
+  }
+
+  setHeader(conversation) {
+    this.title.textContent = conversation.title || "Conversation";
+    this.setStatus(conversation.status);
+    const base = `/api/conversations/${encodeURIComponent(conversation.id)}/export`;
+    this.exportMd.href = withToken(base);
+    this.exportJsonl.href = withToken(`${base}?format=jsonl`);
+    this.bar.hidden = false;
+  }
+
+  setStatus(status) {
+    this.status.textContent = status ? statusLabel(status) : "";
+    this.status.className = `status status-${status || "none"}`;
+  }
+
+  renderHistory(messages) {
+    for (const message of messages) {
+      if (message.role === "user") this.appendUser(message.content);
+      else if (message.role === "assistant") {
+        if (message.content) this.appendAssistant(message.content);
+        for (const call of message.toolCalls || []) this.appendCard(call.name, call.arguments, call.id);
+        this.closeSegment();
+      } else if (message.role === "tool") {
+        const card = this.cards.get(message.toolCallId) || this.appendCard(message.name || "tool", {}, message.toolCallId);
+        setResult(card, message.content, message.status);
+      }
+    }
+  }
+
+  showOutcome(conversation, resumable) {
+    const error = conversation.error;
+    if (error && ["failed", "interrupted"].includes(conversation.status)) {
+      this.banners.show(error, { kind: "error" });
+    } else if (conversation.status === "cancelled") {
+      this.note("Stopped.");
+    } else if (conversation.status === "waiting") {
+      this.note("Waiting for approval: this page cannot approve or reject tool calls yet.");
+    }
+    this.resumeButton.hidden = !resumable;
+  }
+
+  // --- the message list ------------------------------------------------------------
+
+  place(node) {
+    this.empty.hidden = true;
+    this.messages.append(node);
+    node.scrollIntoView({ block: "end" });
+    return node;
+  }
+
+  /** The answer being written is complete (a tool call, a new step, the end followed). */
+  closeSegment() {
+    const segment = this.segment;
+    this.segment = null;
+    if (!segment) return;
+    segment.body.innerHTML = renderMarkdown(segment.text);
+    segment.node.classList.remove("streaming");
+  }
+
+  appendUser(text) {
+    this.closeSegment();
+    return this.place(el("div", { class: "message user" }, el("div", { class: "bubble", text })));
+  }
+
+  appendAssistant(text) {
+    this.closeSegment();
+    const body = el("div", { class: "bubble markdown" });
+    const node = this.place(el("div", { class: "message assistant" }, body));
+    this.segment = { node, body, text, scheduled: false };
+    body.innerHTML = renderMarkdown(text);
+    return node;
+  }
+
+  appendToken(piece) {
+    if (!this.segment) this.appendAssistant("");
+    const segment = this.segment;
+    segment.text += piece;
+    segment.node.classList.add("streaming");
+    if (!segment.scheduled) {
+      // Re-rendering the whole answer per token is quadratic: once per frame is enough.
+      segment.scheduled = true;
+      setTimeout(() => {
+        segment.scheduled = false;
+        segment.body.innerHTML = renderMarkdown(segment.text);
+        segment.node.scrollIntoView({ block: "end" });
+      }, 16);
+    }
+  }
+
+  appendCard(name, args, callId) {
+    this.closeSegment();
+    const card = toolCard(name, args, callId);
+    this.place(card);
+    if (callId) this.cards.set(callId, card);
+    return card;
+  }
+
+  note(text) {
+    return this.place(el("p", { class: "note", text }));
+  }
+
+  // --- the stream ------------------------------------------------------------------
+
+  setActive(active) {
+    this.stopButton.hidden = !active;
+    this.sendButton.disabled = active;
+    if (active) this.resumeButton.hidden = true;
+  }
+
+  /** Stream `run` after event `after` (0: from its start); `status`: the run's, as last known. */
+  attach(run, after, status = "running") {
+    const missed = after ? this.missed : false; // a reconnect keeps what it learnt
+    this.detach();
+    this.missed = missed;
+    this.run = run;
+    this.lastEventId = after;
+    this.setActive(true);
+    this.setStatus(status);
+    const params = new URLSearchParams({ conversation: this.conversation, run });
+    if (after) params.set("lastEventId", String(after));
+    const source = new EventSource(withToken(`/api/chat?${params}`));
+    this.source = source;
+    const on = (type, handle) =>
+      source.addEventListener(type, (event) => {
+        if (source !== this.source) return;
+        const id = Number(event.lastEventId);
+        // Ids are strictly increasing per run: an event already shown is never shown twice.
+        if (id && id <= this.lastEventId) return;
+        if (id) this.lastEventId = id;
+        if (type === "token" || type === "trace") this.setStatus("running");
+        handle(JSON.parse(event.data));
+      });
+    on("token", (text) => this.appendToken(text));
+    on("trace", (trace) => this.trace(trace));
+    on("missed", () => {
+      this.missed = true;
+    });
+    on("end", (data) => this.ended(data));
+    on("chat-error", (data) => this.failed(data));
+    source.addEventListener("open", () => {
+      if (source === this.source) this.connection.hidden = true;
+    });
+    source.addEventListener("error", () => {
+      if (source !== this.source) return;
+      if (source.readyState === EventSource.CLOSED) this.streamClosed(source);
+      else this.connection.hidden = false; // the browser reconnects with Last-Event-ID
+    });
+  }
+
+  detach() {
+    if (this.source) this.source.close();
+    this.source = null;
+    this.connection.hidden = true;
+    this.missed = false;
+  }
+
+  trace(trace) {
+    const data = trace.data || {};
+    if (trace.event === "enter" && trace.node === "agent") this.closeSegment();
+    else if (trace.event === "call") this.appendCard(data.name || trace.name, data.arguments, data.tool_call_id);
+    else if (trace.event === "result") {
+      const card = this.cards.get(data.tool_call_id) || this.appendCard(data.name || trace.name, {}, data.tool_call_id);
+      setResult(card, data.result, data.status);
+    }
+  }
+
+  /** The browser gave up on the stream (an HTTP error, or 204: the run had ended). */
+  async streamClosed(source) {
+    const run = this.run;
+    const generation = this.generation;
+    let info;
+    try {
+      info = await api(`/api/runs/${encodeURIComponent(run)}`);
+    } catch (error) {
+      if (generation !== this.generation) return;
+      this.banners.show(error);
+      info = null;
+    }
+    if (generation !== this.generation || source !== this.source) return;
+    if (info === null || ACTIVE.has(info.status)) {
+      // Still going (or we cannot tell): reconnect after the last event shown.
+      this.connection.hidden = false;
+      setTimeout(() => {
+        if (source === this.source) this.attach(run, this.lastEventId);
+      }, 1000);
+    } else {
+      this.open(this.conversation);
+    }
+  }
+
+  async finish() {
+    const conversation = this.conversation;
+    const generation = this.generation;
+    const missed = this.missed;
+    this.detach();
+    this.run = null;
+    this.setActive(false);
+    this.closeSegment();
+    this.sidebar.refresh();
+    if (missed) {
+      // Some events were no longer kept: the checkpoint has the whole story.
+      await this.open(conversation);
+      return;
+    }
+    try {
+      const detail = await api(`/api/conversations/${encodeURIComponent(conversation)}`);
+      if (generation !== this.generation) return;
+      this.setHeader(detail.conversation);
+      this.resumeButton.hidden = !detail.resumable;
+    } catch (error) {
+      if (generation === this.generation) this.banners.show(error);
+    }
+  }
+
+  ended(data) {
+    this.closeSegment();
+    if (data.status === "cancelled") this.note("Stopped.");
+    else if (data.status === "waiting") this.note("Waiting for approval: this page cannot approve or reject tool calls yet.");
+    this.finish();
+  }
+
+  failed(data) {
+    this.closeSegment();
+    this.banners.show({ code: data.code, message: data.message });
+    this.finish();
+  }
+
+  // --- actions ---------------------------------------------------------------------
+
+  async send() {
+    const text = this.input.value;
+    if (!text.trim() || this.sendButton.disabled) return;
+    const conversation = this.conversation;
+    this.banners.clear();
+    this.sendButton.disabled = true;
+    let accepted;
+    try {
+      accepted = await api("/api/chat", {
+        method: "POST",
+        body: conversation ? { message: text, conversation } : { message: text },
+      });
+    } catch (error) {
+      this.sendButton.disabled = false;
+      if (error.code === "SESSION_IN_PROGRESS" && conversation) {
+        // Someone else (another tab, the CLI) is running it: show that run.
+        await this.open(conversation);
+      }
+      this.banners.show(error);
+      return;
+    }
+    this.input.value = "";
+    if (!conversation) {
+      this.conversation = accepted.conversation;
+      this.onConversation(accepted.conversation);
+      this.setHeader({ id: accepted.conversation, title: text.trim().split("\n")[0].slice(0, 80), status: "queued" });
+    }
+    this.resumeButton.hidden = true;
+    this.appendUser(text);
+    this.attach(accepted.run, 0, "queued");
+    this.sidebar.refresh();
+  }
+
+  async stop() {
+    if (!this.run) return;
+    this.stopButton.disabled = true;
+    try {
+      await api(`/api/runs/${encodeURIComponent(this.run)}/cancel`, { method: "POST" });
+      this.setStatus("cancelled");
+    } catch (error) {
+      this.banners.show(error);
+    } finally {
+      this.stopButton.disabled = false;
+    }
+  }
+
+  async resume() {
+    const conversation = this.conversation;
+    this.banners.clear();
+    this.resumeButton.disabled = true;
+    try {
+      const accepted = await api("/api/chat", { method: "POST", body: { resume: true, conversation } });
+      this.resumeButton.hidden = true;
+      this.attach(accepted.run, 0, "queued");
+      this.sidebar.refresh();
+    } catch (error) {
+      this.banners.show(error);
+    } finally {
+      this.resumeButton.disabled = false;
+    }
+  }
+
+  async remove() {
+    const conversation = this.conversation;
+    if (!conversation || !window.confirm("Delete this conversation? This cannot be undone.")) return;
+    try {
+      await api(`/api/conversations/${encodeURIComponent(conversation)}`, { method: "DELETE" });
+      this.sidebar.refresh();
+      location.hash = "#/";
+    } catch (error) {
+      this.banners.show(error);
+    }
+  }
+}

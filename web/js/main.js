@@ -1,0 +1,57 @@
+// The page's entry point: routes (#/, #/c/ID, #/runs) between the chat and the runs view.
+import { ChatView } from "./chat.js";
+import { RunsView } from "./runs.js";
+import { Sidebar } from "./sidebar.js";
+
+const chatView = document.getElementById("chat-view");
+const runsView = document.getElementById("runs-view");
+const sidebarEl = document.getElementById("sidebar");
+const menu = document.getElementById("menu");
+
+const sidebar = new Sidebar({ onError: (error) => chat.banners.show(error) });
+const chat = new ChatView({
+  sidebar,
+  onConversation: (id) => {
+    // A new conversation got its id: name it in the address without reopening it.
+    history.replaceState(null, "", `#/c/${id}`);
+    sidebar.highlight(id);
+  },
+});
+const runs = new RunsView();
+
+function route() {
+  const hash = location.hash || "#/";
+  sidebarEl.classList.remove("open");
+  menu.setAttribute("aria-expanded", "false");
+  if (hash === "#/runs") {
+    chatView.hidden = true;
+    runsView.hidden = false;
+    document.title = "Runs · Sophos";
+    runs.start();
+    return;
+  }
+  runs.stop();
+  runsView.hidden = true;
+  chatView.hidden = false;
+  document.title = "Sophos";
+  const match = /^#\/c\/([0-9a-fA-F-]{36})$/.exec(hash);
+  const id = match ? match[1].toLowerCase() : null;
+  sidebar.highlight(id);
+  if (id !== chat.conversation || id === null) chat.open(id);
+}
+
+document.getElementById("new-chat").addEventListener("click", () => {
+  if (location.hash === "#/" || location.hash === "") chat.open(null);
+  else location.hash = "#/";
+});
+menu.addEventListener("click", () => {
+  const open = sidebarEl.classList.toggle("open");
+  menu.setAttribute("aria-expanded", String(open));
+});
+window.addEventListener("hashchange", route);
+
+sidebar.refresh();
+setInterval(() => {
+  if (!document.hidden) sidebar.refresh();
+}, 15000);
+route();

@@ -1,0 +1,111 @@
+// The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`).
+import { api } from "./api.js";
+import { statusLabel } from "./chat.js";
+
+const PAGE = 30;
+const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+
+export function when(iso) {
+  const then = new Date(iso);
+  if (Number.isNaN(then.getTime())) return "";
+  const seconds = Math.round((then.getTime() - Date.now()) / 1000);
+  const steps = [[60, "second"], [60, "minute"], [24, "hour"], [7, "day"]];
+  let value = seconds;
+  for (const [size, unit] of steps) {
+    if (Math.abs(value) < size) return relative.format(value, unit);
+    value = Math.round(value / size);
+  }
+  return then.toLocaleDateString();
+}
+
+export class Sidebar {
+  constructor({ onError }) {
+    this.list = document.getElementById("conversations");
+    this.more = document.getElementById("more-conversations");
+    this.onError = onError;
+    this.current = null;
+    this.cursor = null;
+    this.pages = 1;
+    this.more.addEventListener("click", () => this.loadMore());
+  }
+
+  async page(cursor) {
+    const params = new URLSearchParams({ limit: String(PAGE) });
+    if (cursor) params.set("cursor", cursor);
+    const data = await api(`/api/conversations?${params}`);
+    // Without paging on the server, the whole list comes at once and there is no cursor.
+    return { conversations: data.conversations, next: data.nextCursor || null };
+  }
+
+  /** Reload the pages shown so far. */
+  async refresh() {
+    try {
+      let cursor = null;
+      const items = [];
+      for (let i = 0; i < this.pages; i += 1) {
+        const { conversations, next } = await this.page(cursor);
+        items.push(...conversations);
+        cursor = next;
+        if (!next) break;
+      }
+      this.cursor = cursor;
+      this.render(items, false);
+    } catch (error) {
+      this.onError(error);
+    }
+  }
+
+  async loadMore() {
+    if (!this.cursor) return;
+    try {
+      const { conversations, next } = await this.page(this.cursor);
+      this.pages += 1;
+      this.cursor = next;
+      this.render(conversations, true);
+    } catch (error) {
+      this.onError(error);
+    }
+  }
+
+  render(conversations, append) {
+    const seen = new Set(append ? [...this.list.children].map((li) => li.dataset.id) : []);
+    if (!append) this.list.replaceChildren();
+    for (const c of conversations) {
+      if (seen.has(c.id)) continue;
+      const li = document.createElement("li");
+      li.dataset.id = c.id;
+      const link = document.createElement("a");
+      link.href = `#/c/${c.id}`;
+      const title = document.createElement("span");
+      title.className = "title";
+      title.textContent = c.title || "New conversation";
+      const meta = document.createElement("span");
+      meta.className = "meta";
+      const time = document.createElement("time");
+      time.dateTime = c.updatedAt;
+      time.title = new Date(c.updatedAt).toLocaleString();
+      time.textContent = when(c.updatedAt);
+      const status = document.createElement("span");
+      status.className = `status status-${c.status}`;
+      status.textContent = statusLabel(c.status);
+      const count = document.createElement("span");
+      count.className = "count";
+      count.textContent = `${c.messageCount} msg`;
+      meta.append(time, " · ", count, " ", status);
+      link.append(title, meta);
+      li.append(link);
+      this.list.append(li);
+    }
+    this.more.hidden = !this.cursor;
+    this.highlight(this.current);
+  }
+
+  highlight(id) {
+    this.current = id;
+    for (const li of this.list.children) {
+      const link = li.querySelector("a");
+      if (li.dataset.id === id) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
+    }
+  }
+}
