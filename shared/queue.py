@@ -277,7 +277,9 @@ async def drop_unstarted(
     neither queued (with its job record) nor taken, release the claim, take the
     run out of the queue, mark its description ``failed`` with ``code`` and
     ``message`` (kept ``ENDED_RECORD_SECONDS``), publish its ``chat-error`` event
-    and count it. True if it did.
+    and count it. A run whose description already records its end (refused by the
+    database, which also published its ending: only its release was lost) keeps
+    that record and is only released. True if the claim was released.
     """
     done = await redis.eval(  # type: ignore[misc]
         _DROP_UNSTARTED_LUA,
