@@ -233,41 +233,38 @@ async def record_ended(redis: Redis, run_id: str, conversation_id: str, fields: 
     await redis.eval(_RECORD_ENDED_LUA, 1, run_key(run_id), str(ENDED_RECORD_SECONDS), *flat)  # type: ignore[misc]
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimState:
-    """Where a claimed run stands in arq's queue, read in one transaction."""
-
-    queued: bool
-    #: arq's job record exists (it expires a day after enqueue: arq then drops the job)
-    job: bool
-    #: arq has taken the job (the in-progress marker is set from taking it to its end)
-    taken: bool
-
-    @property
-    def gone(self) -> bool:
-        """Neither waiting to run nor being run by arq, and never will be.
-
-        Both halves only ever turn false: a run leaves the queue once, a job record
-        is never written again, and arq takes only a queued job (one whose record
-        is gone it drops without running it).
-        """
-        return not self.taken and not (self.queued and self.job)
+# KEYS: queue, then each run's arq job and arq in-progress keys. ARGV: the run ids.
+# The positions (1-based) of the runs that are neither queued with their job nor taken.
+_GONE_LUA = """
+local gone = {}
+for i, run in ipairs(ARGV) do
+  local taken = redis.call('EXISTS', KEYS[2 * i + 1]) == 1
+  local queued = redis.call('ZSCORE', KEYS[1], run) and redis.call('EXISTS', KEYS[2 * i]) == 1
+  if not taken and not queued then
+    gone[#gone + 1] = i
+  end
+end
+return gone
+"""
 
 
-async def claim_states(redis: Redis, run_ids: list[str]) -> list[ClaimState]:
-    """The :class:`ClaimState` of each run, all read at one instant (MULTI/EXEC)."""
+async def gone_runs(redis: Redis, run_ids: list[str]) -> list[str]:
+    """The runs of ``run_ids`` that arq will never run, all looked at in one instant (a script).
+
+    Gone: not in arq's queue with its job record (a job arq runs stays queued until it
+    ends), and not taken (arq's in-progress marker is set from taking a job to its end,
+    so a job taken this instant is not gone). Once gone, a run stays gone: it leaves the
+    queue once, its job record is never written again, and arq takes only a queued job
+    (one whose record is missing it drops without running it). So no row can appear for
+    a gone run after this look.
+    """
     if not run_ids:
         return []
-    async with redis.pipeline(transaction=True) as pipe:
-        for run_id in run_ids:
-            pipe.zscore(QUEUE_NAME, run_id)
-            pipe.exists(arq_job_key(run_id))
-            pipe.exists(arq_in_progress_key(run_id))
-        replies = await pipe.execute()
-    return [
-        ClaimState(queued=replies[i] is not None, job=bool(replies[i + 1]), taken=bool(replies[i + 2]))
-        for i in range(0, len(replies), 3)
-    ]
+    keys = [QUEUE_NAME]
+    for run_id in run_ids:
+        keys += [arq_job_key(run_id), arq_in_progress_key(run_id)]
+    positions = await redis.eval(_GONE_LUA, len(keys), *keys, *run_ids)  # type: ignore[misc]
+    return [run_ids[int(i) - 1] for i in positions]
 
 
 async def drop_unstarted(
@@ -280,7 +277,9 @@ async def drop_unstarted(
     neither queued (with its job record) nor taken, release the claim, take the
     run out of the queue, mark its description ``failed`` with ``code`` and
     ``message`` (kept ``ENDED_RECORD_SECONDS``), publish its ``chat-error`` event
-    and count it. True if it did.
+    and count it. A run whose description already records its end (refused by the
+    database, which also published its ending: only its release was lost) keeps
+    that record and is only released. True if the claim was released.
     """
     done = await redis.eval(  # type: ignore[misc]
         _DROP_UNSTARTED_LUA,

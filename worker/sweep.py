@@ -15,9 +15,9 @@ Start-up recovery cannot see that in a worker that keeps running, so every
 * not executing in this worker (its run control is held), and
 * not recorded ``running`` in the database (the one worker is this live one).
 
-These are read in one transaction, and the first two only ever turn false, so a
+The first two are read at one instant (a script) and only ever turn false, so a
 run found gone stays gone: no row can appear for it after the look (see
-:class:`shared.queue.ClaimState`). A run that has a finished row only lost its
+:func:`shared.queue.gone_runs`). A run that has a finished row only lost its
 release (a Redis error, or a crash between outcome and release): the claim is
 released with the compare-and-delete, and a client still waiting gets the
 terminal event rebuilt from the row by the relay. A run without a row never
@@ -52,7 +52,7 @@ from shared.contracts import (
     RunStatus,
     run_key,
 )
-from shared.queue import claim_states, drop_unstarted, release_conversation
+from shared.queue import drop_unstarted, gone_runs, release_conversation
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
@@ -114,13 +114,10 @@ class ClaimSweep:
 
     async def _sweep(self, claims: dict[str, str]) -> tuple[int, int]:
         executing = self.executing()
-        pairs = [(_text(c), _text(r)) for c, r in claims.items()]
-        pairs = [(c, r) for c, r in pairs if r not in executing]
-        states = await claim_states(self.redis, [r for _, r in pairs])
+        conversation_of = {_text(r): _text(c) for c, r in claims.items() if _text(r) not in executing}
         dropped = released = 0
-        for (conversation_id, run_id), state in zip(pairs, states, strict=True):
-            if not state.gone:
-                continue
+        for run_id in await gone_runs(self.redis, list(conversation_of)):
+            conversation_id = conversation_of[run_id]
             # After the look above: a row of this run, if any, is already written.
             try:
                 row = await self.store.get_run(run_id)
