@@ -42,8 +42,10 @@ def thread_rows(database: Path, conversation: str) -> dict[str, int]:
         return {
             table: conn.execute(sql.format(table, column), (conversation,)).fetchone()[0]
             for table, column in (
-                ("checkpoints", "thread_id"), ("writes", "thread_id"),
-                ("runs", "conversation_id"), ("conversations", "id"),
+                ("checkpoints", "thread_id"),
+                ("writes", "thread_id"),
+                ("runs", "conversation_id"),
+                ("conversations", "id"),
             )
         }
     finally:
@@ -75,7 +77,10 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
     assert response.content == b""
 
     assert thread_rows(sophos_env.database_path, conversation) == {
-        "checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0,
+        "checkpoints": 0,
+        "writes": 0,
+        "runs": 0,
+        "conversations": 0,
     }
     kept = (events_key(first), events_key(second), run_key(first), run_key(second))
     assert redis_sync_client.exists(*kept) == 0
@@ -154,7 +159,8 @@ def test_a_delete_the_worker_has_not_taken_yet_answers_202_and_holds_off_new_run
     read_sse(api, busy)
     wait_for(
         lambda: httpx.get(f"{api}/api/conversations/{conversation}", timeout=5).status_code == 404,
-        timeout=20, message="the worker to delete the conversation",
+        timeout=20,
+        message="the worker to delete the conversation",
     )
     assert thread_rows(sophos_env.database_path, conversation)["checkpoints"] == 0
     assert error_code(delete(api, conversation), 404) == "NOT_FOUND"
@@ -174,9 +180,13 @@ def test_delete_with_no_worker_is_done_when_one_starts(
     assert delete(api, conversation).status_code == 202
     start_worker(sophos_env)
     wait_for(
-        lambda: conversation not in listed(api) and thread_rows(sophos_env.database_path, conversation)
-        == {"checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0},
-        timeout=20, message="the new worker to delete the conversation",
+        lambda: (
+            conversation not in listed(api)
+            and thread_rows(sophos_env.database_path, conversation)
+            == {"checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0}
+        ),
+        timeout=20,
+        message="the new worker to delete the conversation",
     )
 
 
