@@ -198,3 +198,33 @@ def test_delete_refuses_bad_and_unknown_ids(sophos_env: SophosEnv, start_worker,
         assert error_code(response, 400) == "BAD_REQUEST", bad
         assert "conversation id" in response.json()["error"]["message"]
     assert error_code(delete(api, "00000000-0000-4000-8000-000000000000"), 404) == "NOT_FOUND"
+
+
+def test_delete_takes_the_runs_cancelled_while_queued_with_it(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env).url
+    model.script(Text("answer"))
+    conversation, _ = chat(api, "hello")
+    read_sse(api, conversation)
+    slow = Hang(text="busy ")
+    model.script(slow)
+    busy, busy_run = chat(api, "keeps the worker busy")
+    slow.wait_started()
+    cancelled = []
+    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+        for message in ("never mind", "never mind again"):
+            _, run = chat(api, message, conversation)
+            assert http.post(f"/api/runs/{run}/cancel").status_code == 200
+            cancelled.append(run)
+    listed_cancelled = get_json(api, "/api/runs", status="cancelled")["runs"]
+    assert sorted(r["id"] for r in listed_cancelled) == sorted(cancelled)
+    slow.release()
+    read_sse(api, busy)
+
+    assert delete(api, conversation).status_code == 204
+    assert get_json(api, "/api/runs", status="cancelled")["runs"] == []
+    for run in cancelled:
+        assert error_code(httpx.get(f"{api}/api/runs/{run}", timeout=5), 404) == "NOT_FOUND"
+    assert [r["id"] for r in get_json(api, "/api/runs")["runs"]] == [busy_run]
