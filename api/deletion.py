@@ -98,10 +98,17 @@ class Deletions:
         enqueue_ms = int(job.enqueued_at * 1000)
         payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
         reply = await self.redis.eval(  # type: ignore[misc]
-            _DELETE_LUA, 4, ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST,
-            job.conversation_id, job.claim,
+            _DELETE_LUA,
+            4,
+            ACTIVE_RUNS,
+            arq_job_key(job.claim),
+            QUEUE_NAME,
+            WAKE_LIST,
+            job.conversation_id,
+            job.claim,
             payload,  # type: ignore[arg-type]  # redis-py accepts bytes; its stubs say str
-            str(expires_extra_ms), str(enqueue_ms),
+            str(expires_extra_ms),
+            str(enqueue_ms),
         )
         return None if reply is None else str(reply)
 

@@ -138,8 +138,17 @@ def test_last_event_id_beyond_what_a_stream_can_hold_is_refused_before_the_strea
     slow.wait_started()
     url = f"{api}/api/chat"
     with httpx.Client(timeout=10, trust_env=False) as http:
-        for raw in ("99999999999999999999", "9223372036854775808", "-1", "+5", "1_000", "٣", "1e3", "0x10",
-                    "9" * 5000):
+        for raw in (
+            "99999999999999999999",
+            "9223372036854775808",
+            "-1",
+            "+5",
+            "1_000",
+            "٣",
+            "1e3",
+            "0x10",
+            "9" * 5000,
+        ):
             for response in (
                 http.get(url, params={"conversation": conversation}, headers={"Last-Event-ID": raw.encode()}),
                 http.get(url, params={"conversation": conversation, "lastEventId": raw}),
@@ -181,7 +190,7 @@ def test_a_client_that_gives_up_before_its_body_is_not_logged_as_a_5xx(
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
             b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n{\"message\": "
+            b'Content-Length: 1000\r\n\r\n{"message": '
         )
         # ... and goes away before the rest of its body.
     line = wait_for(lambda: request_lines(api_proc, "POST"), message="the request's log line")[0]

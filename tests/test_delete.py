@@ -42,8 +42,10 @@ def thread_rows(database: Path, conversation: str) -> dict[str, int]:
         return {
             table: conn.execute(sql.format(table, column), (conversation,)).fetchone()[0]
             for table, column in (
-                ("checkpoints", "thread_id"), ("writes", "thread_id"),
-                ("runs", "conversation_id"), ("conversations", "id"),
+                ("checkpoints", "thread_id"),
+                ("writes", "thread_id"),
+                ("runs", "conversation_id"),
+                ("conversations", "id"),
             )
         }
     finally:
@@ -75,7 +77,10 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
     assert response.content == b""
 
     assert thread_rows(sophos_env.database_path, conversation) == {
-        "checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0,
+        "checkpoints": 0,
+        "writes": 0,
+        "runs": 0,
+        "conversations": 0,
     }
     kept = (events_key(first), events_key(second), run_key(first), run_key(second))
     assert redis_sync_client.exists(*kept) == 0
@@ -154,7 +159,8 @@ def test_a_delete_the_worker_has_not_taken_yet_answers_202_and_holds_off_new_run
     read_sse(api, busy)
     wait_for(
         lambda: httpx.get(f"{api}/api/conversations/{conversation}", timeout=5).status_code == 404,
-        timeout=20, message="the worker to delete the conversation",
+        timeout=20,
+        message="the worker to delete the conversation",
     )
     assert thread_rows(sophos_env.database_path, conversation)["checkpoints"] == 0
     assert error_code(delete(api, conversation), 404) == "NOT_FOUND"
@@ -174,9 +180,13 @@ def test_delete_with_no_worker_is_done_when_one_starts(
     assert delete(api, conversation).status_code == 202
     start_worker(sophos_env)
     wait_for(
-        lambda: conversation not in listed(api) and thread_rows(sophos_env.database_path, conversation)
-        == {"checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0},
-        timeout=20, message="the new worker to delete the conversation",
+        lambda: (
+            conversation not in listed(api)
+            and thread_rows(sophos_env.database_path, conversation)
+            == {"checkpoints": 0, "writes": 0, "runs": 0, "conversations": 0}
+        ),
+        timeout=20,
+        message="the new worker to delete the conversation",
     )
 
 
@@ -188,3 +198,33 @@ def test_delete_refuses_bad_and_unknown_ids(sophos_env: SophosEnv, start_worker,
         assert error_code(response, 400) == "BAD_REQUEST", bad
         assert "conversation id" in response.json()["error"]["message"]
     assert error_code(delete(api, "00000000-0000-4000-8000-000000000000"), 404) == "NOT_FOUND"
+
+
+def test_delete_takes_the_runs_cancelled_while_queued_with_it(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env).url
+    model.script(Text("answer"))
+    conversation, _ = chat(api, "hello")
+    read_sse(api, conversation)
+    slow = Hang(text="busy ")
+    model.script(slow)
+    busy, busy_run = chat(api, "keeps the worker busy")
+    slow.wait_started()
+    cancelled = []
+    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+        for message in ("never mind", "never mind again"):
+            _, run = chat(api, message, conversation)
+            assert http.post(f"/api/runs/{run}/cancel").status_code == 200
+            cancelled.append(run)
+    listed_cancelled = get_json(api, "/api/runs", status="cancelled")["runs"]
+    assert sorted(r["id"] for r in listed_cancelled) == sorted(cancelled)
+    slow.release()
+    read_sse(api, busy)
+
+    assert delete(api, conversation).status_code == 204
+    assert get_json(api, "/api/runs", status="cancelled")["runs"] == []
+    for run in cancelled:
+        assert error_code(httpx.get(f"{api}/api/runs/{run}", timeout=5), 404) == "NOT_FOUND"
+    assert [r["id"] for r in get_json(api, "/api/runs")["runs"]] == [busy_run]

@@ -55,15 +55,40 @@ async def delete_conversation_data(service: RunService, conversation_id: str) ->
     return len(run_ids)
 
 
+async def _cancelled_while_queued(redis: Redis, conversation_id: str) -> list[str]:
+    """The conversation's runs cancelled while queued: no row names them, only their Redis record.
+
+    Read from the index of such runs (kept 7 days, so bounded), a batch at a time.
+    """
+    found: list[str] = []
+    batch: list[str] = []
+
+    async def check() -> None:
+        async with redis.pipeline(transaction=False) as pipe:
+            for run_id in batch:
+                pipe.hget(run_key(run_id), "conversation")
+            owners = await pipe.execute()
+        # The worker's client returns bytes (arq's pool does not decode).
+        wanted = (conversation_id, conversation_id.encode())
+        found.extend(run_id for run_id, owner in zip(batch, owners, strict=True) if owner in wanted)
+        batch.clear()
+
+    async for member, _ in redis.zscan_iter(CANCELLED_RUNS, count=500):
+        batch.append(member.decode() if isinstance(member, bytes) else str(member))
+        if len(batch) >= 500:
+            await check()
+    if batch:
+        await check()
+    return found
+
+
 async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -> None:
-    # Runs cancelled while queued have no row: the last one is named per conversation.
-    cancelled: str | None = await redis.get(cancelled_run_key(conversation_id))
-    ids = [*run_ids, *([cancelled] if cancelled else [])]
+    cancelled = await _cancelled_while_queued(redis, conversation_id)
     async with redis.pipeline(transaction=False) as pipe:
-        for run_id in ids:
+        for run_id in [*run_ids, *cancelled]:
             pipe.delete(events_key(run_id), run_key(run_id), progress_key(run_id), cancel_key(run_id))
         if cancelled:
-            pipe.zrem(CANCELLED_RUNS, cancelled)
+            pipe.zrem(CANCELLED_RUNS, *cancelled)
         pipe.delete(cancelled_run_key(conversation_id))
         await pipe.execute()
 
