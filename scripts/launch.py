@@ -130,11 +130,14 @@ class Child:
     started_at: float = 0.0
     restart_at: float | None = None
     starts: int = 0
+    #: Redis talks on stdout at every start; the services log on stderr
+    quiet: bool = False
     on_death: Callable[[], None] | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self.popen = subprocess.Popen(
             list(self.argv), cwd=ROOT, env=dict(self.env), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if self.quiet else None,
             start_new_session=True, preexec_fn=_die_with_launcher,
         )
         self.started_at = time.monotonic()
@@ -239,8 +242,8 @@ class Launcher:
             for child in self.children:
                 child.signal(signal.SIGKILL)
 
-    def add(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
-        child = Child(name, argv, env, Backoff(reset=self.launch.restart_reset))
+    def add(self, name: str, argv: Sequence[str], env: Mapping[str, str], quiet: bool = False) -> Child:
+        child = Child(name, argv, env, Backoff(reset=self.launch.restart_reset), quiet=quiet)
         self.children.append(child)
         child.start()
         return child
@@ -252,7 +255,7 @@ class Launcher:
         redis = self.add("redis", [
             redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port),
             "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-        ], self.env)
+        ], self.env, quiet=True)
         wait_for_port(port, lambda: redis.alive)
         self.env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
         say(f"redis on {self.env['REDIS_URL']} (AOF in {data})")
