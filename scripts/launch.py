@@ -238,7 +238,10 @@ class Launcher:
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.signals += 1
-        if self.signals > 1:  # a second Ctrl-C: no more waiting
+        if self.signals == 1:
+            say(f"{signal.Signals(signum).name}: stopping everything (Ctrl-C again kills it at once)")
+        else:  # no more waiting for a drain
+            say("killing what is left")
             for child in self.children:
                 child.signal(signal.SIGKILL)
 

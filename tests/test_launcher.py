@@ -188,12 +188,16 @@ def test_a_killed_worker_is_restarted_the_api_stays_up_and_the_conversation_resu
     # The API never went down: same process, no death reported.
     assert pid_alive(api) and launched.said(r"api \(pid") is None
     assert launched.said(r"redis") is None  # REDIS_URL given: the launcher starts none
+    assert get_json(env.api_url, f"/api/conversations/{conversation}", token="launch-secret")["resumable"]
     model.script(Text("Thought it through."))
-    resumed = post_chat(env.api_url, conversation=conversation, resume=True, token="launch-secret")
-    assert resumed.status_code == 202, resumed.text
-    events = read_sse(env.api_url, conversation, token="launch-secret", timeout=UP_TIMEOUT)
-    assert events[-1].event == "end" and events[-1].data["status"] == "completed"
-    assert events.text == "Thought it through."
+    # Resumed through the restarted worker, from the CLI's prompt.
+    resumed = subprocess.run(
+        [sys.executable, "-m", "sophos_cli", "chat", "-c", conversation, "--url", env.api_url],
+        env=dict(env), cwd=ROOT, input="/resume\n", capture_output=True, text=True, timeout=UP_TIMEOUT,
+    )
+    assert resumed.returncode == 0 and resumed.stdout == "Thought it through.\n", resumed.stderr
+    detail = get_json(env.api_url, f"/api/conversations/{conversation}", token="launch-secret")
+    assert detail["conversation"]["status"] == "completed" and not detail["resumable"]
 
     # A second death soon after waits twice as long.
     launched.descendants()
@@ -317,3 +321,57 @@ def test_backoff_doubles_to_thirty_seconds_and_starts_over_after_a_stable_run(
     assert [backoff.next_delay(up_for=0.5) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     assert backoff.next_delay(up_for=61.0) == 1
     assert backoff.next_delay(up_for=3.0) == 2
+
+
+def test_its_own_redis_is_restarted_on_its_port_and_the_launcher_killed_takes_its_children_along(
+    sophos_env: SophosEnv, model: FakeOllama, launch: Any, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = sophos_env.with_(REDIS_URL=None, SOPHOS_REDIS_PORT=port, SOPHOS_REDIS_DIR=tmp_path / "own-redis")
+    launched = launch(env)
+    launched.wait_said(rf"redis on redis://127\.0\.0\.1:{port}/0 \(AOF in {tmp_path / 'own-redis'}\)")
+    own = env.with_(REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    worker, api = up(launched, own)
+    assert any((tmp_path / "own-redis").glob("appendonly*")), "AOF is on"
+
+    redis_pid = next(p for p in launched.descendants() if "redis-server" in Path(f"/proc/{p}/cmdline")
+                     .read_bytes().decode(errors="replace"))
+    os.kill(redis_pid, signal.SIGKILL)
+    launched.wait_said(rf"redis \(pid {redis_pid}\) was killed by SIGKILL; restarting it in 1s")
+    launched.wait_said(r"redis restarted \(pid \d+\)")
+    model.script(Text("Still here."))  # the worker and the API reconnect to it by themselves
+    accepted = wait_for(lambda: (r := post_chat(own.api_url, "still there?")).status_code == 202 and r,
+                        timeout=UP_TIMEOUT, message="a run accepted once Redis is back")
+    events = read_sse(own.api_url, accepted.json()["conversation"], timeout=UP_TIMEOUT)
+    assert events.text == "Still here."
+    assert pid_alive(api) and pid_alive(worker)
+
+    # The launcher itself dies (no chance to stop anyone): its children follow it.
+    launched.descendants()
+    launched.popen.kill()
+    launched.popen.wait(10)
+    wait_for(lambda: not [p for p in launched.seen if pid_alive(p)], timeout=UP_TIMEOUT,
+             message=lambda: f"every child gone, left: {[p for p in launched.seen if pid_alive(p)]}")
+
+
+def test_a_second_ctrl_c_does_not_wait_for_the_worker_to_drain(
+    sophos_env: SophosEnv, model: FakeOllama, launch: Any
+) -> None:
+    env = sophos_env.with_(SHUTDOWN_TIMEOUT=120)
+    launched = launch(env)
+    up(launched, env)
+    held = Hang(text="Holding")
+    model.script(held)
+    post_chat(env.api_url, "hold on")
+    held.wait_started(timeout=UP_TIMEOUT)
+    launched.descendants()
+    launched.popen.send_signal(signal.SIGINT)
+    launched.wait_said("SIGINT: stopping everything")
+    wait_for(lambda: "worker.stopping" in launched.text(), timeout=UP_TIMEOUT, message="the worker draining")
+    assert launched.popen.poll() is None  # waiting for the run to reach a step boundary (up to 120 s)
+    launched.popen.send_signal(signal.SIGINT)
+    launched.wait_said("killing what is left")
+    launched.popen.wait(UP_TIMEOUT)
+    assert not held.released.is_set()  # it never had to end by itself
+    wait_for(lambda: not [p for p in launched.seen if pid_alive(p)], timeout=UP_TIMEOUT,
+             message=lambda: f"every child gone, left: {[p for p in launched.seen if pid_alive(p)]}")
