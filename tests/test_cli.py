@@ -294,3 +294,52 @@ def test_interactive_chat_leaves_on_a_second_ctrl_c(api: SophosEnv, model: FakeO
         session.kill()
         held.release()
     assert "left; run" in session.stderr
+
+
+def _sh_block(readme: str, heading: str) -> str:
+    """The first ```sh block of the README section under ``heading``."""
+    section = readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama,
+                                 tmp_path: Path) -> None:
+    """Every example of "The command-line client" and "API by example", run as written.
+
+    The DELETE example needs DELETE /api/conversations/ID (the conversation-deletion route).
+    """
+    readme = (ROOT / "README.md").read_text()
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    model.default_text = "Hello from the model."
+    shell = {**sophos_env, "SOPHOS_URL": sophos_env.api_url}
+
+    def run(script: str) -> str:
+        done = subprocess.run(["bash", "-u", "-o", "pipefail", "-c", script], env=shell, cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        output = done.stdout + done.stderr
+        assert "Traceback" not in output and "INTERNAL" not in output, output
+        assert "unbound variable" not in output and "command not found" not in output, output
+        return output
+
+    api_block = _sh_block(readme, "API by example")
+    assert api_block.startswith("API=http://127.0.0.1:8000\n")
+    answers = run(api_block.replace("API=http://127.0.0.1:8000", f"API={sophos_env.api_url}", 1))
+    assert answers.count('data: "model."') == 3  # the stream, then twice resumed after event 2
+    assert answers.count('data: "Hello "') == 1
+    for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
+                     '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
+                     " paths", '"conversations":[']:
+        assert expected in answers, f"{expected!r} not in\n{answers}"
+
+    cli_block = _sh_block(readme, "The command-line client")
+    cli_block = cli_block.replace("./sophos ", f"{sys.executable} -m sophos_cli ")
+    said = run(cli_block)
+    for expected in ["Hello from the model.", "CONVERSATION  ", "you: what can you do?", "RUN_NOT_RESUMABLE",
+                     "worker: alive", "RUN_FINISHED", "wrote "]:
+        assert expected in said, f"{expected!r} not in\n{said}"
+    assert (tmp_path / "conversation.md").read_text().startswith("# what can you do?")
+    assert (tmp_path / "conversation.jsonl").read_text().startswith('{"checkpoint_id"')
+
+    # Needs the DELETE route.
+    assert "METHOD_NOT_ALLOWED" not in answers + said
