@@ -254,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sophos: {message}", file=sys.stderr)
         return 1
     except Unreachable as exc:
-        print(f"sophos: {exc}", file=sys.stderr)
+        print(f"sophos: {exc}\nsophos: is the API running (`./sophos up`)? --url or SOPHOS_URL names another",
+              file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         return 130

@@ -127,7 +127,7 @@ def test_conversations_show_and_export(api: SophosEnv, model: FakeOllama) -> Non
     bad = cli(api, "export", "not-an-id")
     assert bad.returncode == 1 and "BAD_REQUEST" in bad.stderr
     down = cli(api, "conversations", SOPHOS_URL="http://127.0.0.1:9")
-    assert down.returncode == 3 and "cannot reach the API" in down.stderr
+    assert down.returncode == 3 and "cannot reach the API" in down.stderr and "./sophos up" in down.stderr
 
 
 def test_conversations_page_with_limit_and_cursor(api: SophosEnv, model: FakeOllama) -> None:
