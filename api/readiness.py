@@ -14,6 +14,7 @@ from api.schemas import ReadinessChecks, WorkerInfo
 from api.store import Store
 from shared.contracts import WORKER_HEARTBEAT
 from shared.errors import NotReady, SophosError
+from shared.model_probe import ModelCheck, probe
 from shared.schema import MIGRATIONS
 from shared.settings import Settings
 
@@ -23,31 +24,21 @@ MODEL_CHECK_SECONDS = 2.0
 
 
 class NotReadyError(NotReady):
-    """503 NOT_READY, naming what is missing; the answer also carries every check."""
+    """503 NOT_READY, naming what is missing; the answer also carries every check.
 
-    def __init__(self, checks: ReadinessChecks, worker: WorkerInfo | None = None) -> None:
-        super().__init__(f"not ready: {', '.join(checks.missing())}")
+    A missing model is named with its host and the command that fixes it.
+    """
+
+    def __init__(
+        self, checks: ReadinessChecks, worker: WorkerInfo | None = None, model: ModelCheck | None = None
+    ) -> None:
+        message = f"not ready: {', '.join(checks.missing())}"
+        if model is not None and not model.ready:
+            message += f"; {model.describe()}"
+        super().__init__(message)
         self.checks = checks
         #: the worker's heartbeat as /api/runs shows it (None: unknown)
         self.worker = worker
-
-
-def _with_tag(name: str) -> str:
-    """``qwen3`` and ``qwen3:latest`` name the same model; a tag follows the last ``/``."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-
-def model_listed(tags: object, model: str) -> bool:
-    """Whether an Ollama ``/api/tags`` body lists ``model``."""
-    if not isinstance(tags, dict) or not isinstance(tags.get("models"), list):
-        return False
-    wanted = _with_tag(model)
-    for entry in tags["models"]:
-        if isinstance(entry, dict):
-            for key in ("name", "model"):
-                if isinstance(entry.get(key), str) and _with_tag(entry[key]) == wanted:
-                    return True
-    return False
 
 
 async def _redis(redis: Redis) -> bool:
@@ -82,19 +73,21 @@ async def _database(store: Store) -> bool:
     return version is not None and version >= len(MIGRATIONS)
 
 
-async def _model(http: httpx.AsyncClient, settings: Settings) -> bool:
-    try:
-        response = await http.get(f"{settings.ollama_host}/api/tags", timeout=MODEL_CHECK_SECONDS)
-        return response.status_code == 200 and model_listed(response.json(), settings.ollama_model)
-    except (httpx.HTTPError, ValueError) as exc:
-        log.info("readyz.model_unreachable", error=f"{type(exc).__name__}: {exc}")
-        return False
+async def _model(http: httpx.AsyncClient, settings: Settings) -> ModelCheck:
+    found = await probe(http, settings.ollama_host, settings.ollama_model, MODEL_CHECK_SECONDS)
+    if not found.ready:
+        log.info("readyz.model_missing", problem=found.state.value, error=found.detail)
+    return found
 
 
-async def check(redis: Redis, store: Store, http: httpx.AsyncClient, settings: Settings) -> ReadinessChecks:
-    ok_redis, ok_database, (ok_worker, tool_servers), ok_model = await asyncio.gather(
+async def check(
+    redis: Redis, store: Store, http: httpx.AsyncClient, settings: Settings
+) -> tuple[ReadinessChecks, ModelCheck]:
+    """Every check, and what the model check found (for the message that names host and model)."""
+    ok_redis, ok_database, (ok_worker, tool_servers), model = await asyncio.gather(
         _redis(redis), _database(store), _worker(redis), _model(http, settings)
     )
-    return ReadinessChecks(
-        redis=ok_redis, database=ok_database, worker=ok_worker, model=ok_model, tool_servers=tool_servers
+    checks = ReadinessChecks(
+        redis=ok_redis, database=ok_database, worker=ok_worker, model=model.ready, tool_servers=tool_servers
     )
+    return checks, model

@@ -165,9 +165,11 @@ async def healthz() -> Health:
     responses={503: ResponseSpec(data_container=NotReadyBody, description="Something is missing")},
 )
 async def readyz(resources: Resources) -> Ready:
-    checks = await readiness.check(resources.redis, resources.store, resources.http, resources.settings)
+    checks, model = await readiness.check(
+        resources.redis, resources.store, resources.http, resources.settings
+    )
     worker = await resources.runs.worker() if checks.redis else None
     missing = checks.missing()
     if missing:
-        raise readiness.NotReadyError(checks, worker)
+        raise readiness.NotReadyError(checks, worker, model)
     return Ready(status="ready", checks=checks, worker=worker if worker is not None else UNSET)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
 
-#: reconnections of one event stream before giving up (each resumes with Last-Event-ID)
-RECONNECTS = 5
+#: reconnections of one event stream in a row before giving up (each resumes with Last-Event-ID);
+#: with the delays below, about 40 s: long enough for `./sophos up` to restart the API
+RECONNECTS = 20
+RECONNECT_FIRST_DELAY = 0.25
+RECONNECT_MAX_DELAY = 2.0
 
 
 class ApiError(Exception):
@@ -34,6 +37,10 @@ class Event:
     id: str | None
     type: str
     data: Any
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in ("end", "chat-error")
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -67,13 +74,16 @@ class Api:
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise Unreachable(f"cannot reach the API at {self.url}: {exc}") from exc
         _raise_for(response)
-        return response.json()
+        return response
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
 
     def chat(self, message: str | None, conversation: str | None, resume: bool) -> dict[str, str]:
         body: dict[str, Any] = {}
@@ -96,35 +106,83 @@ class Api:
         result: dict[str, Any] = self._call("POST", f"/api/runs/{run_id}/cancel")
         return result
 
-    def events(self, conversation: str) -> Iterator[Event]:
-        """The conversation's current run's events until its terminal one, reconnecting as needed."""
-        last_id: str | None = None
+    def conversations(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page: ``{conversations, nextCursor?}`` (an API without paging answers them all)."""
+        params = {k: v for k, v in {"limit": limit, "cursor": cursor}.items() if v is not None}
+        result: dict[str, Any] = self._call("GET", "/api/conversations", params=params)
+        return result
+
+    def conversation(self, conversation_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/conversations/{conversation_id}")
+        return result
+
+    def export(self, conversation_id: str, jsonl: bool) -> bytes:
+        params = {"format": "jsonl"} if jsonl else {}
+        return self._send("GET", f"/api/conversations/{conversation_id}/export", params=params).content
+
+    def delete(self, conversation_id: str) -> int:
+        """204: deleted; 202: the worker deletes it when it takes the job."""
+        return self._send("DELETE", f"/api/conversations/{conversation_id}").status_code
+
+    def stream(self, conversation: str, run: str | None = None) -> EventStream:
+        return EventStream(self, conversation, run)
+
+
+class EventStream:
+    """A run's events until its terminal one, across reconnections.
+
+    ``last_id`` outlives an iteration cut short (Ctrl-C while reading): iterating
+    again resumes after the last event seen, nothing missed and nothing twice.
+    """
+
+    def __init__(self, api: Api, conversation: str, run: str | None = None) -> None:
+        self.api = api
+        self.conversation = conversation
+        self.run = run
+        self.last_id: str | None = None
+        self.finished = False
+        #: called with a reason when the connection is lost, and with None once it is back
+        self.on_connection: Callable[[str | None], None] = lambda _: None
+
+    def __iter__(self) -> Iterator[Event]:
         failures = 0
-        while True:
-            headers = {"Last-Event-ID": last_id} if last_id else {}
+        lost = False
+        params = {"conversation": self.conversation, **({"run": self.run} if self.run else {})}
+        while not self.finished:
+            headers = {"Last-Event-ID": self.last_id} if self.last_id else {}
+            reason: str
             try:
-                with connect_sse(
-                    self.http, "GET", "/api/chat", params={"conversation": conversation}, headers=headers
-                ) as source:
+                with connect_sse(self.api.http, "GET", "/api/chat", params=params, headers=headers) as source:
                     if source.response.status_code == 204:
-                        return  # we have seen the terminal event already
+                        self.finished = True  # we have seen the terminal event already
+                        return
                     if not source.response.is_success:
                         source.response.read()
                         _raise_for(source.response)
+                    if lost:
+                        lost = False
+                        self.on_connection(None)
                     for sse in source.iter_sse():
                         event = _event(sse)
                         failures = 0
                         if event.id is not None:
-                            last_id = event.id
+                            self.last_id = event.id
+                        if event.terminal:
+                            self.finished = True
                         yield event
-                        if event.type in ("end", "chat-error"):
+                        if self.finished:
                             return
+                reason = "the API closed the event stream before the run ended"
             except httpx.TransportError as exc:
-                failures += 1
-                if failures > RECONNECTS:
-                    raise Unreachable(f"the event stream kept failing: {exc}") from exc
-            else:
-                failures += 1  # the server closed the stream early (e.g. it is shutting down)
-                if failures > RECONNECTS:
-                    raise Unreachable("the event stream kept closing before the run ended")
-            time.sleep(min(2.0, 0.2 * 2**failures))
+                reason = f"lost the API at {self.api.url} ({type(exc).__name__})"
+            except ApiError as exc:
+                if exc.status < 500:
+                    raise
+                reason = f"the API answered {exc.status} {exc.code}"
+            failures += 1
+            if failures > RECONNECTS:
+                raise Unreachable(f"{reason}; gave up after {RECONNECTS} reconnections")
+            if not lost:
+                lost = True
+                self.on_connection(reason)
+            time.sleep(min(RECONNECT_MAX_DELAY, RECONNECT_FIRST_DELAY * 2 ** (failures - 1)))

@@ -1,4 +1,4 @@
-"""Argument parsing and what each command prints."""
+"""Argument parsing, the commands other than chat, and how errors are told."""
 
 from __future__ import annotations
 
@@ -6,121 +6,19 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from sophos_cli.chat import chat, resume_hint
 from sophos_cli.client import Api, ApiError, Unreachable
+from sophos_cli.printing import duration, short, table, tool_call_line, tool_result_line
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: longest tool result printed (the full one is in the conversation)
-RESULT_CHARS = 300
+#: where the token comes from, first found wins (after --token)
+TOKEN_VARIABLES = ("SOPHOS_TOKEN", "API_TOKEN")
 
 
-def _duration(ms: int | float | None) -> str:
-    if ms is None:
-        return "-"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-
-
-def _short(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# --- chat -----------------------------------------------------------------------------
-
-
-class ChatPrinter:
-    """Tokens as they come; a tool call or result on a line of its own."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.mid_line = False
-
-    def _line(self, text: str) -> None:
-        if self.mid_line:
-            self.out.write("\n")
-        self.out.write(text + "\n")
-        self.out.flush()
-        self.mid_line = False
-
-    def token(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-        self.mid_line = not text.endswith("\n")
-
-    def trace(self, data: dict[str, Any]) -> None:
-        body = data.get("data") or {}
-        if data.get("event") == "call":
-            self._line(f"[tool] {body.get('name')}({_short(body.get('arguments', {}), RESULT_CHARS)})")
-        elif data.get("event") == "result":
-            status = " (error)" if body.get("status") == "error" else ""
-            self._line(f"[tool] {body.get('name')} ->{status} {_short(body.get('result', ''), RESULT_CHARS)}")
-
-    def finish(self) -> None:
-        if self.mid_line:
-            self.out.write("\n")
-            self.out.flush()
-        self.mid_line = False
-
-
-def chat(api: Api, args: argparse.Namespace) -> int:
-    if args.resume and not args.conversation:
-        print("sophos: --resume needs --conversation", file=sys.stderr)
-        return 2
-    if not args.resume and not args.message:
-        print("sophos: a message is needed (or --resume --conversation ID)", file=sys.stderr)
-        return 2
-    accepted = api.chat(args.message, args.conversation, args.resume)
-    conversation, run = accepted["conversation"], accepted["run"]
-    print(f"conversation {conversation}  run {run}", file=sys.stderr)
-    printer = ChatPrinter(sys.stdout)
-    try:
-        for event in api.events(conversation):
-            if event.type == "token" and isinstance(event.data, str):
-                printer.token(event.data)
-            elif event.type == "trace" and isinstance(event.data, dict):
-                printer.trace(event.data)
-            elif event.type == "missed":
-                printer.finish()
-                print(f"sophos: some events are no longer kept: {event.data}", file=sys.stderr)
-            elif event.type == "end":
-                printer.finish()
-                status = (event.data or {}).get("status", "completed")
-                if status != "completed":
-                    print(f"sophos: the run was {status}", file=sys.stderr)
-                return 0 if status == "completed" else 1
-            elif event.type == "chat-error":
-                printer.finish()
-                data = event.data or {}
-                print(f"sophos: the run {data.get('status', 'failed')}: {data.get('code')}: "
-                      f"{data.get('message')}", file=sys.stderr)
-                if data.get("status") == "interrupted":
-                    print(f"sophos: resume it with: sophos chat --resume --conversation {conversation}",
-                          file=sys.stderr)
-                return 1
-    except KeyboardInterrupt:
-        printer.finish()
-        print(f"sophos: stopped watching; run {run} goes on (sophos cancel {run} stops it)", file=sys.stderr)
-        return 130
-    printer.finish()
-    return 0
-
-
-# --- runs -----------------------------------------------------------------------------
-
-
-def _table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        out.write("  ".join(cells).rstrip() + "\n")
+# --- runs, cancel ---------------------------------------------------------------------
 
 
 def _worker_line(worker: dict[str, Any] | None) -> str:
@@ -128,9 +26,9 @@ def _worker_line(worker: dict[str, Any] | None) -> str:
         return "worker: unknown (Redis unavailable)"
     if worker.get("alive"):
         return (f"worker: alive, pid {worker.get('pid', '?')}, since {worker.get('startedAt', '?')}, "
-                f"last beat {_duration(worker.get('heartbeatAgeMs'))} ago")
+                f"last beat {duration(worker.get('heartbeatAgeMs'))} ago")
     if "lastBeatAt" in worker:
-        return f"worker: NOT ALIVE, last heartbeat {_duration(worker.get('heartbeatAgeMs'))} ago"
+        return f"worker: NOT ALIVE, last heartbeat {duration(worker.get('heartbeatAgeMs'))} ago"
     return "worker: NOT ALIVE (none has ever started)"
 
 
@@ -161,9 +59,9 @@ def runs(api: Api, args: argparse.Namespace) -> int:
         time_ms = run.get("elapsedMs") if run["status"] == "running" else run.get("durationMs")
         rows.append([
             run["status"], run["id"], run["conversation"], _where(run), str(run.get("stepCount", 0)),
-            _duration(run.get("waitedMs")), _duration(time_ms),
+            duration(run.get("waitedMs")), duration(time_ms),
         ])
-    _table(rows, sys.stdout)
+    table(rows, sys.stdout)
     return 0
 
 
@@ -176,48 +74,190 @@ def cancel(api: Api, args: argparse.Namespace) -> int:
     return 0
 
 
+# --- conversations ----------------------------------------------------------------------
+
+
+def conversations(api: Api, args: argparse.Namespace) -> int:
+    """One page (``--limit``, ``--cursor``), or every page with ``--all``."""
+    found: list[dict[str, Any]] = []
+    cursor: str | None = args.cursor
+    while True:
+        page = api.conversations(limit=args.limit, cursor=cursor)
+        found.extend(page.get("conversations") or [])
+        cursor = page.get("nextCursor") or None  # an API without paging sends none
+        if not (args.all and cursor):
+            break
+    if args.json:
+        print(json.dumps({"conversations": found, **({"nextCursor": cursor} if cursor else {})}, indent=2))
+        return 0
+    if not found:
+        print("no conversations")
+    else:
+        rows = [["CONVERSATION", "STATUS", "MESSAGES", "UPDATED", "TITLE"]]
+        for c in found:
+            status = str(c.get("status", "-"))
+            if c.get("error"):
+                status += f" ({c['error'].get('code')})"
+            rows.append([str(c["id"]), status, str(c.get("messageCount", 0)), str(c.get("updatedAt", "-")),
+                         short(c.get("title", ""), 60)])
+        table(rows, sys.stdout)
+    if cursor:
+        print(f"more: sophos conversations --limit {args.limit} --cursor {cursor}", file=sys.stderr)
+    return 0
+
+
+def _message_lines(message: dict[str, Any]) -> list[str]:
+    role, content = message.get("role"), str(message.get("content") or "")
+    if role == "tool":
+        return [tool_result_line(message.get("name"), content, message.get("status") == "error")]
+    lines = [f"{'you' if role == 'user' else 'assistant'}: {content}"] if content or role == "user" else []
+    for call in message.get("toolCalls") or []:
+        lines.append(tool_call_line(call.get("name"), call.get("arguments")))
+    return lines
+
+
+def show(api: Api, args: argparse.Namespace) -> int:
+    detail = api.conversation(args.conversation)
+    if args.json:
+        print(json.dumps(detail, indent=2, ensure_ascii=False))
+        return 0
+    info = detail["conversation"]
+    print(f"conversation {info['id']}: {info.get('title', '')}")
+    status = str(info.get("status", "-"))
+    error = info.get("error")
+    if error:
+        status += f" ({error.get('code')}: {error.get('message')})"
+    print(f"status {status}, {info.get('messageCount', 0)} messages, created {info.get('createdAt')}, "
+          f"updated {info.get('updatedAt')}")
+    if detail.get("resumable"):
+        print(f"unfinished: {resume_hint(info['id'])}")
+    print()
+    for message in detail.get("messages") or []:
+        for line in _message_lines(message):
+            print(line)
+    return 0
+
+
+def export(api: Api, args: argparse.Namespace) -> int:
+    body = api.export(args.conversation, args.jsonl)
+    if args.output and args.output != "-":
+        with open(args.output, "wb") as f:
+            f.write(body)
+        print(f"wrote {len(body)} bytes to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(body)
+        sys.stdout.flush()
+    return 0
+
+
+def delete(api: Api, args: argparse.Namespace) -> int:
+    status = api.delete(args.conversation)
+    if status == 202:
+        print(f"conversation {args.conversation}: deletion accepted; "
+              "the worker deletes it when it takes the job")
+    else:
+        print(f"conversation {args.conversation} deleted")
+    return 0
+
+
 # --- entry point ------------------------------------------------------------------------
 
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS, help=f"the API (default {DEFAULT_URL})")
-    common.add_argument("--token", default=argparse.SUPPRESS, help="bearer token (default: $SOPHOS_TOKEN)")
-    main = argparse.ArgumentParser(prog="sophos", description="Talk to a Sophos API.", parents=[common])
-    commands = main.add_subparsers(dest="command", required=True)
+    common.add_argument("--url", default=argparse.SUPPRESS,
+                        help=f"the API (default: $SOPHOS_URL, else {DEFAULT_URL})")
+    common.add_argument("--token", default=argparse.SUPPRESS,
+                        help="bearer token (default: $SOPHOS_TOKEN, else $API_TOKEN)")
+    main = argparse.ArgumentParser(
+        prog="sophos", description="Talk to a Sophos API. `sophos COMMAND --help` tells more.",
+        parents=[common],
+    )
+    commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = commands.add_parser("chat", parents=[common], help="send a message, print the answer as it streams")
-    p.add_argument("message", nargs="?", help="the message (not with --resume)")
+    def command(name: str, summary: str, description: str | None = None) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], help=summary, description=description or summary)
+
+    p = command("chat", "send a message and print the answer as it streams; no message: a prompt", (
+        "Send MESSAGE (`-`: read it from standard input) and print the answer as it streams, tool "
+        "calls included. Without MESSAGE: a prompt loop on one conversation, one message per line "
+        "(lines piped in work too); Ctrl-C stops the answer being written (the run is cancelled), "
+        "Ctrl-C at the prompt or end of input leaves; a line `/resume` resumes an interrupted run."))
+    p.add_argument("message", nargs="?", help="the message; `-` reads standard input")
     p.add_argument("--conversation", "-c", help="continue this conversation (default: a new one)")
     p.add_argument("--resume", action="store_true", help="resume the conversation's unfinished run")
     p.set_defaults(handler=chat)
 
-    p = commands.add_parser("runs", parents=[common], help="print the queued and running runs")
+    p = command("conversations", "list conversations, newest first, a page at a time")
+    p.add_argument("--limit", type=int, default=20, help="conversations per page (default 20)")
+    p.add_argument("--cursor", help="the page after this one (printed under the previous page)")
+    p.add_argument("--all", action="store_true", help="follow every page to the end")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(handler=conversations)
+
+    p = command("show", "print a conversation: its status and every message")
+    p.add_argument("conversation", help="the conversation's id")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(handler=show)
+
+    p = command("export", "print a conversation's Markdown transcript (or its checkpoints as JSON Lines)")
+    p.add_argument("conversation", help="the conversation's id")
+    p.add_argument("--jsonl", action="store_true", help="one JSON line per checkpoint, oldest first")
+    p.add_argument("--output", "-o", help="write to this file instead of standard output")
+    p.set_defaults(handler=export)
+
+    p = command("delete", "delete a conversation (refused while one of its runs is queued or running)")
+    p.add_argument("conversation", help="the conversation's id")
+    p.set_defaults(handler=delete)
+
+    p = command("runs", "print the queued and running runs, and the worker's pulse")
     statuses = ["queued", "running", "completed", "failed", "interrupted", "cancelled"]
     p.add_argument("--status", choices=statuses, help="list runs of this status instead")
     p.add_argument("--conversation", "-c", help="only this conversation's runs")
     p.add_argument("--limit", type=int, default=100)
     p.set_defaults(handler=runs)
 
-    p = commands.add_parser("cancel", parents=[common], help="cancel a queued or running run")
+    p = command("cancel", "cancel a queued or running run")
     p.add_argument("run", help="the run's id")
     p.set_defaults(handler=cancel)
     return main
 
 
+def token_of(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The token and where it came from (``--token`` or a variable's name)."""
+    if getattr(args, "token", None):
+        return args.token, "--token"
+    for name in TOKEN_VARIABLES:
+        if env.get(name):
+            return env[name], name
+    return None, None
+
+
+def unauthorized(exc: ApiError, source: str | None) -> str:
+    if source is None:
+        return (f"{exc.code}: {exc.message}. The API wants a token: set SOPHOS_TOKEN (or API_TOKEN) "
+                "to the API's API_TOKEN, or pass --token")
+    return (f"{exc.code}: {exc.message}. The token from {source} was refused: "
+            f"it must be the API's API_TOKEN")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     url = getattr(args, "url", None) or os.environ.get("SOPHOS_URL") or DEFAULT_URL
-    token = getattr(args, "token", None) or os.environ.get("SOPHOS_TOKEN") or None
+    token, source = token_of(args, os.environ)
     api = Api(url, token)
     try:
         result: int = args.handler(api, args)
         return result
     except ApiError as exc:
-        print(f"sophos: {exc.code}: {exc.message}", file=sys.stderr)
+        message = unauthorized(exc, source) if exc.status == 401 else f"{exc.code}: {exc.message}"
+        print(f"sophos: {message}", file=sys.stderr)
         return 1
     except Unreachable as exc:
-        print(f"sophos: {exc}", file=sys.stderr)
+        print(f"sophos: {exc}\nsophos: is the API running (`./sophos up`)? --url or SOPHOS_URL names another",
+              file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        return 130
     finally:
         api.close()

@@ -441,7 +441,7 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
     conversation = done.stderr.split()[1]
     assert get_json(api, f"/api/conversations/{conversation}", token="operator-secret")["messages"]
 
-    refused = cli(env, "runs", "--url", api)
+    refused = cli(env.with_(API_TOKEN=None), "runs", "--url", api)  # API_TOKEN is read as a token too
     assert refused.returncode == 1 and "UNAUTHORIZED" in refused.stderr
 
     # A run held in its first step, one queued behind it: the table shows both.

@@ -21,6 +21,7 @@ from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.mcp_tools import McpToolbox, load_config
 from worker.model import build_model
+from worker.model_check import report_model
 from worker.recovery import recover
 from worker.runs import RunService
 from worker.store import RunStore, connect
@@ -76,6 +77,7 @@ async def _heartbeat(redis: Redis, started_at: float, tool_servers: Callable[[],
 async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[RunService]:
     """Open the database, checkpointer, MCP sessions and graph; recover; sweep claims; beat."""
     async with AsyncExitStack() as stack:
+        await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings.database_path)
         stack.push_async_callback(store.close)
         saver = await stack.enter_async_context(open_checkpointer(settings))

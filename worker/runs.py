@@ -52,6 +52,7 @@ from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
 from worker.metrics import collecting
 from worker.model import is_model_unavailable
+from worker.model_check import unavailable_message
 from worker.outcomes import UnrecordedOutcomes
 from worker.progress import CancelSignals, RunTracker
 from worker.stopping import Closed, LiveRun, close_thread
@@ -178,9 +179,7 @@ class RunService:
         except Exception as exc:
             if is_model_unavailable(exc):
                 outcome = Outcome(
-                    RunStatus.FAILED, RunErrorCode.MODEL_UNAVAILABLE,
-                    f"the model {self.settings.ollama_model!r} at {self.settings.ollama_host} "
-                    f"is not available: {type(exc).__name__}: {exc}",
+                    RunStatus.FAILED, RunErrorCode.MODEL_UNAVAILABLE, unavailable_message(exc, self.settings),
                 )
             elif is_database_unavailable(exc):
                 log.warning("run.database_unavailable", error=str(exc))

@@ -1,0 +1,345 @@
+"""The command-line client (``python -m sophos_cli``, ``./sophos COMMAND``) against a real API.
+
+Every command runs as a subprocess against real worker and API processes; the
+interactive chat is driven through its standard input, and Ctrl-C is a real SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import get_json, post_chat, read_sse, wait_for
+from tests.support.env import SophosEnv
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 30.0
+TOKEN = "cli-secret"
+COMMANDS = ["chat", "conversations", "show", "export", "delete", "runs", "cancel"]
+
+
+def cli(env: Mapping[str, str], *args: str, stdin: str | None = None,
+        **changes: str | None) -> subprocess.CompletedProcess[str]:
+    run_env = {k: v for k, v in {**env, **changes}.items() if v is not None}
+    return subprocess.run(
+        [sys.executable, "-m", "sophos_cli", *args], env=run_env, cwd=ROOT, input=stdin,
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture
+def api(sophos_env: SophosEnv, start_worker, start_api) -> Iterator[SophosEnv]:
+    """Worker and API behind a token; the env has SOPHOS_URL and SOPHOS_TOKEN set for the CLI."""
+    env = sophos_env.with_(API_TOKEN=TOKEN)
+    start_worker(env)
+    start_api(env)
+    yield env.with_(SOPHOS_URL=env.api_url, SOPHOS_TOKEN=TOKEN, API_TOKEN=None)
+
+
+def converse(env: SophosEnv, message: str, conversation: str | None = None) -> str:
+    accepted = post_chat(env.api_url, message, conversation, token=TOKEN)
+    assert accepted.status_code == 202, accepted.text
+    conversation = accepted.json()["conversation"]
+    assert read_sse(env.api_url, conversation, token=TOKEN)[-1].event == "end"
+    return str(conversation)
+
+
+def test_every_command_has_help() -> None:
+    assert "COMMAND" in ok(cli({}, "--help")).stdout
+    for command in COMMANDS:
+        result = ok(cli({}, command, "--help"))
+        assert result.stdout.startswith(f"usage: sophos {command}"), result.stdout
+        assert "--url" in result.stdout and "--token" in result.stdout
+
+
+def test_the_token_comes_from_sophos_token_or_api_token_and_a_401_names_the_variable(
+    api: SophosEnv,
+) -> None:
+    none = cli(api, "conversations", SOPHOS_TOKEN=None)
+    assert none.returncode == 1
+    assert "UNAUTHORIZED" in none.stderr and "set SOPHOS_TOKEN (or API_TOKEN)" in none.stderr
+
+    wrong = cli(api, "conversations", SOPHOS_TOKEN="wrong")
+    assert wrong.returncode == 1 and "The token from SOPHOS_TOKEN was refused" in wrong.stderr
+    wrong_api = cli(api, "conversations", SOPHOS_TOKEN=None, API_TOKEN="wrong")
+    assert wrong_api.returncode == 1 and "The token from API_TOKEN was refused" in wrong_api.stderr
+    flag = cli(api, "conversations", "--token", "wrong")
+    assert flag.returncode == 1 and "The token from --token was refused" in flag.stderr
+
+    ok(cli(api, "conversations", SOPHOS_TOKEN=None, API_TOKEN=TOKEN))  # the server's own variable works
+    ok(cli(api, "conversations", SOPHOS_TOKEN=TOKEN, API_TOKEN="wrong"))  # SOPHOS_TOKEN comes first
+    ok(cli(api, "conversations", "--token", TOKEN, SOPHOS_TOKEN="wrong"))  # and --token before both
+
+
+def test_conversations_show_and_export(api: SophosEnv, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."), Text("Hello."))
+    summed = converse(api, "add 2 and 3")
+    greeted = converse(api, "say hello")
+
+    listing = ok(cli(api, "conversations")).stdout.splitlines()
+    assert listing[0].split() == ["CONVERSATION", "STATUS", "MESSAGES", "UPDATED", "TITLE"]
+    rows = [row.split()[:3] for row in listing[1:]]
+    assert rows == [[greeted, "completed", "2"], [summed, "completed", "4"]]
+    assert listing[1].endswith("say hello") and listing[2].endswith("add 2 and 3")
+    as_json = json.loads(ok(cli(api, "conversations", "--json")).stdout)
+    assert [c["id"] for c in as_json["conversations"]] == [greeted, summed]
+
+    shown = ok(cli(api, "show", summed)).stdout.splitlines()
+    assert shown[0] == f"conversation {summed}: add 2 and 3"
+    assert shown[1].startswith("status completed, 4 messages, created ")
+    assert shown[3:] == [
+        "you: add 2 and 3",
+        '[tool] tools__add({"a": 2, "b": 3})',
+        "[tool] tools__add -> 5",
+        "assistant: The sum is 5.",
+    ]
+    detail = json.loads(ok(cli(api, "show", summed, "--json")).stdout)
+    assert detail == get_json(api.api_url, f"/api/conversations/{summed}", token=TOKEN)
+
+    markdown = ok(cli(api, "export", summed)).stdout
+    assert markdown == get_json(api.api_url, f"/api/conversations/{summed}/export", token=TOKEN, raw=True)
+    assert "The sum is 5." in markdown
+    lines = ok(cli(api, "export", summed, "--jsonl")).stdout.splitlines()
+    checkpoints = [json.loads(line) for line in lines]
+    assert checkpoints and all("checkpoint_id" in c for c in checkpoints)
+    assert [m["content"] for c in checkpoints for m in c["messages"]][-1] == "The sum is 5."
+    target = api.root / "out.md"
+    ok(cli(api, "export", summed, "-o", str(target)))
+    assert target.read_text() == markdown
+
+    missing = cli(api, "show", "00000000-0000-4000-8000-000000000000")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+    bad = cli(api, "export", "not-an-id")
+    assert bad.returncode == 1 and "BAD_REQUEST" in bad.stderr
+    down = cli(api, "conversations", SOPHOS_URL="http://127.0.0.1:9")
+    assert down.returncode == 3 and "cannot reach the API" in down.stderr and "./sophos up" in down.stderr
+
+
+def test_conversations_page_with_limit_and_cursor(api: SophosEnv, model: FakeOllama) -> None:
+    """Needs GET /api/conversations?limit=&cursor= answering nextCursor (the paging route)."""
+    made = [converse(api, f"message {i}") for i in range(3)]
+    newest_first = made[::-1]
+    first = ok(cli(api, "conversations", "--limit", "2"))
+    assert [row.split()[0] for row in first.stdout.splitlines()[1:]] == newest_first[:2]
+    hint = first.stderr.strip().splitlines()[-1]
+    assert hint.startswith("more: sophos conversations --limit 2 --cursor ")
+    second = ok(cli(api, *hint.removeprefix("more: sophos ").split()))
+    assert [row.split()[0] for row in second.stdout.splitlines()[1:]] == newest_first[2:]
+    assert "more:" not in second.stderr
+    every = ok(cli(api, "conversations", "--limit", "1", "--all", "--json"))
+    assert [c["id"] for c in json.loads(every.stdout)["conversations"]] == newest_first
+
+
+def test_delete(api: SophosEnv, model: FakeOllama) -> None:
+    """Needs DELETE /api/conversations/ID (the conversation-deletion route)."""
+    conversation = converse(api, "forget me")
+    deleted = ok(cli(api, "delete", conversation))
+    assert conversation in deleted.stdout
+    wait_for(
+        lambda: httpx.get(f"{api.api_url}/api/conversations/{conversation}", trust_env=False,
+                          headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404,
+        timeout=TIMEOUT, message="the conversation gone",
+    )
+    again = cli(api, "delete", conversation)
+    assert again.returncode == 1 and "NOT_FOUND" in again.stderr
+
+
+def test_chat_reads_the_message_from_standard_input(api: SophosEnv, model: FakeOllama) -> None:
+    model.script(Text("Piped in."))
+    result = ok(cli(api, "chat", "-", stdin="a message\nof two lines\n"))
+    assert result.stdout == "Piped in.\n"
+    assert model.requests[-1]["messages"][-1] == {"role": "user", "content": "a message\nof two lines"}
+    empty = cli(api, "chat", "-", stdin="\n")
+    assert empty.returncode == 2 and "the message is empty" in empty.stderr
+
+
+class Session:
+    """An interactive ``sophos chat`` whose standard input we type into, its output read as it comes."""
+
+    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "sophos_cli", "chat", *args], env=dict(env), cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        self._readers = [self._read(self.popen.stdout, self.out), self._read(self.popen.stderr, self.err)]
+
+    @staticmethod
+    def _read(stream: IO[str], into: list[str]) -> threading.Thread:
+        def run() -> None:
+            for chunk in iter(lambda: stream.read(1), ""):
+                into.append(chunk)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+    def type(self, line: str) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(line + "\n")
+        self.popen.stdin.flush()
+
+    def wait_out(self, text: str) -> None:
+        wait_for(lambda: text in self.stdout, timeout=TIMEOUT,
+                 message=lambda: f"{text!r} on stdout\n{self.stdout}\n{self.stderr}")
+
+    def wait_err(self, text: str) -> None:
+        wait_for(lambda: text in self.stderr, timeout=TIMEOUT,
+                 message=lambda: f"{text!r} on stderr\n{self.stdout}\n{self.stderr}")
+
+    def interrupt(self) -> None:
+        self.popen.send_signal(signal.SIGINT)
+
+    def close_input(self) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.close()
+
+    def wait(self) -> int:
+        code = self.popen.wait(TIMEOUT)
+        for reader in self._readers:
+            reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+def run_of(env: SophosEnv, conversation: str, status: str) -> dict[str, Any]:
+    found: dict[str, Any] = wait_for(
+        lambda: get_json(env.api_url, "/api/runs", token=TOKEN, conversation=conversation,
+                         status=status)["runs"],
+        timeout=TIMEOUT, message=f"a {status} run of {conversation}",
+    )[0]
+    return found
+
+
+def test_interactive_chat_keeps_the_conversation_and_ctrl_c_stops_the_answer(
+    api: SophosEnv, model: FakeOllama
+) -> None:
+    # Held mid-answer; once released it asks for a tool, so even a cancel that lands only at
+    # the next step boundary stops the run before that call.
+    long_answer = Hang(text="This answer goes on and on", then=ToolCalls([("tools__add", {"a": 1, "b": 2})]))
+    model.script(Text("One."), long_answer, Text("Three."))
+    session = Session(api)
+    try:
+        session.type("first")
+        session.wait_out("One.\n")
+        conversation = session.stderr.split()[1]
+
+        session.type("second")
+        session.wait_out("This answer goes on and on")
+        session.interrupt()  # Ctrl-C: the answer stops, the session does not
+        session.wait_err("stopping the answer")
+        running = run_of(api, conversation, "running")
+        wait_for(lambda: get_json(api.api_url, f"/api/runs/{running['id']}", token=TOKEN)
+                 .get("cancelRequested") or get_json(api.api_url, f"/api/runs/{running['id']}",
+                                                     token=TOKEN)["status"] == "cancelled",
+                 timeout=TIMEOUT, message="the cancel asked for")
+        long_answer.release()  # a model call in flight may finish first (the cancel lands at a boundary)
+        session.wait_err("the run was cancelled")
+        assert run_of(api, conversation, "cancelled")["id"] == running["id"]
+
+        session.type("third")  # the same conversation, the history with it
+        session.wait_out("Three.\n")
+        sent = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"]
+        assert sent == ["first", "second", "third"]
+        session.close_input()  # end of input leaves
+        assert session.wait() == 0, session.stderr
+    finally:
+        session.kill()
+    assert session.stdout.startswith("One.\nThis answer goes on and on")
+    listing = get_json(api.api_url, "/api/conversations", token=TOKEN)["conversations"]
+    assert [c["id"] for c in listing] == [conversation]
+
+
+def test_interactive_chat_leaves_on_a_second_ctrl_c(api: SophosEnv, model: FakeOllama) -> None:
+    held = Hang(text="Holding on")
+    model.script(held)
+    session = Session(api)
+    try:
+        session.type("hold")
+        session.wait_out("Holding on")
+        session.interrupt()
+        session.wait_err("stopping the answer (Ctrl-C again leaves)")
+        session.interrupt()
+        assert session.wait() == 130
+    finally:
+        session.kill()
+        held.release()
+    assert "left; run" in session.stderr
+
+
+def _sh_block(readme: str, heading: str) -> str:
+    """The first ```sh block of the README section under ``heading``."""
+    section = readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama,
+                                 tmp_path: Path) -> None:
+    """Every example of "The command-line client" and "API by example", run as written.
+
+    The DELETE example needs DELETE /api/conversations/ID (the conversation-deletion route).
+    """
+    readme = (ROOT / "README.md").read_text()
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    model.default_text = "Hello from the model."
+    shell = {**sophos_env, "SOPHOS_URL": sophos_env.api_url}
+
+    def run(script: str) -> str:
+        done = subprocess.run(["bash", "-u", "-o", "pipefail", "-c", script], env=shell, cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        output = done.stdout + done.stderr
+        assert "Traceback" not in output and "INTERNAL" not in output, output
+        assert "unbound variable" not in output and "command not found" not in output, output
+        return output
+
+    api_block = _sh_block(readme, "API by example")
+    assert api_block.startswith("API=http://127.0.0.1:8000\n")
+    answers = run(api_block.replace("API=http://127.0.0.1:8000", f"API={sophos_env.api_url}", 1))
+    assert answers.count('data: "model."') == 3  # the stream, then twice resumed after event 2
+    assert answers.count('data: "Hello "') == 1
+    for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
+                     '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
+                     " paths", '"conversations":[']:
+        assert expected in answers, f"{expected!r} not in\n{answers}"
+
+    cli_block = _sh_block(readme, "The command-line client")
+    cli_block = cli_block.replace("./sophos ", f"{sys.executable} -m sophos_cli ")
+    said = run(cli_block)
+    for expected in ["Hello from the model.", "CONVERSATION  ", "you: what can you do?", "RUN_NOT_RESUMABLE",
+                     "worker: alive", "RUN_FINISHED", "wrote "]:
+        assert expected in said, f"{expected!r} not in\n{said}"
+    assert (tmp_path / "conversation.md").read_text().startswith("# what can you do?")
+    assert (tmp_path / "conversation.jsonl").read_text().startswith('{"checkpoint_id"')
+
+    # Needs the DELETE route.
+    assert "METHOD_NOT_ALLOWED" not in answers + said
