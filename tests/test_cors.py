@@ -65,12 +65,19 @@ def test_listed_origins_are_let_in_without_a_token(sophos_env: SophosEnv, start_
             asked = preflight(http, origin, "POST", "content-type, idempotency-key")
             assert asked.status_code in (200, 204), asked.text
             assert allowed_origin(asked) == origin
-            assert "POST" in asked.headers["access-control-allow-methods"]
+            assert set(asked.headers["access-control-allow-methods"].split(", ")) == {
+                "GET",
+                "POST",
+                "DELETE",
+                "OPTIONS",
+            }
             assert "idempotency-key" in asked.headers["access-control-allow-headers"].lower()
         # What the page then sends: the browser guard admits it and the answer is readable.
         listed = http.get("/api/conversations", headers={"Origin": LISTED})
         assert listed.status_code == 200 and allowed_origin(listed) == LISTED
         assert "origin" in listed.headers.get("vary", "").lower()
+        assert listed.headers["access-control-expose-headers"] == "Retry-After"  # a 429's wait
+        assert "access-control-allow-credentials" not in listed.headers  # no cookies: the token is a header
         posted = http.post("/api/chat", json={"message": "hi"}, headers={"Origin": LISTED})
         assert posted.status_code == 202 and allowed_origin(posted) == LISTED
         # Another origin: no preflight passes, requests are refused, nothing is readable.

@@ -89,6 +89,12 @@ def test_compose_file_parses_with_its_services_and_volumes() -> None:
         assert service.get("restart") == "unless-stopped", name
     assert services["ollama"]["healthcheck"]["test"] == ["CMD", "ollama", "list"]
     assert services["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker", "--check"]
+    assert services["worker"]["depends_on"] == {
+        "redis": {"condition": "service_healthy"},
+        "ollama": {"condition": "service_healthy"},
+    }
+    for name in ("worker", "api"):
+        assert services[name]["environment"]["LOG_FORMAT"] == "json", name
     # Only the proxy publishes a port.
     assert [name for name, service in services.items() if "ports" in service] == ["proxy"]
 
@@ -278,6 +284,17 @@ def test_a_reader_on_a_read_only_mount_sees_each_commit(tmp_path: Path) -> None:
         first, last, in_order = out.split()
         # It read while the writer wrote, and saw the last commit: nothing stale, nothing lost.
         assert int(first) < target and int(last) == target and in_order == "True", out
+        # Once the writer has closed (and removed -wal and -shm), a new reader cannot open it:
+        # what api/store.py reports as DATABASE_UNAVAILABLE until the worker is back.
+        writer.close()
+        assert not (data / "sophos.db-shm").exists()
+        after = subprocess.run(
+            [*prefix, sys.executable, "-c", _READER, str(directory / "sophos.db"), "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert after.returncode != 0 and "sqlite3.OperationalError" in after.stderr, after
     finally:
         writer.close()
         for entry in [data, *data.iterdir()]:
