@@ -153,8 +153,7 @@ class Child:
         return self.popen is not None and self.popen.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive:
-            assert self.popen is not None
+        if self.popen is not None and self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(sig)
 
@@ -299,8 +298,8 @@ class Launcher:
 
     def died(self, child: Child, now: float) -> bool:
         """Plan the restart of ``child``; True when everything must stop instead."""
-        assert child.popen is not None
-        code = child.popen.returncode
+        # Called only for a child that was started and has exited.
+        code: int = child.popen.returncode if child.popen is not None else 0
         if code == EXIT_BAD_SETTINGS:
             say(f"{child.name} (pid {child.pid}) {how_it_ended(code)}: it cannot use its settings "
                 "(see its message above); stopping the rest")

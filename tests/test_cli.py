@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,12 +43,12 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture
-def api(sophos_env: SophosEnv, start_worker, start_api) -> Iterator[SophosEnv]:
+def api(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
     """Worker and API behind a token; the env has SOPHOS_URL and SOPHOS_TOKEN set for the CLI."""
     env = sophos_env.with_(API_TOKEN=TOKEN)
     start_worker(env)
     start_api(env)
-    yield env.with_(SOPHOS_URL=env.api_url, SOPHOS_TOKEN=TOKEN, API_TOKEN=None)
+    return env.with_(SOPHOS_URL=env.api_url, SOPHOS_TOKEN=TOKEN, API_TOKEN=None)
 
 
 def converse(env: SophosEnv, message: str, conversation: str | None = None) -> str:
