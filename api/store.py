@@ -20,24 +20,32 @@ read-only connections to a WAL database, which shape the code below:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import structlog
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.pregel import Pregel
 
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.schema import MIGRATIONS
+from shared.thread import reader_graph
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+#: what reads a thread: the agent graph's reader and the thread's config
+ThreadRead = Callable[[Pregel[Any, Any, Any, Any], RunnableConfig], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,31 +275,40 @@ class Store:
             self._checkpoints_ready = True
         return conn, self._saver
 
-    async def latest_checkpoint(self, conversation_id: str) -> CheckpointTuple | None:
-        opened = await self._checkpointer()
-        if opened is None:
-            return None
-        conn, saver = opened
-        try:
-            return await saver.aget_tuple(thread_config(conversation_id))
-        except sqlite3.Error as exc:
-            raise await self._failed(conn, exc) from exc
-        except Exception as exc:
-            raise _unreadable(conversation_id, exc) from exc
+    async def read_thread(self, conversation_id: str, read: ThreadRead[T]) -> T | None:
+        """``read(graph, config)`` on the conversation's thread, in a thread of its own.
 
-    async def checkpoints(self, conversation_id: str) -> list[CheckpointTuple]:
-        """Every checkpoint of the conversation's thread, oldest first."""
-        opened = await self._checkpointer()
-        if opened is None:
-            return []
-        conn, saver = opened
+        None while the checkpoint tables do not exist. The thread's state is read
+        through LangGraph's state API (``get_state`` / ``get_state_history`` of a
+        graph of the agent's shape), the only way to get its messages: a checkpoint
+        stores what its step added, not the whole list. Rebuilding and decoding
+        them is CPU work that grows with the conversation, so it is done off the
+        event loop, on a read-only connection of its own (no lock shared with the
+        other reads, which go on meanwhile).
+        """
+        if await self._checkpointer() is None:
+            return None
+        uri = f"{self.path.as_uri()}?mode=ro"
+        return await asyncio.to_thread(_read_thread, uri, conversation_id, read)
+
+
+def _read_thread(uri: str, conversation_id: str, read: ThreadRead[T]) -> T:
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+    with contextlib.closing(conn):
+        # Strict deserialization whatever the environment says (as for the async saver).
+        saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=None))
         try:
-            newest_first = [t async for t in saver.alist(thread_config(conversation_id))]
+            return read(reader_graph(saver), thread_config(conversation_id))
         except sqlite3.Error as exc:
-            raise await self._failed(conn, exc) from exc
+            log.warning("database.read_failed", error=str(exc))
+            raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+        except (DatabaseUnavailable, ConversationUnreadable):
+            raise
         except Exception as exc:
             raise _unreadable(conversation_id, exc) from exc
-        return newest_first[::-1]
 
 
 def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
