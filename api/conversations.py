@@ -7,12 +7,10 @@ Redis is down, lists and details still come from SQLite, with SQLite's status.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
-from langchain_core.runnables import RunnableConfig
-from langgraph.pregel import Pregel
 from msgspec import UNSET
 from redis.asyncio import Redis
 
@@ -124,10 +122,7 @@ class Conversations:
 
     async def markdown(self, conversation_id: str) -> str:
         info = await self.info(conversation_id)
-
-        def render(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> str:
-            return transcript.markdown(info, transcript.current_messages(graph, config))
-
+        render = functools.partial(transcript.current_markdown, info)
         text = await self.store.read_thread(conversation_id, render)
         return text if text is not None else transcript.markdown(info, [])
 

@@ -3,7 +3,7 @@
 Works on what LangGraph's state API returns (``StateSnapshot``), never on the
 checkpoints' stored channel values: since the messages are a DeltaChannel, a
 checkpoint stores only what its step added. The functions taking a graph are
-meant for :meth:`api.store.Store.read_thread`, which runs them off the event loop.
+meant for :meth:`api.store.Store.read_thread`, which runs them in a reader process.
 """
 
 from __future__ import annotations
@@ -75,6 +75,13 @@ def shown(messages: Iterable[BaseMessage]) -> list[Message]:
 def current_messages(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[Message]:
     """The thread's messages now, as the API shows them."""
     return shown(thread_messages(graph.get_state(config)))
+
+
+def current_markdown(
+    conversation: ConversationInfo, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> str:
+    """The thread's Markdown transcript now."""
+    return markdown(conversation, current_messages(graph, config))
 
 
 def checkpoint_lines(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[CheckpointLine]:

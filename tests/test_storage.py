@@ -6,8 +6,8 @@
   the crash semantics.
 - A database written by the version before (tests/fixtures/pre-delta.db, made by
   scripts/make_fixture_db.py) opens: list, show, both exports, continue, resume.
-- Reading a long thread (detail, exports) happens off the API's event loop: other
-  clients' events keep flowing meanwhile.
+- Reading a long thread (detail, exports) happens in a reader process, off the API's
+  event loop and its interpreter lock: other clients' events keep flowing meanwhile.
 """
 
 from __future__ import annotations
@@ -397,13 +397,13 @@ async def test_exporting_a_long_conversation_does_not_hold_up_another_clients_ev
         exporter.stopped.set()
         await asyncio.to_thread(exporter.join, 120)
     assert exports_during >= 3
-    # Medians, with a floor: on a shared 2-core machine the idle p95 is a few ms and
-    # noisy, while reading on the event loop (as before) held every event for the
-    # whole export (seconds). The floor keeps scheduler noise from failing the test.
-    floor_ms = 25.0
+    # Each compared with a floor: on a shared 2-core machine the idle p95 is a few ms
+    # and noisy. Measured (ms, p50 / p95 during the exports): decoding on the event
+    # loop (before) 41 / 421, in a thread 27 / 472 (it holds the interpreter lock), in
+    # a reader process 7 / 21. The p95 bound tells them apart with room for load.
     idle_p95 = statistics.quantiles(idle, n=20)[-1]
-    bound = 2 * max(idle_p95, floor_ms)
     busy_p95 = statistics.quantiles(busy, n=20)[-1]
     print(f"relay ms idle p50 {statistics.median(idle):.1f} p95 {idle_p95:.1f}; during exports p50 "
           f"{statistics.median(busy):.1f} p95 {busy_p95:.1f} max {max(busy):.1f}; exports {exporter.seconds}")
-    assert statistics.median(busy) <= bound, (sorted(idle), sorted(busy), exporter.seconds)
+    assert statistics.median(busy) <= 2 * max(idle_p95, 25.0), (sorted(idle), sorted(busy))
+    assert busy_p95 <= 2 * max(idle_p95, 50.0), (sorted(idle), sorted(busy))
