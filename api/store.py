@@ -314,14 +314,39 @@ READER_PROCESSES = 2
 _SPAWN = multiprocessing.get_context("spawn")
 
 
+class _DecodedOnce(JsonPlusSerializer):
+    """The strict serializer, decoding each stored blob once per read.
+
+    Rebuilding a thread's state at a checkpoint replays the writes since the last
+    full copy of its messages, so reading its whole history (the JSON Lines export)
+    decodes each write again for every checkpoint after it, up to ~100 times: a
+    400-message export spent 90% of its time building the same messages again
+    (measured: 14.3 s → 2.0 s under load). What is decoded is only read, never
+    changed, so one object per blob can serve every checkpoint.
+    """
+
+    def __init__(self) -> None:
+        # Strict deserialization whatever the environment says (as for the async saver).
+        super().__init__(allowed_msgpack_modules=None)
+        self._decoded: dict[tuple[str, bytes], Any] = {}
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        if not isinstance(data[1], bytes):
+            return super().loads_typed(data)
+        try:
+            return self._decoded[data]
+        except KeyError:
+            value = self._decoded[data] = super().loads_typed(data)
+            return value
+
+
 def _read_thread(uri: str, conversation_id: str, read: ThreadRead[T]) -> T:
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False)
     except sqlite3.Error as exc:
         raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
     with contextlib.closing(conn):
-        # Strict deserialization whatever the environment says (as for the async saver).
-        saver = SqliteSaver(conn, serde=JsonPlusSerializer(allowed_msgpack_modules=None))
+        saver = SqliteSaver(conn, serde=_DecodedOnce())
         try:
             return read(reader_graph(saver), thread_config(conversation_id))
         except sqlite3.Error as exc:

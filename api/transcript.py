@@ -96,8 +96,11 @@ def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
         checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
         parent_id = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
         before = seen_ids.get(str(parent_id), set()) if parent_id else set()
-        messages = shown(thread_messages(state))
-        seen_ids[checkpoint_id] = {m.id for m in messages}
+        # Only what the checkpoint added is converted: a long thread's every
+        # checkpoint holds (once rebuilt) nearly the whole list.
+        messages = [(m.id or str(i), m) for i, m in enumerate(thread_messages(state))]
+        seen_ids[checkpoint_id] = {message_id for message_id, _ in messages}
+        added = (to_message(m, message_id) for message_id, m in messages if message_id not in before)
         metadata: Mapping[str, Any] = state.metadata or {}
         step = metadata.get("step")
         yield CheckpointLine(
@@ -108,7 +111,7 @@ def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
             run_id=metadata.get("run_id"),
             created_at=state.created_at,
             next=sorted(state.next),
-            messages=[m for m in messages if m.id not in before],
+            messages=[m for m in added if m is not None],
         )
 
 
