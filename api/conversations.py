@@ -7,6 +7,7 @@ Redis is down, lists and details still come from SQLite, with SQLite's status.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import structlog
@@ -161,15 +162,15 @@ class Conversations:
 
     async def detail(self, conversation_id: str) -> ConversationDetail:
         info = await self.info(conversation_id)
-        checkpoint = await self.store.latest_checkpoint(conversation_id)
-        messages = transcript.messages_of(checkpoint.checkpoint if checkpoint else None)
-        return ConversationDetail(conversation=info, messages=messages, resumable=info.resumable)
+        messages = await self.store.read_thread(conversation_id, transcript.current_messages)
+        return ConversationDetail(conversation=info, messages=messages or [], resumable=info.resumable)
 
     async def markdown(self, conversation_id: str) -> str:
-        detail = await self.detail(conversation_id)
-        return transcript.markdown(detail.conversation, detail.messages)
+        info = await self.info(conversation_id)
+        render = functools.partial(transcript.current_markdown, info)
+        text = await self.store.read_thread(conversation_id, render)
+        return text if text is not None else transcript.markdown(info, [])
 
     async def checkpoint_lines(self, conversation_id: str) -> list[CheckpointLine]:
         await self.info(conversation_id)  # 404 for an unknown conversation
-        history = await self.store.checkpoints(conversation_id)
-        return list(transcript.checkpoint_lines(history))
+        return await self.store.read_thread(conversation_id, transcript.checkpoint_lines) or []

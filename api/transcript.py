@@ -1,6 +1,9 @@
-"""A thread's checkpoints as the API shows them: messages, Markdown, JSON Lines.
+"""A thread's state as the API shows it: messages, Markdown, JSON Lines.
 
-Works on the checkpoint data read through the checkpointer; never on the tables.
+Works on what LangGraph's state API returns (``StateSnapshot``), never on the
+checkpoints' stored channel values: since the messages are a DeltaChannel, a
+checkpoint stores only what its step added. The functions taking a graph are
+meant for :meth:`api.store.Store.read_thread`, which runs them in a reader process.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langgraph.checkpoint.base import Checkpoint, CheckpointTuple
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
+from langgraph.types import StateSnapshot
 from msgspec import UNSET
 
 from api.schemas import CheckpointLine, ConversationInfo, Message, ToolCall
 from shared.contracts import STOPPED_MARK, text_of
 
 _START = "__start__"
-_BRANCH = "branch:to:"
 
 
 def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
@@ -50,70 +54,62 @@ def _stopped(message: BaseMessage) -> bool:
     return bool((message.response_metadata or {}).get(STOPPED_MARK))
 
 
-def thread_messages(checkpoint: Checkpoint) -> list[BaseMessage]:
-    """The thread's messages at ``checkpoint``, with input not yet merged into them.
+def thread_messages(state: StateSnapshot) -> list[BaseMessage]:
+    """The thread's messages at ``state``, with input not yet merged into them.
 
-    A run's input checkpoint holds the new message in the ``__start__`` channel until
-    the first step applies it; a run that stopped right there still has the user's
-    message in the thread, and resuming will process it.
+    A run's input checkpoint holds the new message as the ``__start__`` task's
+    write until the first step applies it; a run that stopped right there still
+    has the user's message in the thread, and resuming will process it. (The live
+    state, ``get_state`` of the thread, already counts it in ``values``; a record
+    of the history does not.)
     """
-    values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
+    values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
     messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
-    pending = values.get(_START)
-    if isinstance(pending, Mapping):
-        known = {m.id for m in messages if m.id}
+    known = {m.id for m in messages if m.id}
+    for task in state.tasks:
+        written = task.result if task.name == _START and isinstance(task.result, Mapping) else {}
         messages += [
-            m for m in pending.get("messages") or []
+            m for m in written.get("messages") or []
             if isinstance(m, BaseMessage) and (m.id is None or m.id not in known)
         ]
     return messages
 
 
-def messages_of(checkpoint: Checkpoint | None) -> list[Message]:
-    if checkpoint is None:
-        return []
-    shown = (to_message(m, str(i)) for i, m in enumerate(thread_messages(checkpoint)))
-    return [m for m in shown if m is not None]
+def shown(messages: Iterable[BaseMessage]) -> list[Message]:
+    out = (to_message(m, str(i)) for i, m in enumerate(messages))
+    return [m for m in out if m is not None]
 
 
-def next_nodes(checkpoint: Checkpoint) -> list[str]:
-    """Nodes triggered by ``checkpoint``: a trigger channel still holding a value that
-    the node has not yet seen (how LangGraph decides the next tasks of a graph whose
-    edges are all ``branch:to:<node>`` channels, as ours are)."""
-    values: Mapping[str, Any] = checkpoint.get("channel_values") or {}
-    versions: Mapping[str, Any] = checkpoint.get("channel_versions") or {}
-    seen: Mapping[str, Mapping[str, Any]] = checkpoint.get("versions_seen") or {}
-    due = []
-    for channel in values:
-        if channel == _START:
-            node = _START
-        elif channel.startswith(_BRANCH):
-            node = channel.removeprefix(_BRANCH)
-        else:
-            continue
-        version, last_seen = versions.get(channel), seen.get(node, {}).get(channel)
-        if version is not None and (last_seen is None or _later(version, last_seen)):
-            due.append(node)
-    return sorted(due)
+def current_messages(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[Message]:
+    """The thread's messages now, as the API shows them."""
+    return shown(thread_messages(graph.get_state(config)))
 
 
-def _later(a: Any, b: Any) -> bool:
-    try:
-        return bool(a > b)
-    except TypeError:
-        return str(a) > str(b)
+def current_markdown(
+    conversation: ConversationInfo, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> str:
+    """The thread's Markdown transcript now."""
+    return markdown(conversation, current_messages(graph, config))
 
 
-def checkpoint_lines(history: Iterable[CheckpointTuple]) -> Iterator[CheckpointLine]:
+def checkpoint_lines(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[CheckpointLine]:
     """One line per checkpoint (oldest first) with the messages it added to its parent."""
+    return list(lines_of(reversed(list(graph.get_state_history(config)))))
+
+
+def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
+    """The lines of ``history`` (oldest first)."""
     seen_ids: dict[str, set[str]] = {}
-    for item in history:
-        checkpoint_id = str(item.config["configurable"]["checkpoint_id"])
-        parent_id = item.parent_config["configurable"].get("checkpoint_id") if item.parent_config else None
+    for state in history:
+        checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
+        parent_id = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
         before = seen_ids.get(str(parent_id), set()) if parent_id else set()
-        messages = messages_of(item.checkpoint)
-        seen_ids[checkpoint_id] = {m.id for m in messages}
-        metadata: Mapping[str, Any] = item.metadata or {}
+        # Only what the checkpoint added is converted: a long thread's every
+        # checkpoint holds (once rebuilt) nearly the whole list.
+        messages = [(m.id or str(i), m) for i, m in enumerate(thread_messages(state))]
+        seen_ids[checkpoint_id] = {message_id for message_id, _ in messages}
+        added = (to_message(m, message_id) for message_id, m in messages if message_id not in before)
+        metadata: Mapping[str, Any] = state.metadata or {}
         step = metadata.get("step")
         yield CheckpointLine(
             checkpoint_id=checkpoint_id,
@@ -121,9 +117,9 @@ def checkpoint_lines(history: Iterable[CheckpointTuple]) -> Iterator[CheckpointL
             step=step if isinstance(step, int) else None,
             source=metadata.get("source"),
             run_id=metadata.get("run_id"),
-            created_at=item.checkpoint.get("ts"),
-            next=next_nodes(item.checkpoint),
-            messages=[m for m in messages if m.id not in before],
+            created_at=state.created_at,
+            next=sorted(state.next),
+            messages=[m for m in added if m is not None],
         )
 
 

@@ -10,15 +10,15 @@ from langchain_core.messages import SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from shared.metrics import MODEL_CALL
+from shared.thread import AGENT, TOOLS, AgentState
 from worker.metrics import timed
 
-AGENT = "agent"
-TOOLS = "tools"
+__all__ = ["AGENT", "TOOLS", "build_graph", "read_system_prompt"]
 
 
 def build_graph(
@@ -36,14 +36,15 @@ def build_graph(
     """
     bound = model.bind_tools(tools) if tools else model
 
-    async def agent(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+    async def agent(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
         prompt = system_prompt()
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
         with timed(MODEL_CALL):
             response = await bound.ainvoke(messages, config)
         return {"messages": [response]}
 
-    graph = StateGraph(MessagesState)
+    # Messages stored once per thread (DeltaChannel): see shared/thread.py.
+    graph = StateGraph(AgentState)
     graph.add_node(AGENT, agent)
     # Errors of a tool go back to the model as a ToolMessage with status "error".
     graph.add_node(TOOLS, ToolNode(tools, handle_tool_errors=True))
