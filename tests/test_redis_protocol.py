@@ -188,3 +188,16 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     }
     assert sweep_script[1]["status"] == "failed" and sweep_script[1]["code"] == "INTERRUPTED"
     assert worker_failed[1]["status"] == "failed" and relayed.data == worker_failed[1]
+
+
+def test_the_scripts_add_a_terminal_event_only_through_the_one_builder() -> None:
+    """A script that appends to a run's stream does it with ``add_terminal_event`` (the
+    fields of :func:`terminal_event`), never with an XADD of its own."""
+    from shared import redis_protocol
+
+    texts = {name: text for name, text in vars(redis_protocol).items() if name.endswith("_LUA")}
+    adding = {name for name, text in texts.items() if "add_terminal_event(KEYS" in text}
+    assert adding == {"CANCEL_QUEUED_LUA", "DROP_UNSTARTED_LUA"}
+    for name, text in texts.items():
+        own = text.replace(redis_protocol.TERMINAL_EVENT_LUA, "")
+        assert "XADD" not in own, name
