@@ -1,6 +1,6 @@
 """``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one is cut at once.
 
-**Queued.** One Lua script, so it is all or nothing and races neither arq nor a
+**Queued.** One Lua script (shared/redis_protocol.py), so it is all or nothing and races neither arq nor a
 second cancel: if the run is in the queue and arq has not taken it (no
 in-progress key), remove it from the queue, delete its arq job (if arq is just
 taking it, arq finds no job and drops it: the run never starts), free its
@@ -48,51 +48,12 @@ from shared.contracts import (
 )
 from shared.errors import NotFound, RunFinished
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
+from shared.redis_protocol import scripts
 
 log = structlog.get_logger(__name__)
 
 #: how long a cancel request for a started run waits for the worker to see it
 CANCEL_MARKER_SECONDS = 24 * 3600
-
-# KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
-#       the conversation's cancelled run
-# ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
-#       (the one KEYS[9] was named for: read before the script, as a script must be told its keys)
-_CANCEL_QUEUED_LUA = """
-if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
-  return 'already'
-end
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score then
-  return 'absent'
-end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  return 'taken'
-end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[2])
-local conversation = redis.call('HGET', KEYS[4], 'conversation')
-if conversation and redis.call('HGET', KEYS[5], conversation) == ARGV[1] then
-  redis.call('HDEL', KEYS[5], conversation)
-end
-redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
-redis.call('EXPIRE', KEYS[4], ARGV[3])
-redis.call('ZADD', KEYS[7], score, ARGV[1])
-if conversation == ARGV[6] then
-  redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
-end
-local n = 1
-local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
-if last[1] then
-  n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
-end
-local data = cjson.encode({conversation = conversation or '', run = ARGV[1], status = 'cancelled'})
-redis.call('XADD', KEYS[6], n .. '-0', 'type', 'end', 'data', data)
-redis.call('EXPIRE', KEYS[6], ARGV[4])
-redis.call('HINCRBY', KEYS[8], ARGV[5], 1)
-return 'cancelled'
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
@@ -106,24 +67,26 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     redis = runs.redis
     # A run's conversation never changes: reading it first is safe, and names the script's last key.
     conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
-    result = await redis.eval(  # type: ignore[misc]
-        _CANCEL_QUEUED_LUA,
-        9,
-        QUEUE_NAME,
-        arq_job_key(run_id),
-        arq_in_progress_key(run_id),
-        run_key(run_id),
-        ACTIVE_RUNS,
-        events_key(run_id),
-        CANCELLED_RUNS,
-        METRICS_KEY,
-        cancelled_run_key(conversation),
-        run_id,
-        f"{time.time():.6f}",
-        str(CANCELLED_RETENTION_SECONDS),
-        str(runs.settings.event_retention),
-        counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
-        conversation,
+    result = await scripts(redis).cancel_queued(
+        keys=[
+            QUEUE_NAME,
+            arq_job_key(run_id),
+            arq_in_progress_key(run_id),
+            run_key(run_id),
+            ACTIVE_RUNS,
+            events_key(run_id),
+            CANCELLED_RUNS,
+            METRICS_KEY,
+            cancelled_run_key(conversation),
+        ],
+        args=[
+            run_id,
+            f"{time.time():.6f}",
+            str(CANCELLED_RETENTION_SECONDS),
+            str(runs.settings.event_retention),
+            counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
+            conversation,
+        ],
     )
     if result in ("cancelled", "already"):
         info = await runs.get(run_id)

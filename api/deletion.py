@@ -38,29 +38,12 @@ from shared.contracts import (
     is_delete_claim,
 )
 from shared.errors import DatabaseUnavailable, NotFound, SessionInProgress
+from shared.redis_protocol import scripts
 
 log = structlog.get_logger(__name__)
 
 #: How long DELETE waits for the worker before answering 202 (the job stays queued).
 DELETE_WAIT_SECONDS = 3.0
-
-# KEYS: active hash, arq job key, arq queue, wake list
-# ARGV: conversation, claim (= arq job id), job bytes, job ttl ms, score
-# The holder of the conversation if there is one (a run, or an earlier delete); else
-# claims it, enqueues the job and returns false.
-_DELETE_LUA = """
-local holder = redis.call('HGET', KEYS[1], ARGV[1])
-if holder then
-  return holder
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
-redis.call('LPUSH', KEYS[4], '1')
-redis.call('LTRIM', KEYS[4], 0, 15)
-return false
-"""
-
 
 class Deleted(Enum):
     DONE = "done"  # 204
@@ -97,18 +80,9 @@ class Deletions:
     async def _claim(self, job: DeleteJob) -> str | None:
         enqueue_ms = int(job.enqueued_at * 1000)
         payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
-        reply = await self.redis.eval(  # type: ignore[misc]
-            _DELETE_LUA,
-            4,
-            ACTIVE_RUNS,
-            arq_job_key(job.claim),
-            QUEUE_NAME,
-            WAKE_LIST,
-            job.conversation_id,
-            job.claim,
-            payload,  # type: ignore[arg-type]  # redis-py accepts bytes; its stubs say str
-            str(expires_extra_ms),
-            str(enqueue_ms),
+        reply = await scripts(self.redis).delete(
+            keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST],
+            args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
         )
         return None if reply is None else str(reply)
 

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import structlog
@@ -39,6 +38,7 @@ from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, parse_iso
 from shared.contracts import EventType, RunErrorCode, RunStatus, events_key
 from shared.errors import BadRequest, NotFound, SophosError
+from shared.redis_protocol import ENDS_NORMALLY, terminal_event
 
 log = structlog.get_logger(__name__)
 
@@ -83,14 +83,12 @@ def missed(first: int, last: int | None, event_id: int) -> bytes:
 
 def terminal_from_row(run: RunRow, event_id: int) -> bytes:
     """The terminal event of a finished run, rebuilt from its row (same shape as the worker's)."""
-    body: dict[str, Any] = {"conversation": run.conversation_id, "run": run.id, "status": run.status}
-    if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):  # a cancelled run stopped as asked
-        event = EventType.END
-    else:
-        event = EventType.CHAT_ERROR
+    code = message = None
+    if run.status not in ENDS_NORMALLY:
         default_code = RunErrorCode.INTERRUPTED if run.status == RunStatus.INTERRUPTED else "AGENT_FAILURE"
-        body["code"] = run.error_code or default_code
-        body["message"] = run.error_message or f"the run {run.status}"
+        code = run.error_code or default_code
+        message = run.error_message or f"the run {run.status}"
+    event, body = terminal_event(run.conversation_id, run.id, run.status, code, message)
     return ServerSentEventMessage(id=str(event_id), event=event.value, data=json.dumps(body)).encode()
 
 

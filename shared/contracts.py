@@ -1,5 +1,8 @@
 """What crosses Redis between the API and the worker: jobs, events, keys.
 
+The scripts run on these keys, and the terminal event's shape, are in
+:mod:`shared.redis_protocol`.
+
 Both ends serialize with :func:`dumps` / :func:`loads` (JSON). Nothing read from
 Redis is ever unpickled, so write access to Redis is not code execution.
 """
@@ -217,15 +220,6 @@ def arq_in_progress_key(run_id: str) -> str:
 
 def arq_retry_key(run_id: str) -> str:
     return f"arq:retry:{run_id}"
-
-
-# Lua: delete ACTIVE_RUNS[conversation] only if it still names this run.
-RELEASE_ACTIVE_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
-end
-return 0
-"""
 
 
 # --- serialization --------------------------------------------------------------

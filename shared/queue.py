@@ -29,7 +29,6 @@ from shared.contracts import (
     IDEMPOTENCY_TTL_SECONDS,
     JOB_FUNCTION,
     QUEUE_NAME,
-    RELEASE_ACTIVE_LUA,
     WAKE_LIST,
     RunJob,
     RunStatus,
@@ -41,33 +40,7 @@ from shared.contracts import (
     run_key,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
-
-# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key
-# ARGV: conversation, run, job bytes, job ttl ms, score, idempotency ttl s ('0': no key),
-#       this request's answer (for the idempotency key), then run-hash field/value pairs
-_SUBMIT_LUA = """
-if ARGV[6] ~= '0' then
-  local first = redis.call('GET', KEYS[6])
-  if first then
-    return {'first', first}
-  end
-end
-local holder = redis.call('HGET', KEYS[1], ARGV[1])
-if holder then
-  return {'held', holder}
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
-redis.call('HSET', KEYS[4], unpack(ARGV, 8))
-redis.call('PEXPIRE', KEYS[4], ARGV[4])
-if ARGV[6] ~= '0' then
-  redis.call('SET', KEYS[6], ARGV[7], 'EX', ARGV[6])
-end
-redis.call('LPUSH', KEYS[5], '1')
-redis.call('LTRIM', KEYS[5], 0, 15)
-return false
-"""
+from shared.redis_protocol import scripts
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,24 +107,26 @@ async def submit(
         answer = json.dumps({
             "conversation": job.conversation_id, "run": job.run_id, "fingerprint": idempotency.fingerprint,
         })
-    reply = await redis.eval(  # type: ignore[misc]
-        _SUBMIT_LUA,
-        6,
-        ACTIVE_RUNS,
-        arq_job_key(job.run_id),
-        QUEUE_NAME,
-        run_key(job.run_id),
-        WAKE_LIST,
-        # Without a key the script never touches KEYS[6]; it is named all the same.
-        idempotency_key(idempotency.key if idempotency is not None else ""),
-        job.conversation_id,
-        job.run_id,
-        payload,  # type: ignore[arg-type]  # redis-py accepts bytes; its stubs say str
-        str(expires_extra_ms),
-        str(enqueue_ms),
-        str(IDEMPOTENCY_TTL_SECONDS if idempotency is not None else 0),
-        answer,
-        *flat,
+    reply = await scripts(redis).submit(
+        keys=[
+            ACTIVE_RUNS,
+            arq_job_key(job.run_id),
+            QUEUE_NAME,
+            run_key(job.run_id),
+            WAKE_LIST,
+            # Without a key the script never touches KEYS[6]; it is named all the same.
+            idempotency_key(idempotency.key if idempotency is not None else ""),
+        ],
+        args=[
+            job.conversation_id,
+            job.run_id,
+            payload,
+            str(expires_extra_ms),
+            str(enqueue_ms),
+            str(IDEMPOTENCY_TTL_SECONDS if idempotency is not None else 0),
+            answer,
+            *flat,
+        ],
     )
     if reply is None:
         return Submission()
@@ -163,7 +138,7 @@ async def submit(
 
 async def release_conversation(redis: Redis, conversation_id: str, run_id: str) -> bool:
     """Free the conversation if (and only if) ``run_id`` still holds it."""
-    n = await redis.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)  # type: ignore[misc]
+    n = await scripts(redis).release_active(keys=[ACTIVE_RUNS], args=[conversation_id, run_id])
     return bool(n)
 
 
@@ -174,53 +149,7 @@ async def release_conversation(redis: Redis, conversation_id: str, run_id: str) 
 #: record of a run cancelled while queued is kept as long).
 ENDED_RECORD_SECONDS = CANCELLED_RETENTION_SECONDS
 
-# KEYS: run hash. ARGV: ttl (s), then field/value pairs.
-# HSET alone would recreate an expired hash without a TTL: both go in one script.
-_RECORD_ENDED_LUA = """
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-"""
 
-# KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics
-# ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message
-# 1 if the claim was released (and the run recorded failed, its terminal event published); 2 if
-# released only, the run being recorded already (refused by the database: only its release was
-# lost); else 0.
-_DROP_UNSTARTED_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
-  return 0
-end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  return 0
-end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
-if score and redis.call('EXISTS', KEYS[3]) == 1 then
-  return 0
-end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-local ended = redis.call('HGET', KEYS[5], 'status')
-if ended == 'failed' or ended == 'cancelled' then
-  return 2
-end
-if score and redis.call('HEXISTS', KEYS[5], 'enqueued_at') == 0 then
-  redis.call('HSET', KEYS[5], 'enqueued_at', string.format('%.3f', tonumber(score) / 1000))
-end
-redis.call('HSET', KEYS[5], 'conversation', ARGV[1], 'status', 'failed', 'failed_at', ARGV[3],
-           'error_code', ARGV[7], 'error_message', ARGV[8])
-redis.call('EXPIRE', KEYS[5], ARGV[4])
-local n = 1
-local last = redis.call('XREVRANGE', KEYS[6], '+', '-', 'COUNT', 1)
-if last[1] then
-  n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
-end
-local data = cjson.encode({conversation = ARGV[1], run = ARGV[2], status = 'failed',
-                           code = ARGV[7], message = ARGV[8]})
-redis.call('XADD', KEYS[6], n .. '-0', 'type', 'chat-error', 'data', data)
-redis.call('EXPIRE', KEYS[6], ARGV[5])
-redis.call('HINCRBY', KEYS[7], ARGV[6], 1)
-return 1
-"""
 
 
 async def record_ended(redis: Redis, run_id: str, conversation_id: str, fields: dict[str, str]) -> None:
@@ -230,22 +159,9 @@ async def record_ended(redis: Redis, run_id: str, conversation_id: str, fields: 
     could not read the record) and a bound, ``ENDED_RECORD_SECONDS``.
     """
     flat = [x for kv in {"conversation": conversation_id, **fields}.items() for x in kv]
-    await redis.eval(_RECORD_ENDED_LUA, 1, run_key(run_id), str(ENDED_RECORD_SECONDS), *flat)  # type: ignore[misc]
+    await scripts(redis).record_ended(keys=[run_key(run_id)], args=[str(ENDED_RECORD_SECONDS), *flat])
 
 
-# KEYS: queue, then each run's arq job and arq in-progress keys. ARGV: the run ids.
-# The positions (1-based) of the runs that are neither queued with their job nor taken.
-_GONE_LUA = """
-local gone = {}
-for i, run in ipairs(ARGV) do
-  local taken = redis.call('EXISTS', KEYS[2 * i + 1]) == 1
-  local queued = redis.call('ZSCORE', KEYS[1], run) and redis.call('EXISTS', KEYS[2 * i]) == 1
-  if not taken and not queued then
-    gone[#gone + 1] = i
-  end
-end
-return gone
-"""
 
 
 async def gone_runs(redis: Redis, run_ids: list[str]) -> list[str]:
@@ -263,7 +179,7 @@ async def gone_runs(redis: Redis, run_ids: list[str]) -> list[str]:
     keys = [QUEUE_NAME]
     for run_id in run_ids:
         keys += [arq_job_key(run_id), arq_in_progress_key(run_id)]
-    positions = await redis.eval(_GONE_LUA, len(keys), *keys, *run_ids)  # type: ignore[misc]
+    positions = await scripts(redis).gone(keys=keys, args=run_ids)
     return [run_ids[int(i) - 1] for i in positions]
 
 
@@ -281,23 +197,25 @@ async def drop_unstarted(
     database, which also published its ending: only its release was lost) keeps
     that record and is only released. True if the claim was released.
     """
-    done = await redis.eval(  # type: ignore[misc]
-        _DROP_UNSTARTED_LUA,
-        7,
-        ACTIVE_RUNS,
-        QUEUE_NAME,
-        arq_job_key(run_id),
-        arq_in_progress_key(run_id),
-        run_key(run_id),
-        events_key(run_id),
-        METRICS_KEY,
-        conversation_id,
-        run_id,
-        f"{time.time():.6f}",
-        str(ENDED_RECORD_SECONDS),
-        str(event_retention),
-        counter_field(RUNS_FINISHED, status=RunStatus.FAILED.value),
-        code,
-        message,
+    done = await scripts(redis).drop_unstarted(
+        keys=[
+            ACTIVE_RUNS,
+            QUEUE_NAME,
+            arq_job_key(run_id),
+            arq_in_progress_key(run_id),
+            run_key(run_id),
+            events_key(run_id),
+            METRICS_KEY,
+        ],
+        args=[
+            conversation_id,
+            run_id,
+            f"{time.time():.6f}",
+            str(ENDED_RECORD_SECONDS),
+            str(event_retention),
+            counter_field(RUNS_FINISHED, status=RunStatus.FAILED.value),
+            code,
+            message,
+        ],
     )
     return bool(done)

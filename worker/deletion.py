@@ -28,7 +28,6 @@ from redis.exceptions import RedisError
 from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
-    RELEASE_ACTIVE_LUA,
     DeleteJob,
     cancel_key,
     cancelled_run_key,
@@ -37,6 +36,7 @@ from shared.contracts import (
     progress_key,
     run_key,
 )
+from shared.redis_protocol import scripts
 from worker.runs import RunService
 
 log = structlog.get_logger(__name__)
@@ -111,7 +111,8 @@ async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:
     key = deleted_key(job.claim)
     try:
         async with redis.pipeline(transaction=True) as pipe:
-            pipe.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, job.conversation_id, job.claim)
+            release = scripts(redis).release_active
+            await release(keys=[ACTIVE_RUNS], args=[job.conversation_id, job.claim], client=pipe)
             pipe.rpush(key, outcome)
             pipe.expire(key, OUTCOME_TTL_SECONDS)
             await pipe.execute()

@@ -37,8 +37,6 @@ from redis.exceptions import RedisError
 
 from shared.contracts import (
     ACTIVE_RUNS,
-    RELEASE_ACTIVE_LUA,
-    EventType,
     JobKind,
     RunErrorCode,
     RunJob,
@@ -47,6 +45,7 @@ from shared.contracts import (
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import record_ended, release_conversation
+from shared.redis_protocol import scripts, terminal_event
 from shared.settings import Settings
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
@@ -432,7 +431,8 @@ async def notify_outcome(
     """
     try:
         async with redis.pipeline(transaction=False) as pipe:
-            pipe.eval(RELEASE_ACTIVE_LUA, 1, ACTIVE_RUNS, conversation_id, run_id)
+            release = scripts(redis).release_active
+            await release(keys=[ACTIVE_RUNS], args=[conversation_id, run_id], client=pipe)
             pipe.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))
             replies = await pipe.execute(raise_on_error=False)
         for reply in replies:
@@ -441,13 +441,7 @@ async def notify_outcome(
     except RedisError as exc:
         # Start-up reconciliation frees conversations whose run has finished.
         log.warning("run.release_failed", error=str(exc))
-    if outcome.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
-        await events.publish(EventType.END, {
-            "conversation": conversation_id, "run": run_id, "status": outcome.status.value,
-        })
-    else:
-        await events.publish(EventType.CHAT_ERROR, {
-            "conversation": conversation_id, "run": run_id, "status": outcome.status.value,
-            "code": outcome.code, "message": outcome.message,
-        })
+    await events.publish(
+        *terminal_event(conversation_id, run_id, outcome.status, outcome.code, outcome.message)
+    )
 

@@ -29,20 +29,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from shared.contracts import WAKE_LIST
-
-# KEYS: the job's in-progress key, the queue. ARGV: job id, now (ms), in-progress ttl (ms).
-# The job's score if it was queued, due and not taken (and is now marked taken); else nil.
-_TAKE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return false
-end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then
-  return false
-end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
-return score
-"""
+from shared.redis_protocol import scripts
 
 
 class WakeableWorker(Worker):
@@ -55,7 +42,7 @@ class WakeableWorker(Worker):
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's ``start_jobs``, with the job taken by one script (see the module docstring)."""
         if self._take is None:
-            self._take = self.pool.register_script(_TAKE_LUA)
+            self._take = scripts(self.pool).take
         for job_id_b in job_ids:
             await self.sem.acquire()
             if self.job_counter >= self.max_jobs:

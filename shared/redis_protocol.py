@@ -1,0 +1,259 @@
+"""The Redis protocol's scripts and the terminal event's shape, in one place.
+
+The keys stay in :mod:`shared.contracts`, beside the jobs and events they carry
+(every module already names them from there); this module owns what is *done*
+with them atomically, the Lua scripts, and the shape of the event that ends a
+run's stream, which four producers write: the worker (a run's outcome), the
+cancel script (a run cancelled while queued), the sweep's script (a run that
+never started) and the relay (an ending rebuilt from the run's row).
+
+Scripts are registered once per Redis client (:func:`scripts`) with redis-py's
+``register_script``: each call is an ``EVALSHA`` of the script's SHA-1, not the
+whole text again, and on ``NOSCRIPT`` (Redis restarted, or ``SCRIPT FLUSH``)
+redis-py loads the script and retries by itself. Queued in a pipeline, redis-py
+checks the pipeline's scripts with one ``SCRIPT EXISTS`` and loads those missing
+before sending it. Every script below is atomic: that is why each is a script.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from shared.contracts import EventType, RunStatus
+
+# --- the terminal event ---------------------------------------------------------
+
+#: A run with one of these outcomes stopped as it should (a cancelled one, as asked):
+#: its stream ends with ``end``; any other ends with ``chat-error``.
+ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+
+
+def terminal_event(
+    conversation_id: str, run_id: str, status: str, code: str | None = None, message: str | None = None
+) -> tuple[EventType, dict[str, Any]]:
+    """The event that ends a run's stream: ``end {conversation, run, status}``, or
+    ``chat-error {conversation, run, status, code, message}``.
+
+    :data:`TERMINAL_EVENT_LUA` builds the same fields inside the scripts that end a run.
+    """
+    body: dict[str, Any] = {"conversation": conversation_id, "run": run_id, "status": str(status)}
+    if status in ENDS_NORMALLY:
+        return EventType.END, body
+    return EventType.CHAT_ERROR, {**body, "code": code, "message": message}
+
+
+_NORMAL = " or ".join(f"status == '{s.value}'" for s in ENDS_NORMALLY)
+
+#: Lua: append a run's terminal event to its stream (ids ``<n>-0``, after the last
+#: entry) and bound the stream; the fields of :func:`terminal_event`. Prepended to
+#: the scripts that end a run.
+TERMINAL_EVENT_LUA = f"""
+local function add_terminal_event(stream, ttl, conversation, run, status, code, message)
+  local n = 1
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+  if last[1] then
+    n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+  end
+  local event = '{EventType.END.value}'
+  local body = {{conversation = conversation, run = run, status = status}}
+  if not ({_NORMAL}) then
+    event = '{EventType.CHAT_ERROR.value}'
+    body.code = code
+    body.message = message
+  end
+  redis.call('XADD', stream, n .. '-0', 'type', event, 'data', cjson.encode(body))
+  redis.call('EXPIRE', stream, ttl)
+end
+"""
+
+# --- scripts --------------------------------------------------------------------
+
+# Delete ACTIVE_RUNS[conversation] only if it still names this run.
+# KEYS: active hash. ARGV: conversation, run (or delete claim).
+RELEASE_ACTIVE_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+# Accept a run (shared/queue.py).
+# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key
+# ARGV: conversation, run, job bytes, job ttl ms, score, idempotency ttl s ('0': no key),
+#       this request's answer (for the idempotency key), then run-hash field/value pairs
+SUBMIT_LUA = """
+if ARGV[6] ~= '0' then
+  local first = redis.call('GET', KEYS[6])
+  if first then
+    return {'first', first}
+  end
+end
+local holder = redis.call('HGET', KEYS[1], ARGV[1])
+if holder then
+  return {'held', holder}
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+redis.call('HSET', KEYS[4], unpack(ARGV, 8))
+redis.call('PEXPIRE', KEYS[4], ARGV[4])
+if ARGV[6] ~= '0' then
+  redis.call('SET', KEYS[6], ARGV[7], 'EX', ARGV[6])
+end
+redis.call('LPUSH', KEYS[5], '1')
+redis.call('LTRIM', KEYS[5], 0, 15)
+return false
+"""
+
+# Describe a run that ended without a row (shared/queue.py).
+# KEYS: run hash. ARGV: ttl (s), then field/value pairs.
+# HSET alone would recreate an expired hash without a TTL: both go in one script.
+RECORD_ENDED_LUA = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+
+# Release the claim of a run that will never start (shared/queue.py, for the sweep).
+# KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics
+# ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message
+# 1 if the claim was released (and the run recorded failed, its terminal event published); 2 if
+# released only, the run being recorded already (refused by the database: only its release was
+# lost); else 0.
+DROP_UNSTARTED_LUA = TERMINAL_EVENT_LUA + """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  return 0
+end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
+if score and redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+local ended = redis.call('HGET', KEYS[5], 'status')
+if ended == 'failed' or ended == 'cancelled' then
+  return 2
+end
+if score and redis.call('HEXISTS', KEYS[5], 'enqueued_at') == 0 then
+  redis.call('HSET', KEYS[5], 'enqueued_at', string.format('%.3f', tonumber(score) / 1000))
+end
+redis.call('HSET', KEYS[5], 'conversation', ARGV[1], 'status', 'failed', 'failed_at', ARGV[3],
+           'error_code', ARGV[7], 'error_message', ARGV[8])
+redis.call('EXPIRE', KEYS[5], ARGV[4])
+add_terminal_event(KEYS[6], ARGV[5], ARGV[1], ARGV[2], 'failed', ARGV[7], ARGV[8])
+redis.call('HINCRBY', KEYS[7], ARGV[6], 1)
+return 1
+"""
+
+# The runs that arq will never run (shared/queue.py, for the sweep).
+# KEYS: queue, then each run's arq job and arq in-progress keys. ARGV: the run ids.
+# The positions (1-based) of the runs that are neither queued with their job nor taken.
+GONE_LUA = """
+local gone = {}
+for i, run in ipairs(ARGV) do
+  local taken = redis.call('EXISTS', KEYS[2 * i + 1]) == 1
+  local queued = redis.call('ZSCORE', KEYS[1], run) and redis.call('EXISTS', KEYS[2 * i]) == 1
+  if not taken and not queued then
+    gone[#gone + 1] = i
+  end
+end
+return gone
+"""
+
+# Cancel a queued run (api/cancel.py).
+# KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
+#       the conversation's cancelled run
+# ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
+#       (the one KEYS[9] was named for: read before the script, as a script must be told its keys)
+CANCEL_QUEUED_LUA = TERMINAL_EVENT_LUA + """
+if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
+  return 'already'
+end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then
+  return 'absent'
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 'taken'
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+local conversation = redis.call('HGET', KEYS[4], 'conversation')
+if conversation and redis.call('HGET', KEYS[5], conversation) == ARGV[1] then
+  redis.call('HDEL', KEYS[5], conversation)
+end
+redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
+redis.call('ZADD', KEYS[7], score, ARGV[1])
+if conversation == ARGV[6] then
+  redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
+end
+add_terminal_event(KEYS[6], ARGV[4], conversation or '', ARGV[1], 'cancelled')
+redis.call('HINCRBY', KEYS[8], ARGV[5], 1)
+return 'cancelled'
+"""
+
+# Claim a conversation for its deletion and enqueue the delete job (api/deletion.py).
+# KEYS: active hash, arq job key, arq queue, wake list
+# ARGV: conversation, claim (= arq job id), job bytes, job ttl ms, score
+# The holder of the conversation if there is one (a run, or an earlier delete); else
+# claims it, enqueues the job and returns false.
+DELETE_LUA = """
+local holder = redis.call('HGET', KEYS[1], ARGV[1])
+if holder then
+  return holder
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+redis.call('LPUSH', KEYS[4], '1')
+redis.call('LTRIM', KEYS[4], 0, 15)
+return false
+"""
+
+# Take a queued job for the worker (worker/wakeup.py).
+# KEYS: the job's in-progress key, the queue. ARGV: job id, now (ms), in-progress ttl (ms).
+# The job's score if it was queued, due and not taken (and is now marked taken); else nil.
+TAKE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
+end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then
+  return false
+end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+return score
+"""
+
+
+class Scripts:
+    """The scripts, registered with one Redis client: call one with ``keys=``, ``args=``
+    (and ``client=pipe`` to queue it in a pipeline of that client)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.release_active: AsyncScript = redis.register_script(RELEASE_ACTIVE_LUA)
+        self.submit: AsyncScript = redis.register_script(SUBMIT_LUA)
+        self.record_ended: AsyncScript = redis.register_script(RECORD_ENDED_LUA)
+        self.drop_unstarted: AsyncScript = redis.register_script(DROP_UNSTARTED_LUA)
+        self.gone: AsyncScript = redis.register_script(GONE_LUA)
+        self.cancel_queued: AsyncScript = redis.register_script(CANCEL_QUEUED_LUA)
+        self.delete: AsyncScript = redis.register_script(DELETE_LUA)
+        self.take: AsyncScript = redis.register_script(TAKE_LUA)
+
+
+_registered: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()
+
+
+def scripts(redis: Redis) -> Scripts:
+    """The scripts registered with ``redis``, once for the client's life."""
+    registered = _registered.get(redis)
+    if registered is None:
+        registered = _registered[redis] = Scripts(redis)
+    return registered
