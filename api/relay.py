@@ -84,7 +84,8 @@ def missed(first: int, last: int | None, event_id: int) -> bytes:
 def terminal_from_row(run: RunRow, event_id: int) -> bytes:
     """The terminal event of a finished run, rebuilt from its row (same shape as the worker's)."""
     body: dict[str, Any] = {"conversation": run.conversation_id, "run": run.id, "status": run.status}
-    if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):  # a cancelled run stopped as asked
+    # A cancelled run stopped as asked; a waiting one paused as configured.
+    if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING):
         event = EventType.END
     else:
         event = EventType.CHAT_ERROR
