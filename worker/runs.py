@@ -376,7 +376,10 @@ class RunService:
                 live.finished(node)
                 if payload.get("interrupts"):
                     # One interrupt per turn (worker/graph.py): its requests are the approval's.
-                    final.requests = list(payload["interrupts"][0].value["requests"])
+                    # (The tasks stream gives each interrupt as a dict: {"value", "id"}.)
+                    first = payload["interrupts"][0]
+                    value = first["value"] if isinstance(first, dict) else first.value
+                    final.requests = list(value["requests"])
                 for message in (payload.get("result") or {}).get("messages", []):
                     if node == AGENT and isinstance(message, AIMessage):
                         for call in message.tool_calls:
