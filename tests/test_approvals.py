@@ -33,9 +33,13 @@ def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
     return sophos_env
 
 
-def decide(api_url: str, conversation: str, decisions: list[dict[str, Any]], **headers: str) -> httpx.Response:
+def decide(
+    api_url: str, conversation: str, decisions: list[dict[str, Any]], **headers: str
+) -> httpx.Response:
     with httpx.Client(base_url=api_url, timeout=10.0, trust_env=False) as http:
-        return http.post("/api/chat", json={"conversation": conversation, "decisions": decisions}, headers=headers)
+        return http.post(
+            "/api/chat", json={"conversation": conversation, "decisions": decisions}, headers=headers
+        )
 
 
 def wait_approval(api_url: str, conversation: str) -> list[dict[str, Any]]:
@@ -69,15 +73,22 @@ def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: 
     accepted = decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}])
     assert accepted.status_code == 202, accepted.text
     events = read_sse(stack.api_url, conversation)
-    assert events[-1].data == {"conversation": conversation, "run": accepted.json()["run"], "status": "completed"}
+    assert events[-1].data == {
+        "conversation": conversation,
+        "run": accepted.json()["run"],
+        "status": "completed",
+    }
     assert events.text == "The sum is 5."
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
     assert detail["pendingApproval"] is None and detail["conversation"]["status"] == "completed"
     assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
     # Acted on once: the same decision again finds nothing pending.
-    _error(decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}]),
-           409, "NO_APPROVAL_PENDING")
+    _error(
+        decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}]),
+        409,
+        "NO_APPROVAL_PENDING",
+    )
     assert len(tool_calls(stack.tools_log, "add")) == 1
 
 
@@ -85,9 +96,13 @@ def test_reject_never_runs_the_call_and_the_model_hears_why(stack: SophosEnv, mo
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("Understood, I will not add."))
     conversation, _ = chat(stack.api_url, "add 2 and 3")
     [request] = wait_approval(stack.api_url, conversation)
-    accepted = decide(stack.api_url, conversation, [
-        {"id": request["id"], "action": "reject", "message": "not today"},
-    ])
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": request["id"], "action": "reject", "message": "not today"},
+        ],
+    )
     assert accepted.status_code == 202, accepted.text
     events = read_sse(stack.api_url, conversation)
     assert events[-1].data["status"] == "completed"
@@ -101,9 +116,13 @@ def test_edit_runs_with_the_new_arguments(stack: SophosEnv, model: FakeOllama) -
     conversation, _ = chat(stack.api_url, "add 2 and 3")
     [request] = wait_approval(stack.api_url, conversation)
     _error(decide(stack.api_url, conversation, [{"id": request["id"], "action": "edit"}]), 400, "BAD_REQUEST")
-    accepted = decide(stack.api_url, conversation, [
-        {"id": request["id"], "action": "edit", "arguments": {"a": 20, "b": 30}},
-    ])
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": request["id"], "action": "edit", "arguments": {"a": 20, "b": 30}},
+        ],
+    )
     assert accepted.status_code == 202, accepted.text
     assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 20, "b": 30}]
@@ -116,8 +135,13 @@ def test_calls_of_one_turn_wait_together_then_run_with_their_decisions(
     stack: SophosEnv, model: FakeOllama
 ) -> None:
     model.script(
-        ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2}),
-                   ("tools__echo", {"text": "free"})]),
+        ToolCalls(
+            [
+                ("tools__add", {"a": 1, "b": 1}),
+                ("tools__add", {"a": 2, "b": 2}),
+                ("tools__echo", {"text": "free"}),
+            ]
+        ),
         Text("Done."),
     )
     conversation, _ = chat(stack.api_url, "three calls")
@@ -127,15 +151,37 @@ def test_calls_of_one_turn_wait_together_then_run_with_their_decisions(
 
     first, second = (r["id"] for r in requests)
     # Every pending request gets exactly one decision.
-    message = _error(decide(stack.api_url, conversation, [{"id": first, "action": "approve"}]), 400, "BAD_REQUEST")
+    message = _error(
+        decide(stack.api_url, conversation, [{"id": first, "action": "approve"}]), 400, "BAD_REQUEST"
+    )
     assert second in message
-    message = _error(decide(stack.api_url, conversation, [
-        {"id": first, "action": "approve"}, {"id": second, "action": "approve"}, {"id": "nope", "action": "approve"},
-    ]), 400, "BAD_REQUEST")
+    message = _error(
+        decide(
+            stack.api_url,
+            conversation,
+            [
+                {"id": first, "action": "approve"},
+                {"id": second, "action": "approve"},
+                {"id": "nope", "action": "approve"},
+            ],
+        ),
+        400,
+        "BAD_REQUEST",
+    )
     assert "nope" in message
-    message = _error(decide(stack.api_url, conversation, [
-        {"id": first, "action": "approve"}, {"id": first, "action": "reject"}, {"id": second, "action": "approve"},
-    ]), 400, "BAD_REQUEST")
+    message = _error(
+        decide(
+            stack.api_url,
+            conversation,
+            [
+                {"id": first, "action": "approve"},
+                {"id": first, "action": "reject"},
+                {"id": second, "action": "approve"},
+            ],
+        ),
+        400,
+        "BAD_REQUEST",
+    )
     assert first in message
     _error(decide(stack.api_url, conversation, [{"id": first, "action": "maybe"}]), 400, "BAD_REQUEST")
     # Waiting: no new message, no resume.
@@ -143,9 +189,14 @@ def test_calls_of_one_turn_wait_together_then_run_with_their_decisions(
     _error(post_chat(stack.api_url, None, conversation, resume=True), 409, "APPROVAL_PENDING")
     assert tool_calls(stack.tools_log) == []
 
-    accepted = decide(stack.api_url, conversation, [
-        {"id": first, "action": "approve"}, {"id": second, "action": "reject"},
-    ])
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": first, "action": "approve"},
+            {"id": second, "action": "reject"},
+        ],
+    )
     assert accepted.status_code == 202, accepted.text
     assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}]
@@ -158,11 +209,15 @@ def test_decision_without_a_pending_approval_is_refused(stack: SophosEnv, model:
     model.script(Text("No tools needed."))
     conversation, _ = chat(stack.api_url, "hello")
     assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
-    _error(decide(stack.api_url, conversation, [{"id": "x", "action": "approve"}]), 409, "NO_APPROVAL_PENDING")
+    _error(
+        decide(stack.api_url, conversation, [{"id": "x", "action": "approve"}]), 409, "NO_APPROVAL_PENDING"
+    )
     assert get_json(stack.api_url, f"/api/conversations/{conversation}")["pendingApproval"] is None
 
 
-def test_the_same_decision_posted_twice_with_a_key_runs_the_tool_once(stack: SophosEnv, model: FakeOllama) -> None:
+def test_the_same_decision_posted_twice_with_a_key_runs_the_tool_once(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
     model.script(ToolCalls([("tools__add", {"a": 4, "b": 4})]), Text("8."))
     conversation, _ = chat(stack.api_url, "add")
     [request] = wait_approval(stack.api_url, conversation)
@@ -197,3 +252,37 @@ def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
     assert accepted.status_code == 202, accepted.text
     wait_for(lambda: read_sse(sophos_env.api_url, conversation)[-1].data["status"] == "completed", 30)
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "after the crash"}]
+
+
+def test_sigkill_during_the_approved_tool_is_an_ordinary_interrupted_run(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    _require_approval(sophos_env, ["slow"])
+    worker = start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
+    conversation, _ = chat(sophos_env.api_url, "do the slow thing")
+    [request] = wait_approval(sophos_env.api_url, conversation)
+    accepted = decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}])
+    assert accepted.status_code == 202, accepted.text
+    decided = accepted.json()["run"]
+    wait_for(lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20)
+    worker.kill()
+    worker.wait()
+    start_worker(sophos_env)
+
+    assert get_json(sophos_env.api_url, f"/api/runs/{decided}")["status"] == "interrupted"
+    detail = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True and detail["pendingApproval"] is None
+    _error(
+        decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}]),
+        409,
+        "NO_APPROVAL_PENDING",
+    )
+
+    _, resumed = chat(sophos_env.api_url, conversation=conversation, resume=True)
+    events = read_sse(sophos_env.api_url, conversation)
+    assert events[-1].data == {"conversation": conversation, "run": resumed, "status": "completed"}
+    assert "approval" not in events.types  # not asked again
+    assert events.text == "All done."
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight ran once more
