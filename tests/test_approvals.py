@@ -246,6 +246,8 @@ def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
     assert detail["conversation"]["status"] == "waiting"
     assert detail["pendingApproval"] == [request]
     assert get_json(sophos_env.api_url, f"/api/runs/{run}")["status"] == "waiting"
+    waiting = get_json(sophos_env.api_url, "/api/runs?status=waiting")["runs"]
+    assert [r["id"] for r in waiting] == [run]
     assert tool_calls(sophos_env.tools_log) == []
 
     accepted = decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}])
