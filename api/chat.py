@@ -11,6 +11,12 @@ With an ``Idempotency-Key`` a retried request gets the first request's answer
 before the checks and again when they refuse (the first request may have been
 accepted meanwhile), and the submit script stores the answer atomically with the
 run. The same key with a different request is refused (422).
+
+Decisions (``{conversation, decisions}``) continue a conversation that waits for
+an approval: their shape is checked first (400), then the conversation's
+existence, then that it waits (409 NO_APPROVAL_PENDING; a run in progress for
+it means the approval is already being acted on), then that every pending
+request, read from the thread's checkpoint, has exactly one decision (400).
 """
 
 from __future__ import annotations
@@ -20,16 +26,26 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 
 from api import live
+from api.approvals import check_shape, match, pending_requests
 from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
 from api.store import Store
-from shared.contracts import JobKind, RunJob
-from shared.errors import BadRequest, IdempotencyKeyReused, NotFound, RunNotResumable, SessionInProgress
+from shared.contracts import JobKind, RunJob, RunStatus
+from shared.errors import (
+    ApprovalPending,
+    BadRequest,
+    IdempotencyKeyReused,
+    NoApprovalPending,
+    NotFound,
+    RunNotResumable,
+    SessionInProgress,
+)
 from shared.queue import FirstAnswer, Idempotency, first_answer, submit
 from shared.rows import title_of
 from shared.settings import Settings
@@ -46,7 +62,10 @@ def idempotency_of(key: str | None, request: ChatRequest, conversation_id: str |
         return None
     if not _IDEMPOTENCY_KEY.fullmatch(key):
         raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
-    asked = json.dumps([request.message, conversation_id, request.resume], ensure_ascii=False)
+    fields: list[Any] = [request.message, conversation_id, request.resume]
+    if request.decisions is not None:  # a message or resume fingerprints as it always did
+        fields.append([[d.id, d.action, d.arguments, d.message] for d in request.decisions])
+    asked = json.dumps(fields, ensure_ascii=False)
     return Idempotency(key, hashlib.sha256(asked.encode()).hexdigest())
 
 
@@ -83,6 +102,8 @@ class ChatService:
 
     async def submit(self, request: ChatRequest, idempotency_key: str | None = None) -> ChatAccepted:
         """Validate ``request`` and enqueue its run; raise the contract's errors."""
+        if request.decisions is not None:
+            return await self._decide(request, idempotency_key)
         message = None if request.resume else self._message(request)
         if request.resume and request.conversation is None:
             raise BadRequest("resume needs a conversation")
@@ -95,7 +116,7 @@ class ChatService:
             return _answer(first, idempotency)
         try:
             return await self._submit(request, message, conversation_id, new, idempotency)
-        except (SessionInProgress, RunNotResumable):
+        except (SessionInProgress, RunNotResumable, ApprovalPending):
             # The first of several identical requests may have been accepted meanwhile.
             if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
                 return _answer(first, idempotency)
@@ -115,6 +136,11 @@ class ChatService:
                 raise NotFound(f"conversation {conversation_id} not found")
             if holder is not None:
                 raise _busy(conversation_id, holder)
+            if row is not None and row.last_status == RunStatus.WAITING:
+                raise ApprovalPending(
+                    f"conversation {conversation_id} waits for a decision on its tool calls; "
+                    "send the decisions first"
+                )
             if request.resume and (row is None or not row.pending_tasks):
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
@@ -127,6 +153,45 @@ class ChatService:
             enqueued_at=time.time(),
             new_conversation=new,
         )
+        return await self._enqueue(job, title, message, new, idempotency)
+
+    async def _decide(self, request: ChatRequest, idempotency_key: str | None) -> ChatAccepted:
+        if request.conversation is None:
+            raise BadRequest("decisions need a conversation")
+        if request.message is not None or request.resume:
+            raise BadRequest("decisions come alone: no message, no resume")
+        conversation_id = parse_id(request.conversation, "conversation")
+        decisions = request.decisions or []
+        check_shape(decisions)
+        idempotency = idempotency_of(idempotency_key, request, conversation_id)
+        if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+            return _answer(first, idempotency)
+        try:
+            structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+            row = await self.store.conversation(conversation_id)
+            holder = await live.active_run(self.redis, conversation_id)
+            if row is None and holder is None:
+                raise NotFound(f"conversation {conversation_id} not found")
+            if holder is not None or row is None or row.last_status != RunStatus.WAITING:
+                raise NoApprovalPending(f"conversation {conversation_id} has no approval pending")
+            requests = await self.store.read_thread(conversation_id, pending_requests)
+            if requests is None:
+                raise NoApprovalPending(f"conversation {conversation_id} has no approval pending")
+            job = RunJob(
+                run_id=new_id(), conversation_id=conversation_id, kind=JobKind.DECIDE, message=None,
+                enqueued_at=time.time(), decisions=match(decisions, requests),
+            )
+            return await self._enqueue(job, row.title, None, False, idempotency)
+        except (SessionInProgress, NoApprovalPending):
+            # The first of several identical requests may have been accepted meanwhile.
+            if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+                return _answer(first, idempotency)
+            raise
+
+    async def _enqueue(
+        self, job: RunJob, title: str, message: str | None, new: bool, idempotency: Idempotency | None,
+    ) -> ChatAccepted:
+        conversation_id = job.conversation_id
         submitted = await submit(self.redis, job, title=title, idempotency=idempotency)
         if submitted.first is not None and idempotency is not None:
             return _answer(submitted.first, idempotency)

@@ -15,6 +15,7 @@ from msgspec import UNSET
 from redis.asyncio import Redis
 
 from api import live, transcript
+from api.approvals import pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor, run_error
 from api.schemas import (
     CheckpointLine,
@@ -22,6 +23,7 @@ from api.schemas import (
     ConversationInfo,
     ConversationList,
     ConversationSummary,
+    ToolCall,
 )
 from api.store import ConversationRow, RunRow, Store
 from api.timefmt import iso_from_timestamp
@@ -56,7 +58,10 @@ def summary(row: ConversationRow, active: str | None, active_row: RunRow | None)
         status=status,
         error=error if error is not None else UNSET,
         # Decided by the checkpoint (pending tasks), never by the last run's status.
-        resumable=row.pending_tasks and active is None and status is not RunStatus.RUNNING,
+        # Waiting for an approval: a decision is the way on, not a resume.
+        resumable=(
+            row.pending_tasks and active is None and status not in (RunStatus.RUNNING, RunStatus.WAITING)
+        ),
     )
 
 
@@ -163,7 +168,14 @@ class Conversations:
     async def detail(self, conversation_id: str) -> ConversationDetail:
         info = await self.info(conversation_id)
         messages = await self.store.read_thread(conversation_id, transcript.current_messages)
-        return ConversationDetail(conversation=info, messages=messages or [], resumable=info.resumable)
+        pending = None
+        if info.status is RunStatus.WAITING:
+            requests = await self.store.read_thread(conversation_id, pending_requests)
+            if requests is not None:
+                pending = [ToolCall(str(r["id"]), str(r["name"]), dict(r["arguments"])) for r in requests]
+        return ConversationDetail(
+            conversation=info, messages=messages or [], resumable=info.resumable, pending_approval=pending,
+        )
 
     async def markdown(self, conversation_id: str) -> str:
         info = await self.info(conversation_id)

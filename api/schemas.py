@@ -14,8 +14,18 @@ from msgspec import UNSET, UnsetType
 from shared.contracts import JobKind, RunStatus
 
 
+class DecisionBody(msgspec.Struct, forbid_unknown_fields=True):
+    """One decision on a pending tool call; ``arguments`` replaces the call's for ``edit``."""
+
+    id: str
+    action: Literal["approve", "reject", "edit"]
+    arguments: dict[str, Any] | None = None
+    #: for ``reject``: told to the model with the rejection
+    message: str | None = None
+
+
 class ChatRequest(msgspec.Struct):
-    """Body of ``POST /api/chat``: a new message, or ``resume: true`` with a conversation.
+    """Body of ``POST /api/chat``: a new message, ``resume: true`` with a conversation, or decisions.
 
     Permissive on purpose: wrong types are rejected by validation, the rest is
     checked by hand in the order the contract gives.
@@ -24,6 +34,8 @@ class ChatRequest(msgspec.Struct):
     message: str | None = None
     conversation: str | None = None
     resume: bool = False
+    #: with a conversation waiting for an approval: one decision per pending request
+    decisions: list[DecisionBody] | None = None
 
 
 class ChatAccepted(msgspec.Struct):
@@ -91,10 +103,12 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     status: str | UnsetType = UNSET
 
 
-class ConversationDetail(msgspec.Struct):
+class ConversationDetail(msgspec.Struct, rename="camel"):
     conversation: ConversationInfo
     messages: list[Message]
     resumable: bool
+    #: the tool calls waiting for a decision while the conversation is ``waiting``, else null
+    pending_approval: list[ToolCall] | None = None
 
 
 class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):

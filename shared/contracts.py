@@ -24,10 +24,15 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     CANCELLED = "cancelled"  # by POST /api/runs/{id}/cancel, queued or running
+    #: paused for an approval of tool calls: over (it holds nothing), a decision starts the next run
+    WAITING = "waiting"
 
     @property
     def finished(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.CANCELLED)
+        return self in (
+            RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.CANCELLED,
+            RunStatus.WAITING,
+        )
 
 
 class RunErrorCode(enum.StrEnum):
@@ -42,6 +47,7 @@ class RunErrorCode(enum.StrEnum):
 class JobKind(enum.StrEnum):
     RUN = "run"  # a new message
     RESUME = "resume"  # continue the thread from its last checkpoint
+    DECIDE = "decide"  # continue a thread waiting for an approval with the user's decisions
 
 
 # --- jobs -----------------------------------------------------------------------
@@ -60,12 +66,20 @@ class RunJob:
     message: str | None
     enqueued_at: float
     new_conversation: bool = False
+    #: a ``decide`` job's decisions, one per pending request (:class:`Decision` as dicts)
+    decisions: tuple[dict[str, Any], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.decisions is None:
+            del data["decisions"]  # jobs without decisions look as they always did
+        else:
+            data["decisions"] = list(self.decisions)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunJob:
+        decisions = data.get("decisions")
         return cls(
             run_id=str(data["run_id"]),
             conversation_id=str(data["conversation_id"]),
@@ -73,6 +87,36 @@ class RunJob:
             message=data.get("message"),
             enqueued_at=float(data["enqueued_at"]),
             new_conversation=bool(data.get("new_conversation", False)),
+            decisions=tuple(dict(d) for d in decisions) if decisions is not None else None,
+        )
+
+
+class DecisionAction(enum.StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+    EDIT = "edit"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The user's answer to one pending tool call (``id`` = the tool call id)."""
+
+    id: str
+    action: DecisionAction
+    arguments: dict[str, Any] | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "action": self.action.value, "arguments": self.arguments, "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        arguments = data.get("arguments")
+        return cls(
+            id=str(data["id"]), action=DecisionAction(data["action"]),
+            arguments=dict(arguments) if arguments is not None else None, message=data.get("message"),
         )
 
 
@@ -120,6 +164,8 @@ class EventType(enum.StrEnum):
     TRACE = "trace"
     END = "end"
     CHAT_ERROR = "chat-error"
+    #: the tool calls waiting for a decision; ``end`` with status ``waiting`` follows
+    APPROVAL = "approval"
 
     @property
     def terminal(self) -> bool:

@@ -7,6 +7,8 @@
     ├── NotFound                404 NOT_FOUND
     ├── SessionInProgress       409 SESSION_IN_PROGRESS
     ├── RunNotResumable         409 RUN_NOT_RESUMABLE
+    ├── ApprovalPending         409 APPROVAL_PENDING
+    ├── NoApprovalPending       409 NO_APPROVAL_PENDING
     ├── RunFinished             409 RUN_FINISHED
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
@@ -55,6 +57,20 @@ class SessionInProgress(SophosError):
 
 class RunNotResumable(SophosError):
     code = "RUN_NOT_RESUMABLE"
+    status = 409
+
+
+class ApprovalPending(SophosError):
+    """A message or resume for a conversation whose tool calls wait for a decision."""
+
+    code = "APPROVAL_PENDING"
+    status = 409
+
+
+class NoApprovalPending(SophosError):
+    """Decisions for a conversation that waits for none (never did, or already decided)."""
+
+    code = "NO_APPROVAL_PENDING"
     status = 409
 
 

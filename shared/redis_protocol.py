@@ -29,7 +29,8 @@ from shared.contracts import EventType, RunStatus
 
 #: A run with one of these outcomes stopped as it should (a cancelled one, as asked):
 #: its stream ends with ``end``; any other ends with ``chat-error``.
-ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+# A cancelled run stopped as asked; a waiting one paused for an approval, as configured.
+ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
 
 
 def terminal_event(

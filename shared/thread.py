@@ -24,6 +24,8 @@ from langgraph.graph.state import CompiledStateGraph
 
 AGENT = "agent"
 TOOLS = "tools"
+#: asks the user to approve, edit or reject the turn's tool calls (worker/graph.py)
+APPROVAL = "approval"
 
 #: A full copy of the message list every this many updates of it (LangGraph's
 #: default, written out so that a change is deliberate): between two copies a
@@ -51,14 +53,15 @@ def _never(state: AgentState) -> NoReturn:
 
 
 def reader_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """The agent graph's shape (START → agent ⇄ tools → END) without its work, for reading.
+    """The agent graph's shape (START → agent ⇄ [approval →] tools → END) without its work, for reading.
 
     tests/test_storage.py checks that it has the worker's nodes and edges.
     """
     graph = StateGraph(AgentState)
     graph.add_node(AGENT, _never)
+    graph.add_node(APPROVAL, _never, destinations=(TOOLS, AGENT))
     graph.add_node(TOOLS, _never)
     graph.add_edge(START, AGENT)
-    graph.add_conditional_edges(AGENT, _never, {TOOLS: TOOLS, END: END})
+    graph.add_conditional_edges(AGENT, _never, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
     return graph.compile(checkpointer=checkpointer)

@@ -1,4 +1,22 @@
-"""The agent graph: START → agent ⇄ tools → END."""
+"""The agent graph: START → agent ⇄ tools → END, with an approval step before tools when needed.
+
+Approvals (langgraph 1.2 interrupts): a turn whose tool calls include one that
+needs approval goes from ``agent`` to ``approval`` instead of ``tools``. That node
+raises one interrupt listing every such call of the turn (the prebuilt ToolNode
+runs calls with ``asyncio.gather``, so interrupts raised inside tools would
+surface one at a time, langgraph#6624), and nothing of the turn runs before the
+decision. The interrupt is a pending write on the checkpoint: it survives any
+crash. On resume the node runs again from its start, so nothing before
+``interrupt()`` has a side effect; after it, the decisions become state:
+
+* edited calls are rewritten in the assistant message (same message id, so the
+  reducer replaces it); the proposed arguments are kept in its
+  ``response_metadata["approvals"]`` with each decision, so the transcript says
+  what was proposed and what was decided;
+* each rejected call gets its ToolMessage at once ("the user rejected ..."),
+  and the tools node runs only the calls still without a result. A rejected
+  call is never executed.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +24,45 @@ from collections.abc import Callable
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import SystemMessage
+from langchain_core.messages import AIMessage, AnyMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command, interrupt
 
+from shared.contracts import Decision, DecisionAction
 from shared.metrics import MODEL_CALL
-from shared.thread import AGENT, TOOLS, AgentState
+from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
 from worker.metrics import timed
 
-__all__ = ["AGENT", "TOOLS", "build_graph", "read_system_prompt"]
+__all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
+
+#: metadata key on an assistant message: its calls' decisions and proposed arguments
+APPROVALS_MARK = "approvals"
+
+
+def rejection_text(decision: Decision) -> str:
+    """What the model is told of a call the user rejected."""
+    text = "The user rejected this tool call; it was not executed."
+    return f"{text} Their message: {decision.message}" if decision.message else text
+
+
+def _last_ai(messages: list[AnyMessage]) -> AIMessage | None:
+    last = messages[-1] if messages else None
+    return last if isinstance(last, AIMessage) else None
+
+
+def _unanswered(messages: list[AnyMessage]) -> list[dict[str, Any]]:
+    """The tool calls of the last assistant message that have no result yet."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AIMessage):
+            answered = {m.tool_call_id for m in messages[index + 1:] if isinstance(m, ToolMessage)}
+            return [dict(c) for c in message.tool_calls if c["id"] not in answered]
+    return []
 
 
 def build_graph(
@@ -27,8 +71,11 @@ def build_graph(
     tools: list[BaseTool],
     system_prompt: Callable[[], str],
     checkpointer: BaseCheckpointSaver[Any],
+    needs_approval: Callable[[str], bool] = lambda tool: False,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
+
+    ``needs_approval(tool_name)`` tells the tools whose calls wait for a decision.
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -43,13 +90,69 @@ def build_graph(
             response = await bound.ainvoke(messages, config)
         return {"messages": [response]}
 
+    def route(state: AgentState) -> str:
+        message = _last_ai(state["messages"])
+        if message is None or not message.tool_calls:
+            return END
+        return APPROVAL if any(needs_approval(c["name"]) for c in message.tool_calls) else TOOLS
+
+    def approval(state: AgentState) -> Command[Any]:
+        # Runs again from here on resume: nothing before interrupt() may act on the world.
+        message = _last_ai(state["messages"])
+        if message is None:  # routed here only after an answer with tool calls
+            raise RuntimeError("approval step without a tool-calling answer")
+        requests = [
+            {"id": c["id"], "name": c["name"], "arguments": c["args"]}
+            for c in message.tool_calls if needs_approval(c["name"])
+        ]
+        answer = interrupt({"requests": requests})
+        decisions = {d.id: d for d in map(Decision.from_dict, answer)}
+        calls: list[Any] = []
+        record: dict[str, Any] = {}
+        rejections: list[AnyMessage] = []
+        for call in message.tool_calls:
+            decision = decisions.get(str(call["id"]))
+            if decision is None:  # needs no approval: runs with the others
+                calls.append(call)
+                continue
+            record[str(call["id"])] = {"action": decision.action.value, "proposed": call["args"],
+                                       **({"message": decision.message} if decision.message else {})}
+            if decision.action is DecisionAction.REJECT:
+                calls.append(call)
+                rejections.append(ToolMessage(
+                    rejection_text(decision), name=call["name"], tool_call_id=call["id"], status="error",
+                ))
+            elif decision.action is DecisionAction.EDIT:
+                calls.append({**call, "args": decision.arguments or {}})
+            else:
+                calls.append(call)
+        decided = message.model_copy(update={
+            "tool_calls": calls,
+            "response_metadata": {**message.response_metadata, APPROVALS_MARK: record},
+        })
+        # Nothing left to run: the model hears the rejections at once.
+        goto = AGENT if len(rejections) == len(calls) else TOOLS
+        return Command(update={"messages": [decided, *rejections]}, goto=goto)
+
+    # Errors of a tool go back to the model as a ToolMessage with status "error".
+    tool_node = ToolNode(tools, handle_tool_errors=True)
+
+    async def run_tools(state: AgentState, config: RunnableConfig) -> Any:
+        messages = state["messages"]
+        message = _last_ai(messages)
+        if message is not None:
+            return await tool_node.ainvoke(state, config)  # every call of the turn
+        # After a decision, rejected calls already have their result: run the others only.
+        calls = [{**c, "type": "tool_call"} for c in _unanswered(messages)]
+        return await tool_node.ainvoke(calls, config) if calls else {"messages": []}
+
     # Messages stored once per thread (DeltaChannel): see shared/thread.py.
     graph = StateGraph(AgentState)
     graph.add_node(AGENT, agent)
-    # Errors of a tool go back to the model as a ToolMessage with status "error".
-    graph.add_node(TOOLS, ToolNode(tools, handle_tool_errors=True))
+    graph.add_node(APPROVAL, approval, destinations=(TOOLS, AGENT))
+    graph.add_node(TOOLS, run_tools)
     graph.add_edge(START, AGENT)
-    graph.add_conditional_edges(AGENT, tools_condition, {"tools": TOOLS, END: END})
+    graph.add_conditional_edges(AGENT, route, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
     return graph.compile(checkpointer=checkpointer)
 

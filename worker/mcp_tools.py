@@ -65,6 +65,42 @@ def load_config(path: Path, variables: Mapping[str, str]) -> dict[str, dict[str,
     return config
 
 
+class ApprovalPolicy:
+    """Which tools need the user's approval before they run (``requireApproval`` per server).
+
+    ``true`` covers every tool of the server; a list names some of them, without the
+    ``server__`` prefix. Nothing needs approval unless configured.
+    """
+
+    def __init__(self, whole_servers: frozenset[str] = frozenset(), tools: frozenset[str] = frozenset()):
+        self.whole_servers = whole_servers
+        self.tools = tools
+
+    def __call__(self, tool: str) -> bool:
+        server, sep, _ = tool.partition("__")
+        return tool in self.tools or (bool(sep) and server in self.whole_servers)
+
+
+def load_approvals(path: Path) -> ApprovalPolicy:
+    """The ``requireApproval`` entries of ``mcp.json`` (read after :func:`load_config` accepted it)."""
+    if not path.exists():
+        return ApprovalPolicy()
+    servers = json.loads(path.read_text())["mcpServers"]
+    whole: set[str] = set()
+    tools: set[str] = set()
+    for name, spec in servers.items():
+        required = spec.get("requireApproval", False)
+        if required is True:
+            whole.add(name)
+        elif isinstance(required, list) and all(isinstance(t, str) and t for t in required):
+            tools.update(f"{name}__{t}" for t in required)
+        elif required is not False:
+            raise McpConfigError(
+                f"{path}: server {name!r}: requireApproval must be true, false or a list of tool names"
+            )
+    return ApprovalPolicy(frozenset(whole), frozenset(tools))
+
+
 def _result_text(result: CallToolResult) -> str:
     parts: list[str] = []
     for item in result.content:

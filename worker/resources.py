@@ -19,7 +19,7 @@ from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
 from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
-from worker.mcp_tools import McpToolbox, load_config
+from worker.mcp_tools import McpToolbox, load_approvals, load_config
 from worker.model import build_model
 from worker.model_check import report_model
 from worker.recovery import recover
@@ -98,6 +98,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             tools=toolbox.tools,
             system_prompt=read_system_prompt(settings.system_prompt_path),
             checkpointer=saver,
+            needs_approval=load_approvals(settings.mcp_config_path),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
         sweep = ClaimSweep(

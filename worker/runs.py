@@ -13,6 +13,12 @@ Orderings that matter, and why:
   step starts, so a crash repeats at most the step in flight.
 * The graph streams in a task of its own, so a cancel can cut it mid-step
   (worker/stopping.py): the cut is closed in the thread before the outcome.
+* An approval: the graph stops at the interrupt of its ``approval`` node (the
+  interrupt is on the checkpoint). The run ends ``waiting``, recorded like any
+  outcome, then the conversation is released and the ``approval`` event and
+  ``end`` (status ``waiting``) are published: a waiting conversation holds no
+  worker and no claim. A ``decide`` job resumes it with ``Command(resume=...)``
+  only if the interrupt is still pending, so a decision is acted on once.
 * Release and the terminal event come in a ``finally``: whatever the database
   raised when the outcome was written (kept and retried, worker/outcomes.py),
   the client is told and the conversation is free.
@@ -32,11 +38,13 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphDrained, GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
+from langgraph.types import Command
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.contracts import (
     ACTIVE_RUNS,
+    EventType,
     JobKind,
     RunErrorCode,
     RunJob,
@@ -65,6 +73,8 @@ class Outcome:
     status: RunStatus
     code: str | None = None
     message: str | None = None
+    #: a ``waiting`` run's requests: the tool calls waiting for a decision
+    requests: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +163,8 @@ class RunService:
                 final = await self._run_graph(job, events, live, tracker)
                 if final is None:
                     outcome, final = await self._close_cut(job, events, live, tracker)
+                elif final.requests is not None:
+                    outcome = Outcome(RunStatus.WAITING, requests=final.requests)
                 else:
                     outcome = Outcome(RunStatus.COMPLETED)
             finally:
@@ -318,13 +330,22 @@ class RunService:
             "metadata": {"run_id": job.run_id},
             "recursion_limit": self.settings.agent_recursion_limit,
         }
-        graph_input: dict[str, Any] | None = None
+        graph_input: dict[str, Any] | Command[Any] | None = None
         if live.input is not None:
             graph_input = {"messages": [live.input]}
         else:
             state = await self.graph.aget_state(self.thread_config(job.conversation_id))
             if not state.tasks:
                 raise NotResumable("the conversation has no unfinished step to resume")
+            waiting = any(task.interrupts for task in state.tasks)
+            if job.kind is JobKind.DECIDE:
+                # Checked here, by the only writer: a second delivery, or a decision
+                # accepted twice, finds the interrupt answered and does nothing.
+                if not waiting:
+                    raise NotResumable("the conversation has no approval pending")
+                graph_input = Command(resume=list(job.decisions or ()))
+            elif waiting:
+                raise NotResumable("the conversation waits for an approval; decide it instead")
 
         step = 0
         final = FinalState()
@@ -353,6 +374,12 @@ class RunService:
                     await events.trace(step, node, "enter", node)
                     continue
                 live.finished(node)
+                if payload.get("interrupts"):
+                    # One interrupt per turn (worker/graph.py): its requests are the approval's.
+                    # (The tasks stream gives each interrupt as a dict: {"value", "id"}.)
+                    first = payload["interrupts"][0]
+                    value = first["value"] if isinstance(first, dict) else first.value
+                    final.requests = list(value["requests"])
                 for message in (payload.get("result") or {}).get("messages", []):
                     if node == AGENT and isinstance(message, AIMessage):
                         for call in message.tool_calls:
@@ -411,6 +438,8 @@ class RunService:
 @dataclass(slots=True)
 class FinalState:
     message_count: int = 0
+    #: set when the graph stopped at an approval: the calls waiting for a decision
+    requests: list[dict[str, Any]] | None = None
 
 
 class NotResumable(Exception):
@@ -441,6 +470,10 @@ async def notify_outcome(
     except RedisError as exc:
         # Start-up reconciliation frees conversations whose run has finished.
         log.warning("run.release_failed", error=str(exc))
+    if outcome.status is RunStatus.WAITING:
+        await events.publish(EventType.APPROVAL, {
+            "conversation": conversation_id, "run": run_id, "requests": outcome.requests or [],
+        })
     await events.publish(
         *terminal_event(conversation_id, run_id, outcome.status, outcome.code, outcome.message)
     )

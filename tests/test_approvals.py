@@ -1,0 +1,290 @@
+"""Approve, edit or reject a tool call before it runs: real API, worker, Redis, SQLite, MCP server.
+
+The fake tools server logs every call it executes (``TOOLS_LOG``) before doing its
+work, so "never executed" is checked on the tool's side, across worker restarts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.env import SophosEnv, mcp_servers
+
+
+def _require_approval(env: SophosEnv, tools: Any) -> None:
+    """``requireApproval`` on the fake tools server (``tools``: true or a list of names)."""
+    config: dict[str, Any] = json.loads(json.dumps(mcp_servers(env.tools_log, env.root / "empty")))
+    config["mcpServers"]["tools"]["requireApproval"] = tools
+    (env.root / "empty").mkdir(exist_ok=True)
+    env.write_mcp_config(config)
+
+
+@pytest.fixture
+def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
+    _require_approval(sophos_env, ["add"])
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    return sophos_env
+
+
+def decide(
+    api_url: str, conversation: str, decisions: list[dict[str, Any]], **headers: str
+) -> httpx.Response:
+    with httpx.Client(base_url=api_url, timeout=10.0, trust_env=False) as http:
+        return http.post(
+            "/api/chat", json={"conversation": conversation, "decisions": decisions}, headers=headers
+        )
+
+
+def wait_approval(api_url: str, conversation: str) -> list[dict[str, Any]]:
+    """The stream of the run that paused: its approval requests (checked against the detail)."""
+    events = read_sse(api_url, conversation)
+    assert events.types[-2:] == ["approval", "end"], events.types
+    assert events[-1].data["status"] == "waiting"
+    approval = events.of("approval")[0].data
+    assert approval["conversation"] == conversation and approval["run"] == events[-1].data["run"]
+    detail = get_json(api_url, f"/api/conversations/{conversation}")
+    assert detail["conversation"]["status"] == "waiting"
+    assert detail["resumable"] is False
+    assert detail["pendingApproval"] == approval["requests"]
+    return list(approval["requests"])
+
+
+def _error(response: httpx.Response, status: int, code: str) -> str:
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    return str(response.json()["error"]["message"])
+
+
+def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    conversation, _ = chat(stack.api_url, "add 2 and 3")
+    [request] = wait_approval(stack.api_url, conversation)
+    assert request["name"] == "tools__add" and request["arguments"] == {"a": 2, "b": 3}
+    assert tool_calls(stack.tools_log, "add") == []
+    assert len(model.requests) == 1
+
+    accepted = decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}])
+    assert accepted.status_code == 202, accepted.text
+    events = read_sse(stack.api_url, conversation)
+    assert events[-1].data == {
+        "conversation": conversation,
+        "run": accepted.json()["run"],
+        "status": "completed",
+    }
+    assert events.text == "The sum is 5."
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
+    assert detail["pendingApproval"] is None and detail["conversation"]["status"] == "completed"
+    assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
+    # Acted on once: the same decision again finds nothing pending.
+    _error(
+        decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}]),
+        409,
+        "NO_APPROVAL_PENDING",
+    )
+    assert len(tool_calls(stack.tools_log, "add")) == 1
+
+
+def test_reject_never_runs_the_call_and_the_model_hears_why(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("Understood, I will not add."))
+    conversation, _ = chat(stack.api_url, "add 2 and 3")
+    [request] = wait_approval(stack.api_url, conversation)
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": request["id"], "action": "reject", "message": "not today"},
+        ],
+    )
+    assert accepted.status_code == 202, accepted.text
+    events = read_sse(stack.api_url, conversation)
+    assert events[-1].data["status"] == "completed"
+    assert tool_calls(stack.tools_log, "add") == []
+    told = model.requests[1]["messages"][-1]
+    assert told["role"] == "tool" and "rejected" in told["content"] and "not today" in told["content"]
+
+
+def test_edit_runs_with_the_new_arguments(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 50."))
+    conversation, _ = chat(stack.api_url, "add 2 and 3")
+    [request] = wait_approval(stack.api_url, conversation)
+    _error(decide(stack.api_url, conversation, [{"id": request["id"], "action": "edit"}]), 400, "BAD_REQUEST")
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": request["id"], "action": "edit", "arguments": {"a": 20, "b": 30}},
+        ],
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 20, "b": 30}]
+    assert model.requests[1]["messages"][-1]["content"] == "50"
+    messages = get_json(stack.api_url, f"/api/conversations/{conversation}")["messages"]
+    assert messages[1]["toolCalls"][0]["arguments"] == {"a": 20, "b": 30}
+
+
+def test_calls_of_one_turn_wait_together_then_run_with_their_decisions(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(
+        ToolCalls(
+            [
+                ("tools__add", {"a": 1, "b": 1}),
+                ("tools__add", {"a": 2, "b": 2}),
+                ("tools__echo", {"text": "free"}),
+            ]
+        ),
+        Text("Done."),
+    )
+    conversation, _ = chat(stack.api_url, "three calls")
+    requests = wait_approval(stack.api_url, conversation)
+    assert [r["arguments"] for r in requests] == [{"a": 1, "b": 1}, {"a": 2, "b": 2}]  # echo needs none
+    assert tool_calls(stack.tools_log) == []  # not even the call that needs no approval
+
+    first, second = (r["id"] for r in requests)
+    # Every pending request gets exactly one decision.
+    message = _error(
+        decide(stack.api_url, conversation, [{"id": first, "action": "approve"}]), 400, "BAD_REQUEST"
+    )
+    assert second in message
+    message = _error(
+        decide(
+            stack.api_url,
+            conversation,
+            [
+                {"id": first, "action": "approve"},
+                {"id": second, "action": "approve"},
+                {"id": "nope", "action": "approve"},
+            ],
+        ),
+        400,
+        "BAD_REQUEST",
+    )
+    assert "nope" in message
+    message = _error(
+        decide(
+            stack.api_url,
+            conversation,
+            [
+                {"id": first, "action": "approve"},
+                {"id": first, "action": "reject"},
+                {"id": second, "action": "approve"},
+            ],
+        ),
+        400,
+        "BAD_REQUEST",
+    )
+    assert first in message
+    _error(decide(stack.api_url, conversation, [{"id": first, "action": "maybe"}]), 400, "BAD_REQUEST")
+    # Waiting: no new message, no resume.
+    _error(post_chat(stack.api_url, "another", conversation), 409, "APPROVAL_PENDING")
+    _error(post_chat(stack.api_url, None, conversation, resume=True), 409, "APPROVAL_PENDING")
+    assert tool_calls(stack.tools_log) == []
+
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": first, "action": "approve"},
+            {"id": second, "action": "reject"},
+        ],
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}]
+    assert [c["args"] for c in tool_calls(stack.tools_log, "echo")] == [{"text": "free"}]
+    results = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert len(results) == 3 and any("rejected" in r["content"] for r in results)
+
+
+def test_decision_without_a_pending_approval_is_refused(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(Text("No tools needed."))
+    conversation, _ = chat(stack.api_url, "hello")
+    assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
+    _error(
+        decide(stack.api_url, conversation, [{"id": "x", "action": "approve"}]), 409, "NO_APPROVAL_PENDING"
+    )
+    assert get_json(stack.api_url, f"/api/conversations/{conversation}")["pendingApproval"] is None
+
+
+def test_the_same_decision_posted_twice_with_a_key_runs_the_tool_once(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 4, "b": 4})]), Text("8."))
+    conversation, _ = chat(stack.api_url, "add")
+    [request] = wait_approval(stack.api_url, conversation)
+    decision = [{"id": request["id"], "action": "approve"}]
+    one = decide(stack.api_url, conversation, decision, **{"Idempotency-Key": "k-1"})
+    two = decide(stack.api_url, conversation, decision, **{"Idempotency-Key": "k-1"})
+    assert one.status_code == two.status_code == 202 and one.json() == two.json()
+    assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
+    assert len(tool_calls(stack.tools_log, "add")) == 1
+
+
+def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    _require_approval(sophos_env, True)
+    worker = start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(ToolCalls([("tools__echo", {"text": "after the crash"})]), Text("Echoed."))
+    conversation, run = chat(sophos_env.api_url, "echo it")
+    [request] = wait_approval(sophos_env.api_url, conversation)
+    worker.kill()
+    worker.wait()
+    start_worker(sophos_env)  # start-up recovery runs before it is ready
+
+    detail = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")
+    assert detail["conversation"]["status"] == "waiting"
+    assert detail["pendingApproval"] == [request]
+    assert get_json(sophos_env.api_url, f"/api/runs/{run}")["status"] == "waiting"
+    waiting = get_json(sophos_env.api_url, "/api/runs?status=waiting")["runs"]
+    assert [r["id"] for r in waiting] == [run]
+    assert tool_calls(sophos_env.tools_log) == []
+
+    accepted = decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}])
+    assert accepted.status_code == 202, accepted.text
+    wait_for(lambda: read_sse(sophos_env.api_url, conversation)[-1].data["status"] == "completed", 30)
+    assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "after the crash"}]
+
+
+def test_sigkill_during_the_approved_tool_is_an_ordinary_interrupted_run(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    _require_approval(sophos_env, ["slow"])
+    worker = start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
+    conversation, _ = chat(sophos_env.api_url, "do the slow thing")
+    [request] = wait_approval(sophos_env.api_url, conversation)
+    accepted = decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}])
+    assert accepted.status_code == 202, accepted.text
+    decided = accepted.json()["run"]
+    wait_for(lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20)
+    worker.kill()
+    worker.wait()
+    start_worker(sophos_env)
+
+    assert get_json(sophos_env.api_url, f"/api/runs/{decided}")["status"] == "interrupted"
+    detail = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True and detail["pendingApproval"] is None
+    _error(
+        decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}]),
+        409,
+        "NO_APPROVAL_PENDING",
+    )
+
+    _, resumed = chat(sophos_env.api_url, conversation=conversation, resume=True)
+    events = read_sse(sophos_env.api_url, conversation)
+    assert events[-1].data == {"conversation": conversation, "run": resumed, "status": "completed"}
+    assert "approval" not in events.types  # not asked again
+    assert events.text == "All done."
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight ran once more
