@@ -373,7 +373,8 @@ class RunService:
                     tracker.step_started(step, node, events)
                     await events.trace(step, node, "enter", node)
                     continue
-                live.finished(node)
+                result = None if payload.get("error") else payload.get("result")
+                live.finished(node, payload.get("id"), result)
                 if payload.get("interrupts"):
                     # One interrupt per turn (worker/graph.py): its requests are the approval's.
                     # (The tasks stream gives each interrupt as a dict: {"value", "id"}.)

@@ -75,6 +75,9 @@ class LiveRun:
     node: str | None = None
     #: the text the model has streamed in the agent step in flight
     partial: list[str] = field(default_factory=list)
+    #: results of the tasks of the step in flight that finished, by task id: a cut
+    #: while their writes wait for the database must not lose what they did
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def stop(self) -> bool:
         """Cut the run now. False if it was already being cut."""
@@ -86,12 +89,16 @@ class LiveRun:
         return True
 
     def started(self, node: str) -> None:
+        if self.node is None:  # a new step: the last one's results are its checkpoint's now
+            self.results = {}
         self.node = node
         if node == AGENT:
             self.partial = []
 
-    def finished(self, node: str) -> None:
+    def finished(self, node: str, task_id: str | None = None, result: Any = None) -> None:
         self.node = None
+        if task_id is not None and isinstance(result, dict):
+            self.results[task_id] = result
         if node == AGENT:
             self.partial = []  # it is the task's result now, not a partial answer
 
@@ -136,9 +143,11 @@ async def close_thread(
         if len(tasks) > 1 or tasks[0].interrupts:
             break
         task = tasks[0]
-        if task.result is not None:
-            # It finished before the cut and its writes are saved: it happened, keep it.
-            await graph.aupdate_state(config, task.result, as_node=task.name)
+        # Finished before the cut, its writes saved, or seen in the stream while they
+        # waited for the database when the cut came: it happened, keep it.
+        result = task.result if task.result is not None else live.results.pop(task.id, None)
+        if result is not None:
+            await graph.aupdate_state(config, result, as_node=task.name)
         elif task.name == START and live.input is not None:
             await graph.aupdate_state(config, {"messages": [live.input]}, as_node=START)
         elif task.name == TOOLS:
