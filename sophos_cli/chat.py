@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from sophos_cli.client import Api, ApiError, EventStream
-from sophos_cli.printing import ChatPrinter
+from sophos_cli.printing import ChatPrinter, short
 
 #: a line typed at the prompt that resumes the conversation's unfinished run
 RESUME_COMMAND = "/resume"
@@ -21,6 +21,11 @@ def resume_hint(conversation: str) -> str:
     return f"resume it with: sophos chat --resume --conversation {conversation}"
 
 
+def approval_hint(conversation: str) -> str:
+    return (f"waiting for a decision on each call: POST /api/chat with conversation {conversation} "
+            "and decisions (README: Approvals)")
+
+
 def follow(stream: EventStream, printer: ChatPrinter) -> str:
     """Print the run's events until its terminal one; return the run's final status."""
     for event in stream:
@@ -31,10 +36,17 @@ def follow(stream: EventStream, printer: ChatPrinter) -> str:
         elif event.type == "missed":
             printer.finish()
             err(f"some events are no longer kept: {event.data}")
+        elif event.type == "approval" and isinstance(event.data, dict):
+            printer.finish()
+            for request in event.data.get("requests") or []:
+                err(f"approval needed: {request.get('name')}({short(request.get('arguments') or {})}) "
+                    f"id {request.get('id')}")
         elif event.type == "end":
             printer.finish()
             status = str((event.data or {}).get("status", "completed"))
-            if status != "completed":
+            if status == "waiting":  # paused, not failed: a decision per call starts the next run
+                err(approval_hint(stream.conversation))
+            elif status != "completed":
                 err(f"the run was {status}")
             return status
         elif event.type == "chat-error":

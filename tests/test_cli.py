@@ -21,6 +21,7 @@ import pytest
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.test_approvals import _require_approval
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
@@ -166,6 +167,24 @@ def test_chat_reads_the_message_from_standard_input(api: SophosEnv, model: FakeO
     assert model.requests[-1]["messages"][-1] == {"role": "user", "content": "a message\nof two lines"}
     empty = cli(api, "chat", "-", stdin="\n")
     assert empty.returncode == 2 and "the message is empty" in empty.stderr
+
+
+def test_chat_shows_the_calls_a_waiting_run_needs_approved(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    _require_approval(sophos_env, ["add"])
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]))
+    result = cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "chat", "add 2 and 3")
+    assert result.returncode == 1, result.stderr  # the run did not complete: it waits
+    conversation = result.stderr.split()[1]
+    detail = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")
+    [pending] = detail["pendingApproval"]
+    assert f'sophos: approval needed: tools__add({{"a": 2, "b": 3}}) id {pending["id"]}\n' in result.stderr
+    assert f"waiting for a decision on each call: POST /api/chat with conversation {conversation}" \
+        in result.stderr
+    assert "the run was waiting" not in result.stderr
 
 
 class Session:
