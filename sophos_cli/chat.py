@@ -4,74 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
+from sophos_cli.approve import Reader, Undecided, read_answer, settle, waiting_hint
 from sophos_cli.client import Api, ApiError, EventStream
-from sophos_cli.printing import ChatPrinter, short
+from sophos_cli.printing import ChatPrinter
+from sophos_cli.watch import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_WAITING,
+    Left,
+    err,
+    exit_status,
+    follow,
+    run_to_end,
+    watch,
+)
 
 #: a line typed at the prompt that resumes the conversation's unfinished run
 RESUME_COMMAND = "/resume"
-
-
-def err(text: str) -> None:
-    print(f"sophos: {text}", file=sys.stderr, flush=True)
-
-
-def resume_hint(conversation: str) -> str:
-    return f"resume it with: sophos chat --resume --conversation {conversation}"
-
-
-def approval_hint(conversation: str) -> str:
-    return (f"waiting for a decision on each call: POST /api/chat with conversation {conversation} "
-            "and decisions (README: Approvals)")
-
-
-def follow(stream: EventStream, printer: ChatPrinter) -> str:
-    """Print the run's events until its terminal one; return the run's final status."""
-    for event in stream:
-        if event.type == "token" and isinstance(event.data, str):
-            printer.token(event.data)
-        elif event.type == "trace" and isinstance(event.data, dict):
-            printer.trace(event.data)
-        elif event.type == "missed":
-            printer.finish()
-            err(f"some events are no longer kept: {event.data}")
-        elif event.type == "approval" and isinstance(event.data, dict):
-            printer.finish()
-            for request in event.data.get("requests") or []:
-                err(f"approval needed: {request.get('name')}({short(request.get('arguments') or {})}) "
-                    f"id {request.get('id')}")
-        elif event.type == "end":
-            printer.finish()
-            status = str((event.data or {}).get("status", "completed"))
-            if status == "waiting":  # paused, not failed: a decision per call starts the next run
-                err(approval_hint(stream.conversation))
-            elif status != "completed":
-                err(f"the run was {status}")
-            return status
-        elif event.type == "chat-error":
-            printer.finish()
-            data: dict[str, Any] = event.data if isinstance(event.data, dict) else {}
-            status = str(data.get("status", "failed"))
-            err(f"the run {status}: {data.get('code')}: {data.get('message')}")
-            if status == "interrupted" or data.get("code") == "INTERRUPTED":
-                err(resume_hint(stream.conversation))
-            return status
-    printer.finish()
-    return "completed"  # 204: the terminal event was seen before
-
-
-def _watch(api: Api, conversation: str, run: str) -> EventStream:
-    stream = api.stream(conversation, run)
-
-    def connection(reason: str | None) -> None:
-        if reason is None:
-            err("reconnected" + (f", resuming after event {stream.last_id}" if stream.last_id else ""))
-        else:
-            err(f"{reason}; reconnecting")
-
-    stream.on_connection = connection
-    return stream
+#: a line typed at the prompt that asks again for the decisions a waiting conversation needs
+APPROVE_COMMAND = "/approve"
 
 
 def _message(args: argparse.Namespace) -> str | None:
@@ -85,24 +38,32 @@ def _message(args: argparse.Namespace) -> str | None:
 def chat(api: Api, args: argparse.Namespace) -> int:
     if args.resume and not args.conversation:
         err("--resume needs --conversation")
-        return 2
+        return EXIT_USAGE
     if args.message is None and not args.resume:
         return interactive(api, args.conversation)
     message = None if args.resume else _message(args)
     if not args.resume and not (message or "").strip():
         err("the message is empty")
-        return 2
+        return EXIT_USAGE
     accepted = api.chat(message, args.conversation, args.resume)
     conversation, run = accepted["conversation"], accepted["run"]
     print(f"conversation {conversation}  run {run}", file=sys.stderr, flush=True)
     printer = ChatPrinter(sys.stdout)
+
+    def follow_run(run: str) -> str:
+        return run_to_end(api, conversation, run, printer)
+
     try:
-        status = follow(_watch(api, conversation, run), printer)
-    except KeyboardInterrupt:
-        printer.finish()
-        err(f"stopped watching; run {run} goes on (sophos cancel {run} stops it)")
-        return 130
-    return 0 if status == "completed" else 1
+        status = follow_run(run)
+        if status == "waiting":
+            # Asked on a terminal; otherwise the requests and the `sophos approve` command.
+            status = settle(api, conversation, follow_run, read_answer if sys.stdin.isatty() else None)
+    except Left:
+        return EXIT_INTERRUPTED
+    except Undecided as exc:
+        err(waiting_hint(conversation))
+        return EXIT_INTERRUPTED if exc.interrupted else EXIT_WAITING
+    return exit_status(status)
 
 
 def _read_line(prompt: str) -> str | None:
@@ -119,21 +80,63 @@ def _read_line(prompt: str) -> str | None:
 
 def interactive(api: Api, conversation: str | None) -> int:
     """A prompt loop on one conversation. Ctrl-C stops the answer being written (the run is
-    cancelled); Ctrl-C at the prompt, a second Ctrl-C, or end of input leaves."""
+    cancelled); Ctrl-C at the prompt or a second Ctrl-C leaves (130), end of input leaves (0, or 4
+    while the conversation waits for a decision). A run that waits asks for each decision."""
     if sys.stdin.isatty():
         err(f"type a message; {RESUME_COMMAND} resumes an interrupted run; Ctrl-C stops an answer, "
             "Ctrl-D leaves")
     printer = ChatPrinter(sys.stdout)
+    # Lines piped in answer the questions too: the prompt loop reads its answers from stdin either way.
+    read: Reader = read_answer
+    waiting = False
+
+    def answer(conversation: str, run: str) -> str:
+        """Follow ``run``; Ctrl-C cancels it and follows it to its end, a second Ctrl-C leaves."""
+        stream = watch(api, conversation, run)
+        try:
+            return follow(stream, printer)
+        except KeyboardInterrupt:
+            printer.finish()
+            try:
+                return stop(api, stream, run, printer)
+            except KeyboardInterrupt:
+                printer.finish()
+                err(f"left; run {run} may still be stopping")
+                raise Left from None
+
+    def still_waits(conversation: str) -> bool:
+        """Ask until no run waits; True when left undecided (the conversation still waits)."""
+        try:
+            settle(api, conversation, lambda run: answer(conversation, run), read)
+        except Undecided:
+            err(waiting_hint(conversation) + f" (or {APPROVE_COMMAND} here)")
+            return True
+        except ApiError as exc:
+            if exc.status == 401:
+                raise
+            err(f"{exc.code}: {exc.message}")
+            return exc.code != "NO_APPROVAL_PENDING"
+        return False
+
     while True:
         try:
             line = _read_line("you> ")
         except KeyboardInterrupt:
             print(file=sys.stderr)
-            return 0
+            return EXIT_INTERRUPTED
         if line is None:
-            return 0
+            return EXIT_WAITING if waiting else EXIT_OK
         text = line.strip()
         if not text:
+            continue
+        if text == APPROVE_COMMAND:
+            if conversation is None:
+                err("nothing to decide yet: no conversation")
+                continue
+            try:
+                waiting = still_waits(conversation)
+            except Left:
+                return EXIT_INTERRUPTED
             continue
         resume = text == RESUME_COMMAND
         if resume and conversation is None:
@@ -145,24 +148,19 @@ def interactive(api: Api, conversation: str | None) -> int:
             if exc.status == 401:
                 raise  # no token, or the wrong one: every next line would fail the same way
             err(f"{exc.code}: {exc.message}")
+            if exc.code == "APPROVAL_PENDING":
+                err(f"decide first: {APPROVE_COMMAND}")
             continue
         if conversation is None:
             print(f"conversation {accepted['conversation']}", file=sys.stderr, flush=True)
         conversation, run = accepted["conversation"], accepted["run"]
-        stream = _watch(api, conversation, run)
         try:
-            follow(stream, printer)
-        except KeyboardInterrupt:
-            printer.finish()
-            try:
-                stop(api, stream, run, printer)
-            except KeyboardInterrupt:
-                printer.finish()
-                err(f"left; run {run} may still be stopping")
-                return 130
+            waiting = answer(conversation, run) == "waiting" and still_waits(conversation)
+        except Left:
+            return EXIT_INTERRUPTED
 
 
-def stop(api: Api, stream: EventStream, run: str, printer: ChatPrinter) -> None:
+def stop(api: Api, stream: EventStream, run: str, printer: ChatPrinter) -> str:
     """Cancel ``run`` and follow its stream to the end (what was streamed stays in the conversation)."""
     err("stopping the answer (Ctrl-C again leaves)")
     try:
@@ -170,4 +168,4 @@ def stop(api: Api, stream: EventStream, run: str, printer: ChatPrinter) -> None:
     except ApiError as exc:
         if exc.code != "RUN_FINISHED":  # it ended on its own meanwhile: its end follows
             err(f"{exc.code}: {exc.message}")
-    follow(stream, printer)
+    return follow(stream, printer)

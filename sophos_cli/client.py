@@ -96,6 +96,12 @@ class Api:
         result: dict[str, str] = self._call("POST", "/api/chat", json=body)
         return result
 
+    def decide(self, conversation: str, decisions: list[dict[str, Any]]) -> dict[str, str]:
+        """One decision per pending request: ``{id, action, arguments?, message?}``."""
+        body = {"conversation": conversation, "decisions": decisions}
+        result: dict[str, str] = self._call("POST", "/api/chat", json=body)
+        return result
+
     def runs(self, **params: Any) -> dict[str, Any]:
         result: dict[str, Any] = self._call(
             "GET", "/api/runs", params={k: v for k, v in params.items() if v is not None}

@@ -9,9 +9,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sophos_cli.chat import chat, resume_hint
+from sophos_cli.approve import UsageError, approve, approve_command, request_line
+from sophos_cli.chat import chat
 from sophos_cli.client import Api, ApiError, Unreachable
 from sophos_cli.printing import duration, short, table, tool_call_line, tool_result_line
+from sophos_cli.watch import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE, resume_hint
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: where the token comes from, first found wins (after --token)
@@ -131,6 +133,10 @@ def show(api: Api, args: argparse.Namespace) -> int:
           f"updated {info.get('updatedAt')}")
     if detail.get("resumable"):
         print(f"unfinished: {resume_hint(info['id'])}")
+    for request in detail.get("pendingApproval") or []:
+        print(request_line(request))
+    if detail.get("pendingApproval"):
+        print(f"decide with: {approve_command(info['id'])}")
     print()
     for message in detail.get("messages") or []:
         for line in _message_lines(message):
@@ -186,7 +192,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("message", nargs="?", help="the message; `-` reads standard input")
     p.add_argument("--conversation", "-c", help="continue this conversation (default: a new one)")
     p.add_argument("--resume", action="store_true", help="resume the conversation's unfinished run")
+    p.epilog = ("A run that waits for an approval asks approve / reject / edit for each call when standard "
+                "input is a terminal (and at the prompt); otherwise it prints the calls and the `sophos "
+                "approve CONVERSATION` command that decides them, and exits 4.")
     p.set_defaults(handler=chat)
+
+    p = command("approve", "decide on the tool calls a conversation waits for, then follow the answer", (
+        "Decide on each tool call the conversation waits for (approve, reject, or edit its arguments), "
+        "post the decisions and print the answer as it streams; when that run waits again, ask again. "
+        "Without decision flags, each call is asked on the terminal. With flags, every call not named "
+        "is asked on a terminal and refused otherwise (exit 2, nothing posted); the flags decide the "
+        "first round only. An id that is not pending is refused before anything is posted. "
+        "Exit 0 when the answer completed, 4 when it waits for a decision again and no terminal can "
+        "ask, 1 when refused (409 NO_APPROVAL_PENDING: nothing waits) or the run did not complete."))
+    p.add_argument("conversation", help="the conversation's id")
+    p.add_argument("--approve", action="append", default=[], metavar="ID",
+                   help="run this call as proposed; repeatable")
+    p.add_argument("--reject", action="append", default=[], metavar="ID[=REASON]",
+                   help="never run this call; the model is told so, with REASON (else --message); repeatable")
+    p.add_argument("--edit", action="append", default=[], nargs=2, metavar=("ID", "JSON"),
+                   help="run this call with these arguments instead, a JSON object; repeatable")
+    every = p.add_mutually_exclusive_group()
+    every.add_argument("--approve-all", action="store_true", help="approve every call not named")
+    every.add_argument("--reject-all", action="store_true", help="reject every call not named")
+    p.add_argument("--message", "-m", metavar="TEXT",
+                   help="the reason told to the model, for --reject-all and each --reject ID without its own")
+    p.set_defaults(handler=approve)
 
     p = command("conversations", "list conversations, newest first, a page at a time")
     p.add_argument("--limit", type=int, default=20, help="conversations per page (default 20)")
@@ -211,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=delete)
 
     p = command("runs", "print the queued and running runs, and the worker's pulse")
-    statuses = ["queued", "running", "completed", "failed", "interrupted", "cancelled"]
+    statuses = ["queued", "running", "completed", "failed", "interrupted", "cancelled", "waiting"]
     p.add_argument("--status", choices=statuses, help="list runs of this status instead")
     p.add_argument("--conversation", "-c", help="only this conversation's runs")
     p.add_argument("--limit", type=int, default=100)
@@ -252,12 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiError as exc:
         message = unauthorized(exc, source) if exc.status == 401 else f"{exc.code}: {exc.message}"
         print(f"sophos: {message}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except UsageError as exc:
+        print(f"sophos: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except Unreachable as exc:
         print(f"sophos: {exc}\nsophos: is the API running (`./sophos up`)? --url or SOPHOS_URL names another",
               file=sys.stderr)
-        return 3
+        return EXIT_UNREACHABLE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         api.close()

@@ -7,6 +7,7 @@ interactive chat is driven through its standard input, and Ctrl-C is a real SIGI
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from tests.test_approvals import _require_approval
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
 TOKEN = "cli-secret"
-COMMANDS = ["chat", "conversations", "show", "export", "delete", "runs", "cancel"]
+COMMANDS = ["chat", "conversations", "show", "export", "delete", "runs", "cancel", "approve"]
 
 
 def cli(env: Mapping[str, str], *args: str, stdin: str | None = None,
@@ -169,7 +170,7 @@ def test_chat_reads_the_message_from_standard_input(api: SophosEnv, model: FakeO
     assert empty.returncode == 2 and "the message is empty" in empty.stderr
 
 
-def test_chat_shows_the_calls_a_waiting_run_needs_approved(
+def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_command(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
     _require_approval(sophos_env, ["add"])
@@ -177,14 +178,99 @@ def test_chat_shows_the_calls_a_waiting_run_needs_approved(
     start_api(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]))
     result = cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "chat", "add 2 and 3")
-    assert result.returncode == 1, result.stderr  # the run did not complete: it waits
+    assert result.returncode == 4, result.stderr  # waiting: not a failure, not done either
     conversation = result.stderr.split()[1]
     detail = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")
     [pending] = detail["pendingApproval"]
     assert f'sophos: approval needed: tools__add({{"a": 2, "b": 3}}) id {pending["id"]}\n' in result.stderr
-    assert f"waiting for a decision on each call: POST /api/chat with conversation {conversation}" \
-        in result.stderr
-    assert "the run was waiting" not in result.stderr
+    assert result.stderr.endswith(
+        f"sophos: the run waits for a decision on each call; decide with: sophos approve {conversation}\n"
+    )
+    assert "the run was waiting" not in result.stderr and "failed" not in result.stderr
+    shown = ok(cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "show", conversation)).stdout
+    assert f"decide with: sophos approve {conversation}" in shown
+
+
+class Terminal:
+    """A client whose standard input, output and error are a pseudo-terminal we type into."""
+
+    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+        master, slave = os.openpty()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "sophos_cli", *args], env=dict(env), cwd=ROOT,
+            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        )
+        os.close(slave)
+        self.master = master
+        self.chunks: list[bytes] = []
+        self.seen = 0  # how far expect() has read
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the client has gone, the terminal is closed
+                return
+            if not chunk:
+                return
+            self.chunks.append(chunk)
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace").replace("\r\n", "\n")
+
+    def expect(self, text: str) -> str:
+        """Wait for ``text`` after what was expected before; return what came up to its end."""
+        def found() -> int:
+            return self.text.find(text, self.seen) + 1
+
+        at = wait_for(found, timeout=TIMEOUT, message=lambda: f"{text!r} on the terminal\n{self.text}") - 1
+        came, self.seen = self.text[self.seen:at + len(text)], at + len(text)
+        return came
+
+    def type(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def end_input(self) -> None:
+        os.write(self.master, b"\x04")  # Ctrl-D at the start of a line: end of input
+
+    def interrupt(self) -> None:
+        self.popen.send_signal(signal.SIGINT)
+
+    def wait(self) -> int:
+        code = self.popen.wait(TIMEOUT)
+        self._reader.join(5)
+        return code
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+        os.close(self.master)
+
+
+def test_ctrl_c_at_the_prompt_leaves_with_130_and_ctrl_d_with_0(api: SophosEnv, model: FakeOllama) -> None:
+    """The README's exit status for "left with Ctrl-C", at the prompt of a terminal (a real SIGINT)."""
+    model.script(Text("One."))
+    terminal = Terminal(api, "chat")
+    try:
+        terminal.expect("you> ")
+        terminal.type("first")
+        terminal.expect("One.\n")
+        terminal.expect("you> ")  # back at the prompt, waiting for a line
+        terminal.interrupt()
+        assert terminal.wait() == 130, terminal.text
+    finally:
+        terminal.close()
+    terminal = Terminal(api, "chat")
+    try:
+        terminal.expect("you> ")
+        terminal.end_input()
+        assert terminal.wait() == 0, terminal.text
+    finally:
+        terminal.close()
 
 
 class Session:
