@@ -1,0 +1,184 @@
+"""``sophos approve`` and ``sophos chat``'s questions against the real API and worker processes.
+
+The fake tools server logs every call it executes before doing its work, so "never
+executed" is checked on the tool's side; the questions are answered through a real
+pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.client import chat, get_json, tool_calls
+from tests.support.env import SophosEnv
+from tests.test_approvals import _require_approval, wait_approval
+from tests.test_cli import Terminal, cli, ok
+
+
+@pytest.fixture
+def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
+    """Worker and API with ``add`` needing approval; the env has SOPHOS_URL for the CLI."""
+    _require_approval(sophos_env, ["add"])
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    return sophos_env.with_(SOPHOS_URL=sophos_env.api_url)
+
+
+def waiting(env: SophosEnv, message: str) -> tuple[str, list[dict[str, Any]]]:
+    conversation, _ = chat(env.api_url, message)
+    return conversation, wait_approval(env.api_url, conversation)
+
+
+def pending(env: SophosEnv, conversation: str) -> Any:
+    return get_json(env.api_url, f"/api/conversations/{conversation}")["pendingApproval"]
+
+
+def test_approve_from_flags_runs_the_call_and_follows_the_answer(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    conversation, [request] = waiting(stack, "add 2 and 3")
+    result = ok(cli(stack, "approve", conversation, "--approve", request["id"]))
+    assert result.stdout == "[tool] tools__add -> 5\nThe sum is 5.\n"
+    assert f"sophos: decided: approve tools__add id {request['id']}\n" in result.stderr
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    assert pending(stack, conversation) is None
+
+
+def test_reject_with_a_reason_never_runs_the_call_and_the_model_hears_it(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2})]),
+                 Text("Understood."))
+    conversation, [first, second] = waiting(stack, "two sums")
+    result = ok(cli(stack, "approve", conversation, "--reject", f"{first['id']}=not today",
+                    "--reject-all", "--message", "nor that one"))
+    assert result.stdout == "Understood.\n"
+    assert tool_calls(stack.tools_log) == []
+    told = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert len(told) == 2 and all("rejected" in t for t in told)
+    assert "not today" in told[0] and "nor that one" in told[1]
+    assert f"decided: reject tools__add id {second['id']}: nor that one" in result.stderr
+
+
+def test_edit_runs_with_the_new_arguments_and_bad_json_posts_nothing(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 50."))
+    conversation, [request] = waiting(stack, "add 2 and 3")
+    bad = cli(stack, "approve", conversation, "--edit", request["id"], '{"a": 20,')
+    assert bad.returncode == 2, bad.stderr
+    assert f"sophos: --edit {request['id']}: not valid JSON (" in bad.stderr
+    not_object = cli(stack, "approve", conversation, "--edit", request["id"], "[20, 30]")
+    assert not_object.returncode == 2 and "the arguments must be a JSON object" in not_object.stderr
+    assert pending(stack, conversation) == [request] and len(model.requests) == 1  # nothing posted
+
+    result = ok(cli(stack, "approve", conversation, "--edit", request["id"], '{"a": 20, "b": 30}'))
+    assert result.stdout.endswith("The sum is 50.\n")
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 20, "b": 30}]
+    assert model.requests[1]["messages"][-1]["content"] == "50"
+
+
+def test_an_id_not_pending_or_a_call_left_undecided_is_refused_before_anything_is_posted(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2})]),
+                 Text("Both."))
+    conversation, [first, second] = waiting(stack, "two sums")
+    unknown = cli(stack, "approve", conversation, "--approve", "nope", "--approve-all")
+    assert unknown.returncode == 2, unknown.stderr
+    assert "sophos: not pending: nope. The pending calls: " in unknown.stderr
+    assert first["id"] in unknown.stderr and second["id"] in unknown.stderr
+    undecided = cli(stack, "approve", conversation, "--approve", first["id"])  # no terminal to ask on
+    assert undecided.returncode == 2 and f"no decision for: {second['id']} tools__add" in undecided.stderr
+    twice = cli(stack, "approve", conversation, "--approve", first["id"], "--reject", first["id"])
+    assert twice.returncode == 2 and "decided twice" in twice.stderr
+    bare = cli(stack, "approve", conversation)
+    assert bare.returncode == 2 and "standard input is not a terminal" in bare.stderr
+    assert f"approval needed: tools__add({{\"a\": 1, \"b\": 1}}) id {first['id']}" in bare.stderr
+    assert pending(stack, conversation) == [first, second]
+    assert len(model.requests) == 1 and tool_calls(stack.tools_log) == []
+
+    ok(cli(stack, "approve", conversation, "--approve-all"))
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}, {"a": 2, "b": 2}]
+
+
+def test_nothing_pending_prints_the_apis_409(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(Text("No tools needed."))
+    result = ok(cli(stack, "chat", "hello"))
+    conversation = result.stderr.split()[1]
+    for args in ([], ["--approve-all"], ["--approve", "x"]):
+        refused = cli(stack, "approve", conversation, *args)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr == (f"sophos: NO_APPROVAL_PENDING: conversation {conversation} "
+                                  "has no approval pending\n")
+    missing = cli(stack, "approve", "00000000-0000-4000-8000-000000000000")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_the_printed_command_asks_on_a_terminal_and_asks_again_when_the_next_run_waits(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), ToolCalls([("tools__add", {"a": 5, "b": 5})]),
+                 Text("Done."))
+    waited = cli(stack, "chat", "add twice")
+    assert waited.returncode == 4, waited.stderr
+    command = waited.stderr.strip().splitlines()[-1].split("decide with: ", 1)[1]
+    conversation = waited.stderr.split()[1]
+    assert command == f"sophos approve {conversation}"
+
+    terminal = Terminal(stack, *command.split()[1:])
+    try:
+        terminal.expect('approval needed: tools__add({"a": 2, "b": 3})')
+        terminal.expect("[a/r/e] ")
+        terminal.type("e")
+        terminal.expect('arguments now: {"a": 2, "b": 3}')
+        terminal.expect("new arguments as JSON (empty: back): ")
+        terminal.type("{oops")
+        terminal.expect("not valid JSON (")
+        terminal.expect("try again")
+        terminal.expect("new arguments as JSON (empty: back): ")  # asked again
+        terminal.type('{"a": 1, "b": 1}')
+        # The next run waits again: asked again, in the same command.
+        terminal.expect('approval needed: tools__add({"a": 5, "b": 5})')
+        terminal.expect("[a/r/e] ")
+        terminal.type("maybe")
+        terminal.expect("answer a (approve), r (reject) or e (edit)")
+        terminal.expect("[a/r/e] ")
+        terminal.type("r")
+        terminal.expect("reason, told to the model (empty: none): ")
+        terminal.type("enough sums")
+        terminal.expect("Done.\n")
+        assert terminal.wait() == 0, terminal.text
+    finally:
+        terminal.close()
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}]
+    last = model.requests[2]["messages"][-1]
+    assert last["role"] == "tool" and "enough sums" in last["content"]
+    assert pending(stack, conversation) is None
+
+
+def test_chat_at_the_prompt_asks_then_goes_on_in_the_same_conversation(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."), Text("Bye."))
+    terminal = Terminal(stack, "chat")
+    try:
+        terminal.expect("you> ")
+        terminal.type("add 2 and 3")
+        terminal.expect('approval needed: tools__add({"a": 2, "b": 3})')
+        terminal.expect("[a/r/e] ")
+        terminal.type("a")
+        terminal.expect("The sum is 5.\n")
+        terminal.expect("you> ")
+        terminal.type("thanks")
+        terminal.expect("Bye.\n")
+        terminal.expect("you> ")
+        terminal.end_input()
+        assert terminal.wait() == 0, terminal.text
+    finally:
+        terminal.close()
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    sent = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"]
+    assert sent == ["add 2 and 3", "thanks"]
