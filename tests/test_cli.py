@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import get_json, post_chat, read_sse, wait_for
+from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv
 from tests.test_approvals import _require_approval
 
@@ -176,7 +176,7 @@ def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_comman
     _require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     start_api(sophos_env)
-    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]))
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), ToolCalls([("tools__add", {"a": 4, "b": 4})]))
     result = cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "chat", "add 2 and 3")
     assert result.returncode == 4, result.stderr  # waiting: not a failure, not done either
     conversation = result.stderr.split()[1]
@@ -189,6 +189,33 @@ def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_comman
     assert "the run was waiting" not in result.stderr and "failed" not in result.stderr
     shown = ok(cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "show", conversation)).stdout
     assert f"decide with: sophos approve {conversation}" in shown
+
+    # Flags decide one round; the next run waits again and, with no terminal, ends the same way.
+    again = cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "approve", conversation, "--approve-all")
+    assert again.returncode == 4, again.stderr
+    assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 2, "b": 3}]
+    [next_one] = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")["pendingApproval"]
+    assert f'approval needed: tools__add({{"a": 4, "b": 4}}) id {next_one["id"]}' in again.stderr
+    assert again.stderr.endswith(f"decide with: sophos approve {conversation}\n")
+
+
+def test_ctrl_c_on_a_one_message_chat_stops_watching_and_the_run_goes_on(
+    api: SophosEnv, model: FakeOllama
+) -> None:
+    held = Hang(text="Still going")
+    model.script(held)
+    session = Session(api, "a long one")
+    try:
+        session.wait_out("Still going")
+        conversation = session.stderr.split()[1]
+        running = run_of(api, conversation, "running")
+        session.interrupt()
+        assert session.wait() == 130, session.stderr
+        assert f"stopped watching; run {running['id']} goes on" in session.stderr
+        assert get_json(api.api_url, f"/api/runs/{running['id']}", token=TOKEN)["status"] == "running"
+    finally:
+        session.kill()
+        held.release()
 
 
 class Terminal:
@@ -451,7 +478,7 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     cli_block = cli_block.replace("./sophos ", f"{sys.executable} -m sophos_cli ")
     said = run(cli_block)
     for expected in ["Hello from the model.", "CONVERSATION  ", "you: what can you do?", "RUN_NOT_RESUMABLE",
-                     "worker: alive", "RUN_FINISHED", "wrote "]:
+                     "worker: alive", "RUN_FINISHED", "wrote ", "NO_APPROVAL_PENDING"]:
         assert expected in said, f"{expected!r} not in\n{said}"
     assert (tmp_path / "conversation.md").read_text().startswith("# what can you do?")
     assert (tmp_path / "conversation.jsonl").read_text().startswith('{"checkpoint_id"')

@@ -53,7 +53,7 @@ def test_reject_with_a_reason_never_runs_the_call_and_the_model_hears_it(
                  Text("Understood."))
     conversation, [first, second] = waiting(stack, "two sums")
     result = ok(cli(stack, "approve", conversation, "--reject", f"{first['id']}=not today",
-                    "--reject-all", "--message", "nor that one"))
+                    "--reject", second["id"], "--message", "nor that one"))
     assert result.stdout == "Understood.\n"
     assert tool_calls(stack.tools_log) == []
     told = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
@@ -100,8 +100,11 @@ def test_an_id_not_pending_or_a_call_left_undecided_is_refused_before_anything_i
     assert pending(stack, conversation) == [first, second]
     assert len(model.requests) == 1 and tool_calls(stack.tools_log) == []
 
-    ok(cli(stack, "approve", conversation, "--approve-all"))
-    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}, {"a": 2, "b": 2}]
+    ok(cli(stack, "approve", conversation, "--approve", first["id"], "--reject-all", "-m", "only that one"))
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 1, "b": 1}]
+    told = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert len(told) == 2 and "2" in told  # the rejection is told first, then the result
+    assert any("rejected" in t and "only that one" in t for t in told)
 
 
 def test_nothing_pending_prints_the_apis_409(stack: SophosEnv, model: FakeOllama) -> None:
@@ -134,6 +137,10 @@ def test_the_printed_command_asks_on_a_terminal_and_asks_again_when_the_next_run
         terminal.expect("[a/r/e] ")
         terminal.type("e")
         terminal.expect('arguments now: {"a": 2, "b": 3}')
+        terminal.expect("new arguments as JSON (empty: back): ")
+        terminal.type("")  # empty: back to the choice
+        terminal.expect("[a/r/e] ")
+        terminal.type("edit")
         terminal.expect("new arguments as JSON (empty: back): ")
         terminal.type("{oops")
         terminal.expect("not valid JSON (")
@@ -182,3 +189,25 @@ def test_chat_at_the_prompt_asks_then_goes_on_in_the_same_conversation(
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     sent = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"]
     assert sent == ["add 2 and 3", "thanks"]
+
+
+def test_leaving_the_questions_posts_nothing_and_says_the_command(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    conversation, [request] = waiting(stack, "add 2 and 3")
+    for leave, code in (("end of input", 4), ("Ctrl-C", 130)):
+        terminal = Terminal(stack, "approve", conversation)
+        try:
+            terminal.expect("[a/r/e] ")
+            if leave == "Ctrl-C":
+                terminal.interrupt()  # a real SIGINT
+            else:
+                terminal.end_input()
+            assert terminal.wait() == code, terminal.text
+        finally:
+            terminal.close()
+        assert f"no decision sent; the conversation still waits. Decide with: sophos approve {conversation}" \
+            in terminal.text
+        assert pending(stack, conversation) == [request]
+    assert len(model.requests) == 1 and tool_calls(stack.tools_log) == []
