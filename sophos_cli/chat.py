@@ -83,8 +83,8 @@ def interactive(api: Api, conversation: str | None) -> int:
     cancelled); Ctrl-C at the prompt or a second Ctrl-C leaves (130), end of input leaves (0, or 4
     while the conversation waits for a decision). A run that waits asks for each decision."""
     if sys.stdin.isatty():
-        err(f"type a message; {RESUME_COMMAND} resumes an interrupted run; Ctrl-C stops an answer, "
-            "Ctrl-D leaves")
+        err(f"type a message; {RESUME_COMMAND} resumes an interrupted run, {APPROVE_COMMAND} asks for the "
+            "decisions a waiting one needs; Ctrl-C stops an answer, Ctrl-D leaves")
     printer = ChatPrinter(sys.stdout)
     # Lines piped in answer the questions too: the prompt loop reads its answers from stdin either way.
     read: Reader = read_answer

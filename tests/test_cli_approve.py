@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import chat, get_json, tool_calls
+from tests.support.client import chat, get_json, tool_calls, wait_for
 from tests.support.env import SophosEnv
 from tests.test_approvals import _require_approval, wait_approval
-from tests.test_cli import Terminal, cli, ok
+from tests.test_cli import Session, Terminal, cli, ok
 
 
 @pytest.fixture
@@ -211,3 +211,26 @@ def test_leaving_the_questions_posts_nothing_and_says_the_command(
             in terminal.text
         assert pending(stack, conversation) == [request]
     assert len(model.requests) == 1 and tool_calls(stack.tools_log) == []
+
+
+def test_lines_piped_into_the_prompt_answer_the_questions_and_end_of_input_while_waiting_exits_4(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."),
+                 ToolCalls([("tools__add", {"a": 7, "b": 7})]))
+    session = Session(stack)
+    try:
+        session.type("add 2 and 3")
+        session.wait_err("[a/r/e] ")
+        session.type("a")
+        session.wait_out("The sum is 5.\n")
+        conversation = session.stderr.split()[1]
+        session.type("add 7 and 7")
+        wait_for(lambda: session.stderr.count("[a/r/e] ") == 2, timeout=30, message=lambda: session.stderr)
+        session.close_input()  # left undecided: nothing posted, the conversation waits
+        assert session.wait() == 4, session.stderr
+    finally:
+        session.kill()
+    assert f"Decide with: sophos approve {conversation} (or /approve here)" in session.stderr
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    assert [r["arguments"] for r in pending(stack, conversation)] == [{"a": 7, "b": 7}]
