@@ -3,7 +3,8 @@
 What every API process agrees on comes from shared state, read at scrape time:
 
 * queue figures from arq's queue in Redis (the same reading as ``/api/runs``);
-* running runs from the ``runs`` table (one count through its status index);
+* running runs from the ``runs`` table (one count through its status index), and the
+  conversations waiting for an approval decision;
 * counters and histograms the worker keeps in Redis (shared/metrics.py): runs
   finished by status, run duration, model-call and tool-call latency;
 * the worker's heartbeat.
@@ -87,6 +88,8 @@ class Figures:
     liveness: Liveness | None = None
     #: runs recorded running (one indexed count: a scrape costs the same at any table size)
     running: int | None = None
+    #: conversations waiting for an approval decision
+    waiting: int | None = None
     now: float = 0.0
 
 
@@ -100,6 +103,7 @@ async def gather(resources: Resources) -> Figures:
         log.warning("metrics.source_unavailable", error=str(exc))
     try:
         figures.running = await resources.store.running_count()
+        figures.waiting = await resources.store.waiting_count()
     except SophosError as exc:
         log.warning("metrics.source_unavailable", error=exc.message)
     return figures
@@ -124,6 +128,11 @@ class SharedStateCollector:
             )
         if f.running is not None:
             yield _gauge("sophos_runs_running", "Runs recorded as running", f.running)
+        if f.waiting is not None:
+            yield _gauge(
+                "sophos_conversations_waiting", "Conversations waiting for a decision on a tool call",
+                f.waiting,
+            )
         if f.snapshot is not None:
             yield from self._worker_side(f.snapshot)
         if f.liveness is not None:

@@ -85,10 +85,21 @@ class DeleteAccepted(msgspec.Struct):
     status: Literal["deleting"] = "deleting"
 
 
-class ToolCall(msgspec.Struct):
+class Approval(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """The user's decision on a tool call that needed approval (recorded by the worker)."""
+
+    action: Literal["approve", "reject", "edit"]
+    #: the arguments the model proposed (the call's ``arguments`` are what ran: they differ on edit)
+    proposed_arguments: dict[str, Any] | UnsetType = UNSET
+    message: str | UnsetType = UNSET
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True):
     id: str
     name: str
     arguments: dict[str, Any]
+    #: on an assistant message's call that needed approval, once decided
+    approval: Approval | UnsetType = UNSET
 
 
 class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

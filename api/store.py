@@ -89,6 +89,12 @@ CONVERSATION_PAGE_AFTER_SQL = (
 )
 #: what /metrics shows of the runs table (index ``runs_by_status``)
 RUNNING_COUNT_SQL = "SELECT count(*) FROM runs WHERE status = ?"
+#: conversations whose last run ended waiting for a decision: the waiting runs through the status
+#: index, each checked against its conversation's last run by primary key
+WAITING_COUNT_SQL = (
+    "SELECT count(*) FROM runs r JOIN conversations c ON c.id = r.conversation_id"
+    " WHERE r.status = ? AND c.last_run_id = r.id"
+)
 
 
 def _conversation(row: Sequence[Any]) -> ConversationRow:
@@ -321,6 +327,11 @@ class Store:
     async def running_count(self) -> int:
         """How many runs are recorded ``running`` (a search of the status index, not a scan)."""
         rows = await self._fetch(RUNNING_COUNT_SQL, (RunStatus.RUNNING.value,))
+        return int(rows[0][0]) if rows else 0
+
+    async def waiting_count(self) -> int:
+        """How many conversations wait for a decision on a tool call (their last run ended ``waiting``)."""
+        rows = await self._fetch(WAITING_COUNT_SQL, (RunStatus.WAITING.value,))
         return int(rows[0][0]) if rows else 0
 
     # --- checkpoints ------------------------------------------------------------

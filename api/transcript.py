@@ -19,8 +19,8 @@ from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 from msgspec import UNSET
 
-from api.schemas import CheckpointLine, ConversationInfo, Message, ToolCall
-from shared.contracts import STOPPED_MARK, text_of
+from api.schemas import Approval, CheckpointLine, ConversationInfo, Message, ToolCall
+from shared.contracts import APPROVALS_MARK, STOPPED_MARK, text_of
 
 _START = "__start__"
 
@@ -32,8 +32,12 @@ def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
     if isinstance(message, HumanMessage):
         return Message(id=message_id, role="user", content=content)
     if isinstance(message, AIMessage):
+        decided = _approvals(message)
         calls = [
-            ToolCall(id=call.get("id") or "", name=call["name"], arguments=dict(call.get("args") or {}))
+            ToolCall(
+                id=call.get("id") or "", name=call["name"], arguments=dict(call.get("args") or {}),
+                approval=decided.get(call.get("id") or "", UNSET),
+            )
             for call in message.tool_calls
         ]
         return Message(
@@ -47,6 +51,24 @@ def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
             tool_call_id=message.tool_call_id, status="stopped" if _stopped(message) else message.status,
         )
     return None
+
+
+def _approvals(message: AIMessage) -> dict[str, Approval]:
+    """The decisions the worker recorded on ``message`` (``response_metadata["approvals"]``)."""
+    record = (message.response_metadata or {}).get(APPROVALS_MARK)
+    if not isinstance(record, Mapping):
+        return {}
+    decided: dict[str, Approval] = {}
+    for call_id, entry in record.items():
+        if not isinstance(entry, Mapping) or entry.get("action") not in ("approve", "reject", "edit"):
+            continue
+        proposed, text = entry.get("proposed"), entry.get("message")
+        decided[str(call_id)] = Approval(
+            action=entry["action"],
+            proposed_arguments=dict(proposed) if isinstance(proposed, Mapping) else UNSET,
+            message=text if isinstance(text, str) and text else UNSET,
+        )
+    return decided
 
 
 def _stopped(message: BaseMessage) -> bool:
@@ -99,16 +121,21 @@ def checkpoint_lines(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) 
 
 def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
     """The lines of ``history`` (oldest first)."""
-    seen_ids: dict[str, set[str]] = {}
+    seen: dict[str, dict[str, BaseMessage]] = {}
     for state in history:
         checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
         parent_id = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
-        before = seen_ids.get(str(parent_id), set()) if parent_id else set()
-        # Only what the checkpoint added is converted: a long thread's every
-        # checkpoint holds (once rebuilt) nearly the whole list.
-        messages = [(m.id or str(i), m) for i, m in enumerate(thread_messages(state))]
-        seen_ids[checkpoint_id] = {message_id for message_id, _ in messages}
-        added = (to_message(m, message_id) for message_id, m in messages if message_id not in before)
+        before = seen.get(str(parent_id), {}) if parent_id else {}
+        # Only what the checkpoint added or replaced is converted: a long thread's every
+        # checkpoint holds (once rebuilt) nearly the whole list. A message replaced under
+        # its id (an answer whose tool calls were decided) counts as added; rebuilt from the
+        # same decoded writes, an unchanged message is the same object, so the check is cheap.
+        messages = {m.id or str(i): m for i, m in enumerate(thread_messages(state))}
+        seen[checkpoint_id] = messages
+        added = (
+            to_message(m, message_id) for message_id, m in messages.items()
+            if (old := before.get(message_id)) is None or (old is not m and old != m)
+        )
         metadata: Mapping[str, Any] = state.metadata or {}
         step = metadata.get("step")
         yield CheckpointLine(
@@ -141,6 +168,16 @@ def _code(text: str) -> str:
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
+def _decision(approval: Approval) -> str:
+    reason = f": {approval.message}" if approval.message else ""
+    if approval.action == "reject":
+        return f"*Rejected by the user{reason}* (not run)."
+    if approval.action == "edit":
+        proposed = json.dumps(approval.proposed_arguments or {}, ensure_ascii=False)
+        return f"*Edited by the user before it ran*; the model proposed {_code(proposed)}."
+    return "*Approved by the user.*"
+
+
 def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str:
     """A readable transcript: the conversation's messages, tool calls and results."""
     lines = [
@@ -153,7 +190,9 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
     ]
     if conversation.error:
         lines.append(f"- Error: {conversation.error.code}: {conversation.error.message}")
-    for message in messages:
+    messages = list(messages)
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+    for index, message in enumerate(messages):
         lines += ["", "---", ""]
         if message.role == "user":
             lines += ["## User", "", message.content]
@@ -165,6 +204,10 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
                 arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
                 lines += ["", f"**Tool call** {_code(call.name)} (id {_code(call.id)}):", "",
                           _fence(arguments, "json")]
+                if call.approval:
+                    lines += ["", _decision(call.approval)]
+                elif conversation.status == "waiting" and index == last_assistant:
+                    lines += ["", "*Waiting for the user's decision on this turn's calls.*"]
         else:
             name = _code(message.name) if message.name else "tool"
             for_call = f" for call {_code(message.tool_call_id)}" if message.tool_call_id else ""

@@ -249,6 +249,8 @@ CANCEL_CHANNEL = "sophos:cancels"
 #: ``response_metadata`` key set on the messages a cancel wrote into a thread (the
 #: answer cut short, the tool results of calls cut short)
 STOPPED_MARK = "stopped"
+#: ``response_metadata`` key of an answer whose tool calls needed approval: each call's decision
+APPROVALS_MARK = "approvals"
 
 
 def progress_key(run_id: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
@@ -56,6 +57,16 @@ def wait_approval(api_url: str, conversation: str) -> list[dict[str, Any]]:
     return list(approval["requests"])
 
 
+def waiting_gauge(api_url: str) -> float:
+    with httpx.Client(base_url=api_url, timeout=10.0, trust_env=False) as http:
+        text = http.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sophos_conversations_waiting":
+                return float(sample.value)
+    raise AssertionError("sophos_conversations_waiting missing")
+
+
 def _error(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
@@ -69,6 +80,7 @@ def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: 
     assert request["name"] == "tools__add" and request["arguments"] == {"a": 2, "b": 3}
     assert tool_calls(stack.tools_log, "add") == []
     assert len(model.requests) == 1
+    assert waiting_gauge(stack.api_url) == 1
 
     accepted = decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}])
     assert accepted.status_code == 202, accepted.text
@@ -82,6 +94,7 @@ def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: 
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
     assert detail["pendingApproval"] is None and detail["conversation"]["status"] == "completed"
+    assert waiting_gauge(stack.api_url) == 0
     assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
     # Acted on once: the same decision again finds nothing pending.
     _error(
@@ -129,6 +142,53 @@ def test_edit_runs_with_the_new_arguments(stack: SophosEnv, model: FakeOllama) -
     assert model.requests[1]["messages"][-1]["content"] == "50"
     messages = get_json(stack.api_url, f"/api/conversations/{conversation}")["messages"]
     assert messages[1]["toolCalls"][0]["arguments"] == {"a": 20, "b": 30}
+
+
+def test_the_detail_and_both_exports_show_each_request_and_its_decision(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(
+        ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2})]), Text("Done."),
+    )
+    conversation, _ = chat(stack.api_url, "two sums")
+    first, second = (r["id"] for r in wait_approval(stack.api_url, conversation))
+    waiting = get_json(stack.api_url, f"/api/conversations/{conversation}/export", raw=True)
+    assert "Status: waiting" in waiting and "Waiting for the user's decision" in waiting
+
+    accepted = decide(
+        stack.api_url,
+        conversation,
+        [
+            {"id": first, "action": "edit", "arguments": {"a": 10, "b": 10}},
+            {"id": second, "action": "reject", "message": "too small"},
+        ],
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert read_sse(stack.api_url, conversation)[-1].data["status"] == "completed"
+
+    detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
+    calls = detail["messages"][1]["toolCalls"]
+    assert calls == [
+        {"id": first, "name": "tools__add", "arguments": {"a": 10, "b": 10},
+         "approval": {"action": "edit", "proposedArguments": {"a": 1, "b": 1}}},
+        {"id": second, "name": "tools__add", "arguments": {"a": 2, "b": 2},
+         "approval": {"action": "reject", "proposedArguments": {"a": 2, "b": 2}, "message": "too small"}},
+    ]
+
+    markdown = get_json(stack.api_url, f"/api/conversations/{conversation}/export", raw=True)
+    assert "Waiting for the user's decision" not in markdown
+    assert '*Edited by the user before it ran*; the model proposed `{"a": 1, "b": 1}`.' in markdown
+    assert "*Rejected by the user: too small* (not run)." in markdown
+
+    jsonl = get_json(stack.api_url, f"/api/conversations/{conversation}/export?format=jsonl", raw=True)
+    decided = [
+        call["approval"]
+        for line in map(json.loads, jsonl.splitlines())
+        for message in line["messages"]
+        for call in message.get("toolCalls", [])
+        if "approval" in call
+    ]
+    assert decided == [c["approval"] for c in calls]
 
 
 def test_calls_of_one_turn_wait_together_then_run_with_their_decisions(

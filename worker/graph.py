@@ -33,7 +33,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
 
-from shared.contracts import Decision, DecisionAction
+from shared.contracts import APPROVALS_MARK, Decision, DecisionAction
 from shared.metrics import MODEL_CALL
 from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
 from worker.metrics import timed
@@ -41,7 +41,6 @@ from worker.metrics import timed
 __all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
 
 #: metadata key on an assistant message: its calls' decisions and proposed arguments
-APPROVALS_MARK = "approvals"
 
 
 def rejection_text(decision: Decision) -> str:
