@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -47,6 +48,17 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
         raise SettingsError(name, f"expected a number, got {raw!r}") from None
     if value < minimum:
         raise SettingsError(name, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _optional_seconds(env: Mapping[str, str], name: str) -> float | None:
+    """A positive, finite number of seconds, or None when unset or empty."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    value = _float(env, name, 0.0)
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(name, f"expected a positive number of seconds (or unset), got {raw!r}")
     return value
 
 
@@ -169,6 +181,9 @@ class Settings:
     memory_file_path: Path = Path("data/memory/memory.jsonl")
     agent_recursion_limit: int = 25
     shutdown_timeout: float = 30.0
+    # Seconds a tool call may wait for the user's decision before it is rejected by itself
+    # (worker/deadlines.py); None: wait for ever.
+    approval_timeout: float | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_token: str | None = None
@@ -239,6 +254,7 @@ class Settings:
             memory_file_path=_path(env, "MEMORY_FILE_PATH", "data/memory/memory.jsonl"),
             agent_recursion_limit=_int(env, "AGENT_RECURSION_LIMIT", d.agent_recursion_limit, minimum=1),
             shutdown_timeout=_float(env, "SHUTDOWN_TIMEOUT", d.shutdown_timeout),
+            approval_timeout=_optional_seconds(env, "APPROVAL_TIMEOUT"),
             api_host=api_host,
             api_port=port,
             api_token=env.get("API_TOKEN") or None,

@@ -7,6 +7,7 @@ work, so "never executed" is checked on the tool's side, across worker restarts.
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 import httpx
@@ -348,3 +349,50 @@ def test_sigkill_during_the_approved_tool_is_an_ordinary_interrupted_run(
     assert "approval" not in events.types  # not asked again
     assert events.text == "All done."
     assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight ran once more
+
+
+def test_approval_timeout_rejects_overdue_calls_after_a_restart_and_leaves_the_others(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """The deadline counts from the waiting run's end as the database has it, across restarts."""
+    _require_approval(sophos_env, ["add"])
+    worker = start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 2})]))
+    overdue, overdue_run = chat(sophos_env.api_url, "add 1 and 2")
+    [overdue_request] = wait_approval(sophos_env.api_url, overdue)
+    model.script(ToolCalls([("tools__add", {"a": 3, "b": 4})]))
+    fresh, _ = chat(sophos_env.api_url, "add 3 and 4")
+    [fresh_request] = wait_approval(sophos_env.api_url, fresh)
+    worker.kill()
+    worker.wait()
+    # The first has waited for two minutes (as recorded); the second just started waiting.
+    with sqlite3.connect(sophos_env.database_path) as db:
+        db.execute(
+            "UPDATE runs SET finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-120 seconds') WHERE id = ?",
+            (overdue_run,),
+        )
+
+    model.script(Text("I did not add them: no decision came."))
+    start_worker(sophos_env.with_(APPROVAL_TIMEOUT=60))
+    wait_for(lambda: get_json(sophos_env.api_url, f"/api/conversations/{overdue}")["conversation"]["status"]
+             == "completed", 30)
+    events = read_sse(sophos_env.api_url, overdue)
+    assert events[-1].data["status"] == "completed" and events.text == "I did not add them: no decision came."
+    assert tool_calls(sophos_env.tools_log, "add") == []
+    told = model.requests[-1]["messages"][-1]
+    assert told["role"] == "tool"
+    assert "rejected" in told["content"] and "no decision within 60 s" in told["content"]
+    calls = get_json(sophos_env.api_url, f"/api/conversations/{overdue}")["messages"][1]["toolCalls"]
+    assert calls[0]["approval"] == {
+        "action": "reject", "proposedArguments": {"a": 1, "b": 2}, "message": "no decision within 60 s",
+    }
+
+    # A pass of the sweep has run since: the conversation waiting for less than the timeout waits on.
+    detail = get_json(sophos_env.api_url, f"/api/conversations/{fresh}")
+    assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == [fresh_request]
+    model.script(Text("The sum is 7."))
+    accepted = decide(sophos_env.api_url, fresh, [{"id": fresh_request["id"], "action": "approve"}])
+    assert accepted.status_code == 202, accepted.text
+    assert read_sse(sophos_env.api_url, fresh)[-1].data["status"] == "completed"
+    assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 3, "b": 4}]

@@ -13,6 +13,7 @@ def test_defaults_and_overrides() -> None:
     assert s.database_path.is_absolute() and s.database_path.name == "sophos.db"
     s = Settings.from_env({"AGENT_RECURSION_LIMIT": "7", "OLLAMA_THINK": "false", "API_TOKEN": "t"})
     assert s.agent_recursion_limit == 7 and s.ollama_think is False and s.api_token == "t"
+    assert s.approval_timeout is None and Settings.from_env({"APPROVAL_TIMEOUT": "90"}).approval_timeout == 90
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,9 @@ def test_defaults_and_overrides() -> None:
         ("LOG_FORMAT", "xml"),
         ("OLLAMA_THINK", "maybe"),
         ("DATABASE_PATH", "a\x00b"),
+        ("APPROVAL_TIMEOUT", "soon"),
+        ("APPROVAL_TIMEOUT", "0"),
+        ("APPROVAL_TIMEOUT", "nan"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
+from worker.deadlines import ApprovalDeadlines
 from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.mcp_tools import McpToolbox, load_approvals, load_config
@@ -101,9 +102,14 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             needs_approval=load_approvals(settings.mcp_config_path),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
+        deadlines = (
+            ApprovalDeadlines(service, redis, settings.approval_timeout)
+            if settings.approval_timeout is not None else None
+        )
         sweep = ClaimSweep(
             redis, store,
             executing=lambda: set(service.live), event_retention=settings.event_retention,
+            also=deadlines.once if deadlines is not None else None,
         )
         recovered = await recover(service, saver, sweep)
         # Stopped before the store closes (the stack unwinds in reverse).

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 import structlog
@@ -89,6 +89,7 @@ class ClaimSweep:
         executing: Callable[[], Collection[str]],
         event_retention: int,
         interval: float = SWEEP_SECONDS,
+        also: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.redis = redis
         self.store = store
@@ -96,6 +97,8 @@ class ClaimSweep:
         self.executing = executing
         self.event_retention = event_retention
         self.interval = interval
+        #: run after each pass, on its own (the approval deadlines: worker/deadlines.py)
+        self.also = also
         self._cancelled_cursor = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -178,6 +181,11 @@ class ClaimSweep:
                 continue
             if report.pruned:
                 log.info("sweep.pruned_cancelled", entries=report.pruned)
+            if self.also is not None:
+                try:
+                    await self.also()
+                except Exception:
+                    log.exception("sweep.failed")
 
     def start(self) -> None:
         """Sweep every ``interval`` seconds in the background, until :meth:`stop`."""
