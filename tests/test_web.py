@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv
+from tests.support.env import SophosEnv, mcp_servers
 
 CHROMIUM = os.environ.get("SOPHOS_CHROMIUM", "/usr/bin/chromium")
 INSTALL_LINE = "apt-get update && apt-get install -y chromium"
@@ -420,6 +422,127 @@ def test_stop_cancels_the_run(
     expect(page.locator("#conversation-status")).to_have_text("stopped")
     expect(answers(page).last).to_contain_text("Let me look that up")
     assert tool_calls(sophos_env.tools_log) == []  # the tool call it asked for never ran
+
+
+def test_the_sidebar_pages_and_delete_removes_a_conversation(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    # 34 older conversations, written as the worker writes them (the page asks 30 at a time).
+    with sqlite3.connect(sophos_env.database_path) as db:
+        db.executemany(
+            "INSERT INTO conversations (id, title, created_at, updated_at, message_count)"
+            " VALUES (?, ?, ?, ?, 2)",
+            [(str(uuid.UUID(int=i + 1)), f"old {i:02d}", f"2026-01-01T00:00:{i:02d}.000Z",
+              f"2026-01-01T00:00:{i:02d}.000Z") for i in range(34)],
+        )
+    model.script(Text("Soon gone."))
+    page = offline.page()
+    page.goto(url)
+    send(page, "delete me later")
+    expect(answers(page).last).to_have_text("Soon gone.")
+    idle(page)
+    conversation = conversation_of(page)
+    items = page.locator("#conversations li")
+    expect(items).to_have_count(30)
+    expect(items.first).to_have_attribute("data-id", conversation)  # newest first
+    page.get_by_role("button", name="Older conversations").click()
+    expect(items).to_have_count(35)
+    expect(items.last.locator(".title")).to_have_text("old 00")
+    expect(page.get_by_role("button", name="Older conversations")).to_be_hidden()
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Delete").click()
+    expect(page.locator(f'#conversations li[data-id="{conversation}"]')).to_have_count(0)
+    wait_for(lambda: page.url.endswith("#/"), message="back to a new chat")
+    response = httpx.get(f"{url}/api/conversations/{conversation}", timeout=10)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "NOT_FOUND"
+
+
+# --- approvals -------------------------------------------------------------------------------
+
+
+def _require_approval(env: SophosEnv, tools: Any) -> None:
+    config: dict[str, Any] = mcp_servers(env.tools_log, env.root / "empty")
+    config["mcpServers"]["tools"]["requireApproval"] = tools
+    (env.root / "empty").mkdir(exist_ok=True)
+    env.write_mcp_config(config)
+
+
+def approval_card(page: Page, arguments: str) -> Any:
+    return page.locator("fieldset.approval").filter(has=page.locator(".tool-args", has_text=arguments))
+
+
+def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama, tmp_path: Path
+) -> None:
+    _require_approval(sophos_env, ["add"])
+    url = service()
+    model.script(
+        ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2})]),
+        Text("One sum done, the other refused."),
+    )
+    page = offline.page()
+    page.goto(url)
+    send(page, "two sums")
+    expect(page.locator("fieldset.approval")).to_have_count(2)
+    idle(page)
+    expect(page.locator("#conversation-status")).to_have_text("waiting for approval")
+    assert tool_calls(sophos_env.tools_log) == []
+
+    # A reload shows the same requests, from the conversation's pendingApproval.
+    page.reload()
+    first, second = approval_card(page, '"a": 1'), approval_card(page, '"a": 2')
+    expect(first.locator(".tool-name")).to_have_text("tools__add")
+    expect(page.locator("details.tool .tool-state")).to_have_text(["waiting for your decision"] * 2)
+    # Every call needs a decision before anything is sent.
+    page.get_by_role("button", name="Send decisions").click()
+    expect(first.locator(".error-text")).to_have_text("choose Approve, Reject or Edit arguments")
+    first.get_by_label("Approve").check()
+    second.get_by_label("Reject").check()
+    second.get_by_label("Reason (the model is told)").fill("not that one")
+    screenshot(page, tmp_path, "approvals")
+    page.get_by_role("button", name="Send decisions").click()
+
+    expect(answers(page).last).to_have_text("One sum done, the other refused.")
+    idle(page)
+    expect(page.locator("fieldset.approval")).to_have_count(0)
+    expect(page.locator("#conversation-status")).to_have_text("completed")
+    assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 1, "b": 1}]
+    results = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
+    assert any("rejected" in r["content"] and "not that one" in r["content"] for r in results)
+    # Opened afresh, each call says what was decided.
+    page.reload()
+    expect(page.locator("details.tool .decision")).to_have_text(
+        ["Decision: approved by you", "Decision: rejected by you: not that one"]
+    )
+
+
+def test_edited_arguments_are_checked_in_the_page_and_run(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
+) -> None:
+    _require_approval(sophos_env, True)
+    url = service()
+    model.script(ToolCalls([("tools__echo", {"text": "<img src=x onerror=\"window.__pwned=1\">"})]), Text("Echoed."))
+    page = offline.page()
+    page.goto(url)
+    send(page, "echo something")
+    card = page.locator("fieldset.approval")
+    expect(card.locator(".tool-args")).to_contain_text("<img src=x")  # shown as text
+    card.get_by_label("Edit arguments").check()
+    field = card.get_by_label("Arguments (JSON object)")
+    field.fill("{not json")
+    page.get_by_role("button", name="Send decisions").click()
+    expect(card.locator(".error-text")).to_contain_text("not valid JSON")
+    field.fill("[1, 2]")
+    page.get_by_role("button", name="Send decisions").click()
+    expect(card.locator(".error-text")).to_contain_text("must be a JSON object")
+    field.fill('{"text": "edited"}')
+    page.get_by_role("button", name="Send decisions").click()
+    expect(answers(page).last).to_have_text("Echoed.")
+    idle(page)
+    assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "edited"}]
+    assert page.evaluate("window.__pwned") is None
 
 
 # --- tokens ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 // checkpoint, and so which run, added each message): the text shown is exactly the
 // model's, however often the page is reloaded.
 import { api, ApiError, withToken } from "./api.js";
+import { approvalPanel } from "./approvals.js";
 import { renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
@@ -101,6 +102,14 @@ function setResult(card, result, status) {
   card.state.textContent = failed ? "error" : "done";
 }
 
+const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
+
+/** Under a call that needed approval: what the user decided. */
+function decisionLine(card, approval) {
+  const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
+  card.append(el("div", { class: "tool-section-title decision", text: `Decision: ${DECIDED[approval.action] || approval.action}${reason}` }));
+}
+
 export class ChatView {
   constructor({ sidebar, onConversation }) {
     this.sidebar = sidebar;
@@ -152,6 +161,8 @@ export class ChatView {
     this.empty.hidden = false;
     this.segment = null;
     this.cards = new Map();
+    this.pending = null; // the requests of the last `approval` event of the stream
+    this.panel = null;
     this.resumeButton.hidden = true;
     this.setActive(false);
   }
@@ -179,7 +190,7 @@ export class ChatView {
       this.setHeader(detail.conversation);
       this.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
       if (active) this.attach(active, 0, latest.status);
-      else this.showOutcome(detail.conversation, detail.resumable);
+      else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval);
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
     }
@@ -216,7 +227,10 @@ export class ChatView {
       if (message.role === "user") this.appendUser(message.content);
       else if (message.role === "assistant") {
         if (message.content) this.appendAssistant(message.content);
-        for (const call of message.toolCalls || []) this.appendCard(call.name, call.arguments, call.id);
+        for (const call of message.toolCalls || []) {
+          const card = this.appendCard(call.name, call.arguments, call.id);
+          if (call.approval) decisionLine(card, call.approval);
+        }
         this.closeSegment();
       } else if (message.role === "tool") {
         const card = this.cards.get(message.toolCallId) || this.appendCard(message.name || "tool", {}, message.toolCallId);
@@ -225,14 +239,14 @@ export class ChatView {
     }
   }
 
-  showOutcome(conversation, resumable) {
+  showOutcome(conversation, resumable, pendingApproval) {
     const error = conversation.error;
     if (error && ["failed", "interrupted"].includes(conversation.status)) {
       this.banners.show(error, { kind: "error" });
     } else if (conversation.status === "cancelled") {
       this.note("Stopped.");
-    } else if (conversation.status === "waiting") {
-      this.note("Waiting for approval: this page cannot approve or reject tool calls yet.");
+    } else if (conversation.status === "waiting" && pendingApproval) {
+      this.showApprovals(pendingApproval);
     }
     this.resumeButton.hidden = !resumable;
   }
@@ -333,6 +347,9 @@ export class ChatView {
     on("missed", () => {
       this.missed = true;
     });
+    on("approval", (data) => {
+      this.pending = data.requests;
+    });
     on("end", (data) => this.ended(data));
     on("chat-error", (data) => this.failed(data));
     source.addEventListener("open", () => {
@@ -413,7 +430,7 @@ export class ChatView {
   ended(data) {
     this.closeSegment();
     if (data.status === "cancelled") this.note("Stopped.");
-    else if (data.status === "waiting") this.note("Waiting for approval: this page cannot approve or reject tool calls yet.");
+    else if (data.status === "waiting" && this.pending) this.showApprovals(this.pending);
     this.finish();
   }
 
@@ -421,6 +438,38 @@ export class ChatView {
     this.closeSegment();
     this.banners.show({ code: data.code, message: data.message });
     this.finish();
+  }
+
+  // --- approvals -------------------------------------------------------------------
+
+  /** The calls the conversation waits on, each with Approve, Reject and Edit. */
+  showApprovals(requests) {
+    if (this.panel) this.panel.remove();
+    this.closeSegment();
+    for (const request of requests) {
+      const card = this.cards.get(request.id);
+      if (card) card.state.textContent = "waiting for your decision";
+    }
+    this.panel = this.place(approvalPanel(requests, (decisions) => this.decide(decisions)));
+    this.panel.querySelector("input")?.focus({ preventScroll: true });
+  }
+
+  async decide(decisions) {
+    const conversation = this.conversation;
+    this.banners.clear();
+    let accepted;
+    try {
+      accepted = await api("/api/chat", { method: "POST", body: { conversation, decisions } });
+    } catch (error) {
+      this.banners.show(error);
+      if (error.code === "NO_APPROVAL_PENDING") await this.open(conversation); // decided elsewhere
+      return;
+    }
+    if (this.panel) this.panel.remove();
+    this.panel = null;
+    this.pending = null;
+    this.attach(accepted.run, 0, "queued");
+    this.sidebar.refresh();
   }
 
   // --- actions ---------------------------------------------------------------------
