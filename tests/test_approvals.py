@@ -369,7 +369,8 @@ def test_approval_timeout_rejects_overdue_calls_after_a_restart_and_leaves_the_o
     # The first has waited for two minutes (as recorded); the second just started waiting.
     with sqlite3.connect(sophos_env.database_path) as db:
         db.execute(
-            "UPDATE runs SET finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-120 seconds') WHERE id = ?",
+            "UPDATE runs SET finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-120 seconds')"
+            " WHERE id = ?",
             (overdue_run,),
         )
 
@@ -384,7 +385,7 @@ def test_approval_timeout_rejects_overdue_calls_after_a_restart_and_leaves_the_o
     assert told["role"] == "tool"
     assert "rejected" in told["content"] and "no decision within 60 s" in told["content"]
     calls = get_json(sophos_env.api_url, f"/api/conversations/{overdue}")["messages"][1]["toolCalls"]
-    assert calls[0]["approval"] == {
+    assert calls[0]["id"] == overdue_request["id"] and calls[0]["approval"] == {
         "action": "reject", "proposedArguments": {"a": 1, "b": 2}, "message": "no decision within 60 s",
     }
 

@@ -523,7 +523,8 @@ def test_edited_arguments_are_checked_in_the_page_and_run(
 ) -> None:
     _require_approval(sophos_env, True)
     url = service()
-    model.script(ToolCalls([("tools__echo", {"text": "<img src=x onerror=\"window.__pwned=1\">"})]), Text("Echoed."))
+    hostile = '<img src=x onerror="window.__pwned=1">'
+    model.script(ToolCalls([("tools__echo", {"text": hostile})]), Text("Echoed."))
     page = offline.page()
     page.goto(url)
     send(page, "echo something")
