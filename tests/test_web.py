@@ -414,10 +414,10 @@ def test_stop_cancels_the_run(
     page.get_by_role("button", name="Stop").click()
     conversation = conversation_of(page)
     run = get_json(url, f"/api/runs?conversation={conversation}")["runs"][0]
-    # The run stops at its next step boundary, or sooner: either way the page says so.
-    hang.release()
+    # Stop cuts the answer where it is: the model is still holding its stream open.
     expect(page.locator(".note")).to_have_text("Stopped.")
     idle(page)
+    hang.release()
     assert get_json(url, f"/api/runs/{run['id']}")["status"] == "cancelled"
     expect(page.locator("#conversation-status")).to_have_text("stopped")
     expect(answers(page).last).to_contain_text("Let me look that up")
