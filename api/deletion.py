@@ -19,26 +19,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 import structlog
-from arq.constants import expires_extra_ms
-from arq.jobs import serialize_job
 from redis.asyncio import Redis
 
 from api.ids import new_id
 from api.store import Store
-from shared.contracts import (
-    ACTIVE_RUNS,
-    DELETE_FUNCTION,
-    QUEUE_NAME,
-    WAKE_LIST,
-    DeleteJob,
-    arq_job_key,
-    delete_claim,
-    deleted_key,
-    dumps,
-    is_delete_claim,
-)
+from shared.contracts import ACTIVE_RUNS, DeleteJob, delete_claim, deleted_key, is_delete_claim
 from shared.errors import DatabaseUnavailable, NotFound, SessionInProgress
-from shared.redis_protocol import scripts
+from shared.queue import submit_delete
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +53,7 @@ class Deletions:
             if holder is None:
                 raise NotFound(f"conversation {conversation_id} not found")
         else:
-            holder = await self._claim(job)
+            holder = await submit_delete(self.redis, job)
         if holder is not None and not is_delete_claim(holder):
             raise SessionInProgress(
                 f"conversation {conversation_id} has a run queued or running ({holder}); "
@@ -76,15 +63,6 @@ class Deletions:
         if holder is None:
             log.info("conversation.delete_accepted", job_id=claim)
         return await self._outcome(conversation_id, claim)
-
-    async def _claim(self, job: DeleteJob) -> str | None:
-        enqueue_ms = int(job.enqueued_at * 1000)
-        payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
-        reply = await scripts(self.redis).delete(
-            keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST],
-            args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
-        )
-        return None if reply is None else str(reply)
 
     async def _outcome(self, conversation_id: str, claim: str) -> Deleted:
         """Wait (bounded) for the worker's outcome of the delete holding ``claim``."""

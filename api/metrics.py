@@ -40,6 +40,7 @@ from shared.errors import SophosError
 from shared.liveness import Liveness, read_liveness
 from shared.metrics import (
     BUCKETS,
+    CONVERSATIONS_EXPIRED,
     METRICS_KEY,
     MODEL_CALL,
     RUN_DURATION,
@@ -144,6 +145,11 @@ class SharedStateCollector:
             if status.finished:
                 finished.add_metric([status.value], snapshot.counter(RUNS_FINISHED, status=status.value))
         yield finished
+        yield CounterMetricFamily(
+            CONVERSATIONS_EXPIRED,
+            "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",
+            value=snapshot.counter(CONVERSATIONS_EXPIRED),
+        )
         for metric, labels in ((RUN_DURATION, []), (MODEL_CALL, []), (TOOL_CALL, ["tool"])):
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])

@@ -132,13 +132,18 @@ class DeleteJob:
     conversation_id: str
     claim: str
     enqueued_at: float
+    #: why: a client's DELETE (``request``) or ``CONVERSATION_RETENTION_DAYS`` (``retention``)
+    reason: str = "request"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeleteJob:
-        return cls(str(data["conversation_id"]), str(data["claim"]), float(data["enqueued_at"]))
+        return cls(
+            str(data["conversation_id"]), str(data["claim"]), float(data["enqueued_at"]),
+            str(data.get("reason") or "request"),
+        )
 
 
 def delete_claim(job_id: str) -> str:

@@ -28,6 +28,8 @@ METRICS_KEY = "sophos:metrics"
 
 #: runs that reached an outcome, by status (counter)
 RUNS_FINISHED = "sophos_runs_finished"
+#: conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS (counter)
+CONVERSATIONS_EXPIRED = "sophos_conversations_expired"
 #: seconds from a run's start to its outcome (histogram)
 RUN_DURATION = "sophos_run_duration_seconds"
 #: seconds of one chat-model call, first byte to last (histogram)

@@ -26,10 +26,12 @@ from redis.asyncio import Redis
 from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
+    DELETE_FUNCTION,
     IDEMPOTENCY_TTL_SECONDS,
     JOB_FUNCTION,
     QUEUE_NAME,
     WAKE_LIST,
+    DeleteJob,
     RunJob,
     RunStatus,
     arq_in_progress_key,
@@ -219,3 +221,18 @@ async def drop_unstarted(
         ],
     )
     return bool(done)
+
+
+async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
+    """Claim the conversation for ``job`` and enqueue it, in one script, unless it is held.
+
+    Returns None when claimed, else the holder: a run's id (queued or running) or
+    another delete's claim. The delete and a submission exclude each other.
+    """
+    enqueue_ms = int(job.enqueued_at * 1000)
+    payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+    reply = await scripts(redis).delete(
+        keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST],
+        args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
+    )
+    return None if reply is None else (reply.decode() if isinstance(reply, bytes) else str(reply))

@@ -52,13 +52,17 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
 
 
 def _optional_seconds(env: Mapping[str, str], name: str) -> float | None:
-    """A positive, finite number of seconds, or None when unset or empty."""
+    return _optional_positive(env, name, "seconds")
+
+
+def _optional_positive(env: Mapping[str, str], name: str, unit: str) -> float | None:
+    """A positive, finite number (of ``unit``), or None when unset or empty."""
     raw = env.get(name)
     if raw is None or raw == "":
         return None
     value = _float(env, name, 0.0)
     if not math.isfinite(value) or value <= 0:
-        raise SettingsError(name, f"expected a positive number of seconds (or unset), got {raw!r}")
+        raise SettingsError(name, f"expected a positive number of {unit} (or unset), got {raw!r}")
     return value
 
 
@@ -184,6 +188,9 @@ class Settings:
     # Seconds a tool call may wait for the user's decision before it is rejected by itself
     # (worker/deadlines.py); None: wait for ever.
     approval_timeout: float | None = None
+    # Days a conversation may stay idle before the worker deletes it (worker/retention.py);
+    # None: keep for ever.
+    conversation_retention_days: float | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_token: str | None = None
@@ -255,6 +262,7 @@ class Settings:
             agent_recursion_limit=_int(env, "AGENT_RECURSION_LIMIT", d.agent_recursion_limit, minimum=1),
             shutdown_timeout=_float(env, "SHUTDOWN_TIMEOUT", d.shutdown_timeout),
             approval_timeout=_optional_seconds(env, "APPROVAL_TIMEOUT"),
+            conversation_retention_days=_optional_positive(env, "CONVERSATION_RETENTION_DAYS", "days"),
             api_host=api_host,
             api_port=port,
             api_token=env.get("API_TOKEN") or None,

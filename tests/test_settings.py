@@ -31,6 +31,8 @@ def test_defaults_and_overrides() -> None:
         ("APPROVAL_TIMEOUT", "soon"),
         ("APPROVAL_TIMEOUT", "0"),
         ("APPROVAL_TIMEOUT", "nan"),
+        ("CONVERSATION_RETENTION_DAYS", "-3"),
+        ("CONVERSATION_RETENTION_DAYS", "forever"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:

@@ -36,11 +36,14 @@ from shared.contracts import (
     progress_key,
     run_key,
 )
+from shared.metrics import CONVERSATIONS_EXPIRED, METRICS_KEY, counter_field
 from shared.redis_protocol import scripts
 from worker.runs import RunService
 
 log = structlog.get_logger(__name__)
 
+#: ``DeleteJob.reason`` of the deletes ``CONVERSATION_RETENTION_DAYS`` asks for (worker/retention.py)
+RETENTION = "retention"
 #: How long the outcome of a delete is kept for the API requests waiting on it.
 OUTCOME_TTL_SECONDS = 60
 
@@ -98,13 +101,22 @@ async def delete(service: RunService, job: DeleteJob) -> str:
     try:
         runs = await delete_conversation_data(service, job.conversation_id)
         outcome = "deleted"
-        log.info("conversation.deleted", runs=runs)
+        log.info("conversation.deleted", runs=runs, reason=job.reason)
+        if job.reason == RETENTION:
+            await _count_expired(service.redis)
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("conversation.delete_failed")
     finally:
         await _notify(service.redis, job, outcome)
     return outcome
+
+
+async def _count_expired(redis: Redis) -> None:
+    try:
+        await redis.hincrby(METRICS_KEY, counter_field(CONVERSATIONS_EXPIRED), 1)  # type: ignore[misc]
+    except RedisError as exc:  # a figure lost, nothing else
+        log.warning("metrics.write_failed", error=str(exc))
 
 
 async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:

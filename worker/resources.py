@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
 import structlog
@@ -24,6 +24,7 @@ from worker.mcp_tools import McpToolbox, load_approvals, load_config
 from worker.model import build_model
 from worker.model_check import report_model
 from worker.recovery import recover
+from worker.retention import Retention
 from worker.runs import RunService
 from worker.store import RunStore, connect
 from worker.sweep import ClaimSweep
@@ -102,14 +103,14 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             needs_approval=load_approvals(settings.mcp_config_path),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
-        deadlines = (
-            ApprovalDeadlines(service, redis, settings.approval_timeout)
-            if settings.approval_timeout is not None else None
-        )
+        also: list[Callable[[], Awaitable[object]]] = []
+        if settings.approval_timeout is not None:
+            also.append(ApprovalDeadlines(service, redis, settings.approval_timeout).once)
+        if settings.conversation_retention_days is not None:
+            also.append(Retention(service, redis, settings.conversation_retention_days).once)
         sweep = ClaimSweep(
             redis, store,
-            executing=lambda: set(service.live), event_retention=settings.event_retention,
-            also=deadlines.once if deadlines is not None else None,
+            executing=lambda: set(service.live), event_retention=settings.event_retention, also=also,
         )
         recovered = await recover(service, saver, sweep)
         # Stopped before the store closes (the stack unwinds in reverse).

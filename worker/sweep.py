@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -89,7 +89,7 @@ class ClaimSweep:
         executing: Callable[[], Collection[str]],
         event_retention: int,
         interval: float = SWEEP_SECONDS,
-        also: Callable[[], Awaitable[object]] | None = None,
+        also: Sequence[Callable[[], Awaitable[object]]] = (),
     ) -> None:
         self.redis = redis
         self.store = store
@@ -97,8 +97,8 @@ class ClaimSweep:
         self.executing = executing
         self.event_retention = event_retention
         self.interval = interval
-        #: run after each pass, on its own (the approval deadlines: worker/deadlines.py)
-        self.also = also
+        #: run after each pass, each on its own (approval deadlines, retention)
+        self.also = tuple(also)
         self._cancelled_cursor = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -181,9 +181,9 @@ class ClaimSweep:
                 continue
             if report.pruned:
                 log.info("sweep.pruned_cancelled", entries=report.pruned)
-            if self.also is not None:
+            for task in self.also:
                 try:
-                    await self.also()
+                    await task()
                 except Exception:
                     log.exception("sweep.failed")
 
