@@ -42,6 +42,7 @@ from bench.runs import (
     worker_cycle,
 )
 from bench.stack import Stack, code_version, describe_machine, load_average, rss_bytes, running_stack
+from bench.storage import LARGE, Storage, exports, pages, relay_beside_exports, seed_conversations
 from bench.streams import api_streams, relay
 from shared.logging import configure_logging
 from shared.settings import Settings
@@ -177,6 +178,21 @@ async def measure(stack: Stack, sizes: Sizes, args: argparse.Namespace) -> Resul
         async with http_client(stack.api_url) as http:
             say(f"figure 3: {sizes.relay} events relayed")
             relayed = await relay(http, redis, sizes.relay, rng, cpu=stack.cpu_snapshot)
+            stored = stored_messages(stack.database_path, conversation)
+            storage = Storage(messages=stored)
+            n_exports = 3 if args.quick else 10
+            say(f"figure 8: {n_exports} Markdown and JSON Lines exports of the {stored}-message conversation")
+            await exports(stack.api_url, conversation, n_exports, storage)
+            say(f"figure 9: {sizes.relay // 2} events relayed each idle and beside that export in a loop")
+            await relay_beside_exports(
+                stack.api_url, http, redis, conversation, sizes.relay // 2, rng, storage
+            )
+        large = 2_000 if args.quick else LARGE
+        storage.page_small = seed_conversations(stack.database_path, 0)
+        say(f"figure 10: a page of conversations at {storage.page_small} and at {large}")
+        storage.page_small_ms = await pages(stack.api_url, 20)
+        storage.page_large = seed_conversations(stack.database_path, large)
+        storage.page_large_ms = await pages(stack.api_url, 20)
         say(f"figure 6: API holding {sizes.streams} streams")
         streams = await api_streams(stack.api_url, api.pid, redis, sizes.streams)
     finally:
@@ -210,6 +226,7 @@ async def measure(stack: Stack, sizes: Sizes, args: argparse.Namespace) -> Resul
         mcp_rss=mcp_rss,
         relay=relayed,
         api=streams,
+        storage=storage,
         profiles=profiles,
         elapsed_s=time.monotonic() - started,
     )

@@ -13,6 +13,7 @@ from bench.client import ServiceRun
 from bench.floor import FloorRun
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.stats import Summary, ratio
+from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
 
 MB = 1024 * 1024
@@ -38,6 +39,7 @@ class Results:
     mcp_rss: int
     relay: Relay
     api: ApiStreams
+    storage: Storage | None = None
     profiles: list[tuple[str, Path]] = field(default_factory=list)
     elapsed_s: float = 0.0
     load_start: str = ""
@@ -216,6 +218,27 @@ def rows(r: Results) -> list[Row]:
             None,
             floor_p50=d["floor_delta"] / max(1, d["stored_messages"]),
         ),
+        *(_storage_rows(r.storage) if r.storage is not None else []),
+    ]
+
+
+def _storage_rows(st: Storage) -> list[Row]:
+    md, jl = Summary.of(st.markdown_ms), Summary.of(st.jsonl_ms)
+    idle, busy = Summary.of(st.relay_idle.relay_ms), Summary.of(st.relay_busy.relay_ms)
+    small, large = Summary.of(st.page_small_ms), Summary.of(st.page_large_ms)
+    return [
+        Row(f"8. Markdown export of the {st.messages}-message conversation", "ms", md.p50, md.p95,
+            "≤ 300 ms", md.p50 <= 300),
+        Row("8b. JSON Lines export of it (every checkpoint)", "ms", jl.p50, jl.p95,
+            "≤ 300 ms", jl.p50 <= 300),
+        Row(f"9. relay p50/p95 beside that export in a loop ({st.exports_during} exports; floor: idle)",
+            "ms", busy.p50, busy.p95, "p95 ≤ 2× idle", busy.p95 <= 2 * idle.p95,
+            floor_p50=idle.p50, floor_p95=idle.p95,
+            ratio_p50=ratio(busy.p50, idle.p50), ratio_p95=ratio(busy.p95, idle.p95)),
+        Row(f"10. a page of 50 conversations at {st.page_large:,} (floor: at {st.page_small:,})", "ms",
+            large.p50, large.p95, "≤ 20 ms", large.p50 <= 20,
+            floor_p50=small.p50, floor_p95=small.p95,
+            ratio_p50=ratio(large.p50, small.p50), ratio_p95=ratio(large.p95, small.p95)),
     ]
 
 
@@ -471,6 +494,7 @@ def raw(r: Results) -> dict[str, Any]:
         "worker_rss": r.worker_rss,
         "relay": asdict(r.relay),
         "api": asdict(r.api),
+        "storage": asdict(r.storage) if r.storage is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,
