@@ -9,7 +9,7 @@ the run up nor fail it. :meth:`EventPublisher.publish` only appends the event to
 a bounded buffer; one background task per run writes the buffer to Redis in
 order, in batches (one pipelined round trip per batch; a batch waits
 :data:`GATHER_SECONDS` for the events that follow it, unless a terminal event is
-queued: a run's ~30 events take 4-5 writes instead of 8). While Redis is away the
+queued or a flush waits: a run's ~30 events take 4-5 writes instead of 8). While Redis is away the
 buffer keeps the newest ``max(max_len, 1000)`` events and is written when it is back; events
 that cannot be written within :data:`GIVE_UP_SECONDS` are dropped and counted
 (an SSE client then gets a ``missed`` event for them, never silence). Only the
@@ -99,7 +99,8 @@ class EventPublisher:
         self._writer: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
         self._flushed.set()
-        self._terminal = asyncio.Event()
+        #: a terminal event or a flush is waiting: batches no longer wait for followers
+        self._hurry = asyncio.Event()
 
     async def start(self) -> None:
         """Continue after the entries already in the stream (a run whose worker died).
@@ -128,12 +129,12 @@ class EventPublisher:
             _writers.add(self._writer)
             self._writer.add_done_callback(_writers.discard)
         if type_.terminal:
-            self._terminal.set()
             await self.flush(FLUSH_TIMEOUT)
         return event.id
 
     async def flush(self, timeout: float) -> bool:  # noqa: ASYNC109 - a bound, not a deadline
         """Wait until every queued event reached Redis (or was dropped); False on timeout."""
+        self._hurry.set()
         try:
             async with asyncio.timeout(timeout):
                 await self._flushed.wait()
@@ -178,10 +179,10 @@ class EventPublisher:
         attempt = 0
         try:
             while self._pending:
-                if not self._terminal.is_set() and len(self._pending) < _BATCH:
+                if not self._hurry.is_set() and len(self._pending) < _BATCH:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(GATHER_SECONDS):
-                            await self._terminal.wait()
+                            await self._hurry.wait()
                 try:
                     async with asyncio.timeout(WRITE_TIMEOUT):
                         if not self._synced:
