@@ -185,6 +185,8 @@ class Settings:
     memory_file_path: Path = Path("data/memory/memory.jsonl")
     agent_recursion_limit: int = 25
     shutdown_timeout: float = 30.0
+    # Runs of different conversations one worker executes at once (worker/__main__.py).
+    worker_concurrency: int = 1
     # Seconds a tool call may wait for the user's decision before it is rejected by itself
     # (worker/deadlines.py); None: wait for ever.
     approval_timeout: float | None = None
@@ -261,6 +263,7 @@ class Settings:
             memory_file_path=_path(env, "MEMORY_FILE_PATH", "data/memory/memory.jsonl"),
             agent_recursion_limit=_int(env, "AGENT_RECURSION_LIMIT", d.agent_recursion_limit, minimum=1),
             shutdown_timeout=_float(env, "SHUTDOWN_TIMEOUT", d.shutdown_timeout),
+            worker_concurrency=_int(env, "WORKER_CONCURRENCY", d.worker_concurrency, minimum=1),
             approval_timeout=_optional_seconds(env, "APPROVAL_TIMEOUT"),
             conversation_retention_days=_optional_positive(env, "CONVERSATION_RETENTION_DAYS", "days"),
             api_host=api_host,

@@ -72,7 +72,9 @@ async def serve(settings: Settings) -> None:
         on_startup=on_startup,
         on_shutdown=on_shutdown,
         handle_signals=False,
-        max_jobs=1,  # one run at a time; per-conversation exclusivity is Redis's ACTIVE_RUNS
+        # Runs at once, each of its own conversation: a conversation's exclusivity is its
+        # ACTIVE_RUNS claim in Redis, taken by the submit script before the job exists.
+        max_jobs=settings.worker_concurrency,
         job_timeout=24 * 3600,  # runs end by themselves (recursion limit, model timeout)
         keep_result=60,
         idle_timeout=settings.poll_delay,
