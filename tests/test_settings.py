@@ -14,6 +14,8 @@ def test_defaults_and_overrides() -> None:
     s = Settings.from_env({"AGENT_RECURSION_LIMIT": "7", "OLLAMA_THINK": "false", "API_TOKEN": "t"})
     assert s.agent_recursion_limit == 7 and s.ollama_think is False and s.api_token == "t"
     assert s.approval_timeout is None and Settings.from_env({"APPROVAL_TIMEOUT": "90"}).approval_timeout == 90
+    assert s.worker_concurrency == 1
+    assert Settings.from_env({"WORKER_CONCURRENCY": "4"}).worker_concurrency == 4
 
 
 @pytest.mark.parametrize(
@@ -22,6 +24,8 @@ def test_defaults_and_overrides() -> None:
         ("AGENT_RECURSION_LIMIT", "many"),
         ("AGENT_RECURSION_LIMIT", "0"),
         ("SHUTDOWN_TIMEOUT", "-1"),
+        ("WORKER_CONCURRENCY", "0"),
+        ("WORKER_CONCURRENCY", "four"),
         ("API_PORT", "70000"),
         ("REDIS_URL", "localhost:6379"),
         ("OLLAMA_HOST", "ftp://x"),

@@ -3,7 +3,8 @@
 Some crash windows are too narrow to hit with a signal from outside (after the
 final checkpoint, before the outcome is recorded; after the run row, before
 the input checkpoint). With ``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` the worker
-SIGKILLs itself right after its Nth checkpoint write since start-up, with
+SIGKILLs itself right after its Nth checkpoint write since start-up (all runs
+together), with
 ``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it (once the step's task
 results are saved): exactly what ``kill -9`` at that instant would do.
 """
@@ -24,7 +25,11 @@ class KillAtCheckpoint(AsyncSqliteSaver):
     written: int = 0
 
     async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        if self.written + 1 == self.kill_before:
+        # This write's number, taken before the first await: with WORKER_CONCURRENCY > 1
+        # writes of several runs overlap, and each must get a number of its own.
+        self.written += 1
+        number = self.written
+        if number == self.kill_before:
             # "Right before" means after everything the step saved first: LangGraph
             # writes a finished task's result (put_writes) in a background task that
             # may still hold the saver's lock. Let it finish, then die.
@@ -32,7 +37,6 @@ class KillAtCheckpoint(AsyncSqliteSaver):
             async with self.lock:
                 os.kill(os.getpid(), signal.SIGKILL)
         result = await super().aput(config, checkpoint, metadata, new_versions)
-        self.written += 1
-        if self.written == self.kill_after:
+        if number == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         return result

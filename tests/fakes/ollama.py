@@ -26,7 +26,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -197,6 +197,8 @@ class FakeOllama:
         self._port = port
         self._lock = threading.Lock()
         self._script: list[Reply] = []
+        self._routed: dict[str, list[Reply]] = {}
+        self._answer: Callable[[dict[str, Any]], Reply | None] | None = None
         self._requests: list[dict[str, Any]] = []
         self._log: list[tuple[str, str]] = []
         self._hangs: list[Hang] = []
@@ -254,16 +256,34 @@ class FakeOllama:
             self._script.extend(replies)
         return self
 
+    def script_for(self, marker: str, *replies: Reply) -> FakeOllama:
+        """Replies for one conversation only: a request whose first user message contains
+        ``marker`` takes them, in order, before the shared script. For runs that ask the
+        model at the same time, where the order of the shared script is a race."""
+        with self._lock:
+            self._routed.setdefault(marker, []).extend(replies)
+        return self
+
+    def answer_by(self, answer: Callable[[dict[str, Any]], Reply | None] | None) -> FakeOllama:
+        """Reply by what is asked: ``answer(request body)`` is consulted first, and its
+        reply (unless None) is sent. A request made twice gets the same reply: for a run
+        killed while the model answered, which asks again after the restart."""
+        with self._lock:
+            self._answer = answer
+        return self
+
     @property
     def pending(self) -> int:
-        """Replies scripted but not consumed yet."""
+        """Replies scripted but not consumed yet (routed ones included)."""
         with self._lock:
-            return len(self._script)
+            return len(self._script) + sum(map(len, self._routed.values()))
 
     def reset(self) -> None:
         """Clear the script and the records; cut any reply still hanging."""
         with self._lock:
             self._script.clear()
+            self._routed.clear()
+            self._answer = None
             self._requests.clear()
             self._log.clear()
             hangs, self._hangs = self._hangs, []
@@ -273,6 +293,20 @@ class FakeOllama:
     def _next_reply(self) -> Reply:
         with self._lock:
             return self._script.pop(0) if self._script else Text(self.default_text)
+
+    def _routed_reply(self, body: dict[str, Any]) -> Reply | None:
+        answer = self._answer
+        if answer is not None and (reply := answer(body)) is not None:
+            return reply
+        if not self._routed:
+            return None
+        first = next((m for m in body.get("messages") or [] if m.get("role") == "user"), None)
+        content = str(first.get("content", "")) if first else ""
+        with self._lock:
+            for marker, replies in self._routed.items():
+                if marker in content and replies:
+                    return replies.pop(0)
+        return None
 
     # -- records
 
@@ -509,7 +543,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": f"model '{model}' not found"})
             return
         prompt_eval_count = sum(len(str(m.get("content", ""))) for m in body.get("messages") or [])
-        reply = self.fake._next_reply()
+        reply = self.fake._routed_reply(body) or self.fake._next_reply()
         if isinstance(reply, Status):
             if isinstance(reply.body, str):
                 self._send_text(reply.code, reply.body)
