@@ -160,10 +160,13 @@ def two_rounds_by_state(body: dict[str, Any]) -> Reply | None:
 
 
 # Checkpoint writes since the worker started, all four runs together (worker/faults.py):
-# each run of two tool rounds writes seven, so these land in the middle of the four.
+# each run of two tool rounds writes seven: early (runs still queued), in the middle, late
+# (some already completed).
 KILLS = {
+    "after-checkpoint-2": {"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 2},
     "after-checkpoint-9": {"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 9},
     "before-checkpoint-14": {"SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT": 14},
+    "after-checkpoint-22": {"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": 22},
 }
 
 
@@ -183,16 +186,22 @@ def test_kill_with_four_runs_in_flight_then_each_resumes_to_an_uninterrupted_tra
     # A run still queued at the kill was never started: the new worker runs it.
     assert {info["status"] for info in infos.values()} <= {"interrupted", "completed", "queued", "running"}
     assert any(info["status"] == "interrupted" for info in infos.values()), infos
+    kept = set()  # killed after their final checkpoint: the answer is kept, nothing to resume
     for i, (conversation, run) in enumerate(runs):
         if infos[run]["status"] != "interrupted":
             continue
         assert queue_is_clean(env.redis_url, conversation) == []
-        if "send it again" in infos[run]["error"]["message"]:  # killed before its input was recorded
+        detail = get_json(api.url, f"/api/conversations/{conversation}")
+        if detail["resumable"]:
+            accepted(api.url, conversation=conversation, resume=True)
+        elif not detail["messages"]:  # killed before its input was recorded: sent again
+            assert "send it again" in infos[run]["error"]["message"]
             accepted(api.url, f"{marker(i)} two rounds please", conversation)
         else:
-            accepted(api.url, conversation=conversation, resume=True)
+            kept.add(conversation)
     for conversation, _ in runs:
-        assert read_sse(api.url, conversation)[-1].event == "end"
+        last = read_sse(api.url, conversation)[-1]
+        assert last.event == "end" or (conversation in kept and last.data["code"] == "INTERRUPTED")
         assert get_json(api.url, f"/api/conversations/{conversation}")["resumable"] is False
 
     # The same scripts on fresh conversations, without a fault, four at once again.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis as redis_sync
 
 from shared.contracts import ACTIVE_RUNS
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
@@ -130,6 +131,22 @@ def test_tool_server_that_dies_hangs_or_never_starts_costs_only_its_own_tools(
     assert integrity(fragile_env.database_path) == "ok"
 
 
+def taken(redis_url: str, run: str) -> bool:
+    """arq marked the run's job in progress: a worker has it."""
+    client = redis_sync.Redis.from_url(redis_url)
+    try:
+        return bool(client.exists(f"arq:in-progress:{run}"))
+    finally:
+        client.close()
+
+
+def subscribers(api_url: str) -> float:
+    """Event streams the API process serves now (``sophos_sse_subscribers``)."""
+    text = httpx.get(f"{api_url}/metrics", timeout=10, trust_env=False).text
+    samples = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    return next(float(value) for name, value, *_ in samples if name == "sophos_sse_subscribers")
+
+
 # --- the database ----------------------------------------------------------------------------
 
 
@@ -141,8 +158,10 @@ def test_database_locked_briefly_the_run_waits_and_completes(
     model.script(Text("waited for the lock"))
     with DatabaseLock(sophos_env.database_path) as lock:
         conversation, run = accepted(api.url, "are you there?")
-        time.sleep(2)
+        # The worker has taken the job and waits on SQLite to record it.
+        wait_for(lambda: taken(sophos_env.redis_url, run), timeout=10)
         assert get_json(api.url, f"/api/runs/{run}")["status"] == "queued"  # not recorded yet
+        assert model.calls == 0
         lock.release()
         events = read_sse(api.url, conversation)
     assert events[-1].event == "end" and events.text == "waited for the lock"
@@ -341,8 +360,9 @@ def test_redis_restart_with_runs_queued_and_one_running(
     queued = [accepted(api.url, text)[0] for text in ("second", "third")]
     seen = read_sse(api.url, first, stop_after=3)  # a client that goes away mid-run
     with ThreadPoolExecutor(1) as pool:
+        wait_for(lambda: subscribers(api.url) == 0, timeout=10)  # the first client is gone
         through = pool.submit(read_sse, api.url, first, timeout=60)  # one that stays connected
-        time.sleep(0.5)
+        wait_for(lambda: subscribers(api.url) == 1, timeout=10)
 
         server.restart(signal.SIGTERM, down_for=1.0)
         hang.release()
