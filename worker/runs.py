@@ -40,7 +40,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 from langgraph.types import Command
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from shared.contracts import (
     ACTIVE_RUNS,
@@ -466,11 +466,15 @@ async def notify_outcome(
     ``end`` like a completed one: it stopped as asked.
     """
     try:
+        release = scripts(redis).release_active
         async with redis.pipeline(transaction=False) as pipe:
-            release = scripts(redis).release_active
-            await release(keys=[ACTIVE_RUNS], args=[conversation_id, run_id], client=pipe)
+            # EVALSHA queued as a plain command: a Script queued on a pipeline makes redis-py
+            # ask SCRIPT EXISTS first, one more round trip on every run's way to its `end`.
+            pipe.evalsha(release.sha, 1, ACTIVE_RUNS, conversation_id, run_id)
             pipe.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))
             replies = await pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], NoScriptError):  # Redis restarted since: load it, once
+            replies[0] = await release(keys=[ACTIVE_RUNS], args=[conversation_id, run_id])
         for reply in replies:
             if isinstance(reply, Exception):
                 log.warning("run.notify_failed", error=str(reply))
