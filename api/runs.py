@@ -190,6 +190,7 @@ def worker_info(liveness: Liveness, now: float | None = None) -> WorkerInfo:
         started_at=iso_from_timestamp(beat.started_at),
         last_beat_at=iso_from_timestamp(beat.beat_at),
         heartbeat_age_ms=_millis(liveness.age(now) or 0.0),
+        concurrency=beat.concurrency if beat.concurrency is not None else UNSET,
     )
 
 

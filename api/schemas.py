@@ -167,6 +167,8 @@ class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tru
     started_at: str | UnsetType = UNSET
     last_beat_at: str | UnsetType = UNSET
     heartbeat_age_ms: int | UnsetType = UNSET
+    #: runs it executes at once (``WORKER_CONCURRENCY``)
+    concurrency: int | UnsetType = UNSET
 
 
 class RunList(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

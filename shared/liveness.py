@@ -23,6 +23,8 @@ class Beat:
     pid: int | None
     started_at: float
     beat_at: float
+    #: runs the worker executes at once (WORKER_CONCURRENCY); None from a worker that did not say
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +46,12 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
     try:
         body = json.loads(raw)
         pid = body.get("pid")
+        concurrency = body.get("concurrency")
         return Beat(
             pid=int(pid) if pid is not None else None,
             started_at=float(body["started_at"]),
             beat_at=float(body["beat_at"]),
+            concurrency=int(concurrency) if concurrency is not None else None,
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None

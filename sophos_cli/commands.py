@@ -27,8 +27,9 @@ def _worker_line(worker: dict[str, Any] | None) -> str:
     if worker is None:
         return "worker: unknown (Redis unavailable)"
     if worker.get("alive"):
+        at_once = f", {worker['concurrency']} runs at once" if worker.get("concurrency", 1) > 1 else ""
         return (f"worker: alive, pid {worker.get('pid', '?')}, since {worker.get('startedAt', '?')}, "
-                f"last beat {duration(worker.get('heartbeatAgeMs'))} ago")
+                f"last beat {duration(worker.get('heartbeatAgeMs'))} ago{at_once}")
     if "lastBeatAt" in worker:
         return f"worker: NOT ALIVE, last heartbeat {duration(worker.get('heartbeatAgeMs'))} ago"
     return "worker: NOT ALIVE (none has ever started)"

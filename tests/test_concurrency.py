@@ -67,6 +67,7 @@ def test_four_conversations_run_at_once_and_a_fifth_waits_for_a_free_slot(
     for hang in hangs[:N]:
         hang.wait_started(20)  # all four are answering at the same time
     assert running(api.url) == {run for _, run in runs[:N]}
+    assert get_json(api.url, "/api/runs")["worker"]["concurrency"] == N
     fifth = get_json(api.url, f"/api/runs/{runs[N][1]}")
     assert fifth["status"] == "queued" and fifth["position"] == 0, fifth
     assert not hangs[N].started.is_set()

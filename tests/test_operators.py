@@ -122,6 +122,7 @@ def test_listing_and_paging_follow_a_queue_of_five_behind_a_slow_run(
         assert slow_run["elapsedMs"] >= last_elapsed
         last_elapsed = slow_run["elapsedMs"]
         assert listing["worker"]["alive"] is True and listing["worker"]["pid"] == worker.pid
+        assert listing["worker"]["concurrency"] == 1
 
     # Filters.
     assert ids(runs(api, status="queued")) == list(reversed(queued))

@@ -59,8 +59,10 @@ async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSave
         await conn.close()
 
 
-async def _heartbeat(redis: Redis, started_at: float, tool_servers: Callable[[], dict[str, str]]) -> None:
-    body = {"pid": os.getpid(), "started_at": started_at}
+async def _heartbeat(
+    redis: Redis, started_at: float, concurrency: int, tool_servers: Callable[[], dict[str, str]]
+) -> None:
+    body = {"pid": os.getpid(), "started_at": started_at, "concurrency": concurrency}
     while True:
         try:
             # ``mcp``: each tool server's state ("up" or why not), for readyz.
@@ -116,11 +118,16 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # Stopped before the store closes (the stack unwinds in reverse).
         sweep.start()
         stack.push_async_callback(sweep.stop)
-        log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
+        log.info(
+            "worker.ready", recovered_runs=recovered, tools=len(toolbox.tools),
+            concurrency=settings.worker_concurrency,
+        )
 
         stack.push_async_callback(service.unrecorded.close)
         await stack.enter_async_context(service.cancel_signals())
-        beat = asyncio.create_task(_heartbeat(redis, time.time(), toolbox.status), name="heartbeat")
+        beat = asyncio.create_task(
+            _heartbeat(redis, time.time(), settings.worker_concurrency, toolbox.status), name="heartbeat"
+        )
 
         async def stop_beating() -> None:
             beat.cancel()
