@@ -41,6 +41,7 @@ from bench.runs import (
     warm_up,
     worker_cycle,
 )
+from bench.scaling import more_runs_at_once
 from bench.stack import Stack, code_version, describe_machine, load_average, rss_bytes, running_stack
 from bench.storage import LARGE, Storage, exports, pages, relay_beside_exports, seed_conversations
 from bench.streams import api_streams, relay
@@ -292,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_stack(overrides=overrides, keep=args.keep) as stack:
             results = asyncio.run(measure(stack, sizes, args))
+        say("figure 11: more runs at once, a stack of its own with a slow model")
+        results.scaling = more_runs_at_once(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+        results.elapsed_s += results.scaling.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -1,4 +1,4 @@
-"""The workload's model: ``tests.fakes.ollama.FakeOllama`` with zero-latency replies, in a process of its own.
+"""The workload's model: ``tests.fakes.ollama.FakeOllama``, in a process of its own.
 
 Replies follow the conversation rather than a fixed script, so the floor and the
 service can share one server and concurrent runs cannot take each other's
@@ -6,7 +6,11 @@ replies: a request whose last message is a tool result gets the 20-token answer,
 any other request gets one call of ``tools__echo``. That is the workload's
 exchange: user message → tool call → tool result → streamed answer.
 
-Run as ``python -m bench.model_server``: prints ``{"url": ...}`` on stdout once it
+Replies start at once unless ``--latency SECONDS`` is given: then every chat
+request waits that long before its reply starts, in its own handler thread, so
+concurrent requests wait side by side, like a model server with parallel slots.
+
+Run as ``python -m bench.model_server [PORT] [--latency SECONDS]``: prints ``{"url": ...}`` on stdout once it
 serves, and stops when its stdin closes (the benchmark went away) or on SIGTERM.
 The model runs in its own process so it does not share a GIL with whatever it
 is serving (the in-process floor runs in the benchmark's process).
@@ -14,10 +18,12 @@ is serving (the in-process floor runs in the benchmark's process).
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from tests.fakes.ollama import FakeOllama, Reply, Text, ToolCalls
@@ -41,10 +47,12 @@ class WorkloadOllama(FakeOllama):
     Uses the fake's two private hooks: ``_record`` (called with the request body by
     the handler thread) and ``_next_reply`` (called right after, in the same thread).
     Bodies are not kept: a 100-message conversation would pile them up.
+    ``latency``: seconds each chat request waits before its reply starts.
     """
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, latency: float = 0.0) -> None:
         super().__init__([MODEL], default_text=ANSWER, port=port)
+        self.latency = latency
         self._request = threading.local()
         self.chat_requests = 0
 
@@ -55,6 +63,8 @@ class WorkloadOllama(FakeOllama):
                 self.chat_requests += 1
 
     def _next_reply(self) -> Reply:
+        if self.latency:
+            time.sleep(self.latency)  # the handler thread's own: other requests are not held up
         body = getattr(self._request, "body", None) or {}
         messages = body.get("messages") or []
         if messages and messages[-1].get("role") == "tool":
@@ -62,9 +72,12 @@ class WorkloadOllama(FakeOllama):
         return ToolCalls([(TOOL, dict(TOOL_ARGUMENTS))])
 
 
-def main() -> int:
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    fake = WorkloadOllama(port).start()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.model_server", description=__doc__)
+    p.add_argument("port", type=int, nargs="?", default=0, help="port to serve on (default: a free one)")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds before each reply starts")
+    args = p.parse_args(argv)
+    fake = WorkloadOllama(args.port, latency=args.latency).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -12,6 +12,7 @@ from typing import Any
 from bench.client import ServiceRun
 from bench.floor import FloorRun
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
+from bench.scaling import Scaling
 from bench.stats import Summary, ratio
 from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
@@ -45,6 +46,7 @@ class Results:
     load_start: str = ""
     load_end: str = ""
     code: str = ""
+    scaling: Scaling | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +221,7 @@ def rows(r: Results) -> list[Row]:
             floor_p50=d["floor_delta"] / max(1, d["stored_messages"]),
         ),
         *(_storage_rows(r.storage) if r.storage is not None else []),
+        *(_scaling_rows(r.scaling) if r.scaling is not None else []),
     ]
 
 
@@ -240,6 +243,70 @@ def _storage_rows(st: Storage) -> list[Row]:
             floor_p50=small.p50, floor_p95=small.p95,
             ratio_p50=ratio(large.p50, small.p50), ratio_p95=ratio(large.p95, small.p95)),
     ]
+
+
+def _scaling_rows(s: Scaling) -> list[Row]:
+    """Figure 11: one row per ``WORKER_CONCURRENCY``, each against N times the rate at N = 1."""
+    base = s.one_run_rate
+    out = []
+    for i, x in enumerate(s.levels):
+        expected = x.concurrency * base
+        held = ratio(x.runs_per_second, expected)
+        label = (
+            f"11. More runs at once: runs/s through one worker, WORKER_CONCURRENCY={x.concurrency}, "
+            f"{x.clients} clients, model {s.model_latency * 1000:.0f} ms per call"
+            if i == 0
+            else f"11{chr(ord('a') + i)}. … WORKER_CONCURRENCY={x.concurrency}, {x.clients} clients "
+            f"(floor: {x.concurrency} × the rate at 1)"
+        )
+        if x.concurrency == 1:
+            out.append(Row(label, "runs/s", x.runs_per_second, math.nan, "(the one-run rate)", None))
+        else:
+            out.append(
+                Row(label, "runs/s", x.runs_per_second, math.nan, "≥ 0.8× floor", held >= 0.8,
+                    floor_p50=expected, ratio_p50=held)
+            )
+    return out
+
+
+def scaling_section(s: Scaling) -> str:
+    """Figure 11 per level: throughput, latency, the worker's own run time, CPU per run."""
+    base = s.one_run_rate
+    roles = [
+        ("worker", "worker"),
+        ("worker's MCP server", "its MCP"),
+        ("API", "API"),
+        ("fake model", "model"),
+        ("redis", "redis"),
+        ("benchmark process (clients, floor graph)", "clients"),
+    ]
+    lines = [
+        "| WORKER_CONCURRENCY | clients | runs | s | runs/s | N × rate at 1 | ratio "
+        "| POST → end p50 / p95 ms | worker's run p50 / p95 ms | worker CPU, % of a core "
+        + "".join(f"| {short} ms CPU/run " for _, short in roles)
+        + "|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:" + "|---:" * len(roles) + "|",
+    ]
+    for x in s.levels:
+        lat, work = Summary.of(x.latency_ms), Summary.of(x.work_ms)
+        busy = x.cpu.get("worker", 0.0) / x.seconds * 100 if x.seconds else math.nan
+        lines.append(
+            f"| {x.concurrency} | {x.clients} | {x.runs} | {x.seconds:.1f} | {_fmt(x.runs_per_second)} "
+            f"| {_fmt(x.concurrency * base)} | {_fmt(ratio(x.runs_per_second, x.concurrency * base), '×')} "
+            f"| {_fmt(lat.p50)} / {_fmt(lat.p95)} | {_fmt(work.p50)} / {_fmt(work.p95)} | {busy:.0f} % "
+            + "".join(f"| {x.cpu.get(role, 0.0) * 1000 / max(1, x.runs):.1f} " for role, _ in roles)
+            + "|"
+        )
+    return (
+        f"The fake model waits {s.model_latency * 1000:.0f} ms before each reply (two calls a run), "
+        "each request in its own thread. Per `WORKER_CONCURRENCY` N: a worker of its own on one stack "
+        "(Redis, model, API), N warm-up runs at once, then 2N clients share the runs, each POSTing a new "
+        "conversation and reading its stream to `end` (N running, N queued); runs/s = runs / wall time. "
+        "POST → end includes the time queued behind the N running; the worker's run is its "
+        f"`run.started` → `run.finished`. This phase took {s.elapsed_s:.0f} s.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def table(rs: list[Row]) -> str:
@@ -458,6 +525,7 @@ def markdown(r: Results) -> str:
         cpu_tables(r),
         "## More numbers\n",
         extras(r),
+        *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -475,7 +543,8 @@ def markdown(r: Results) -> str:
 
 
 def console(r: Results) -> str:
-    return table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r)
+    more = "" if r.scaling is None else "\n" + scaling_section(r.scaling)
+    return table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more
 
 
 def _samples(pairs: Pairs) -> dict[str, list[dict[str, Any]]]:
@@ -495,6 +564,7 @@ def raw(r: Results) -> dict[str, Any]:
         "relay": asdict(r.relay),
         "api": asdict(r.api),
         "storage": asdict(r.storage) if r.storage is not None else None,
+        "scaling": asdict(r.scaling) if r.scaling is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

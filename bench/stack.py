@@ -75,13 +75,16 @@ def _cmdline(pid: int) -> str:
 
 
 class ModelServer:
-    """``python -m bench.model_server`` as a child process."""
+    """``python -m bench.model_server`` as a child process; ``latency``: seconds before each reply."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, latency: float = 0.0) -> None:
         repo = Path(__file__).resolve().parent.parent
+        command = [sys.executable, "-m", "bench.model_server"]
+        if latency:
+            command += ["--latency", str(latency)]
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                die_with_test_run([sys.executable, "-m", "bench.model_server"]),
+                die_with_test_run(command),
                 cwd=repo,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -125,8 +128,9 @@ class Stack:
     def database_path(self) -> Path:
         return self.env.database_path
 
-    def start_worker(self) -> ServiceProcess:
-        self.worker = self.procs.start_worker(self.env)
+    def start_worker(self, **changes: str) -> ServiceProcess:
+        """``changes``: environment of this worker only, e.g. ``WORKER_CONCURRENCY="4"``."""
+        self.worker = self.procs.start_worker(self.env.with_(**changes) if changes else self.env)
         return self.worker
 
     def stop_worker(self) -> None:
@@ -171,12 +175,17 @@ class Stack:
 
 @contextlib.contextmanager
 def running_stack(
-    *, overrides: Mapping[str, str] | None = None, keep: bool = False, root: Path | None = None
+    *,
+    overrides: Mapping[str, str] | None = None,
+    keep: bool = False,
+    root: Path | None = None,
+    model_latency: float = 0.0,
 ) -> Iterator[Stack]:
     """Redis (AOF on, as deployed), the fake model and the API; the worker is started by the caller.
 
     ``overrides``: extra environment for the worker and the API (``--env NAME=VALUE``),
-    e.g. ``POLL_DELAY`` to try a tuning without editing the code.
+    e.g. ``POLL_DELAY`` to try a tuning without editing the code. ``model_latency``:
+    seconds the fake model waits before each reply starts.
     """
     root = Path(tempfile.mkdtemp(prefix="sophos-bench-")) if root is None else root
     root.mkdir(parents=True, exist_ok=True)
@@ -186,7 +195,7 @@ def running_stack(
     try:
         redis.start()
         (root / "logs").mkdir(exist_ok=True)
-        model = ModelServer(root / "logs" / "model.log")
+        model = ModelServer(root / "logs" / "model.log", model_latency)
         env = make_sophos_env(
             root,
             redis_url=redis.url,
