@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from bench.model_server import ANSWER_TOKENS
+from bench.model_server import ANSWER_TOKENS, TOOL_ARGUMENTS
 from tests.support.client import SseEvent, SseParser
 
 #: how long the rest of a stream may take to arrive after its terminal event
@@ -225,6 +225,10 @@ async def chat_once(client: Client, message: str, conversation: str | None = Non
                     and isinstance(event.data, dict)
                     and event.data.get("event") == "result"
                 ):
+                    # The tool must have run: a tool server that is down gives an error result.
+                    result = event.data.get("data") or {}
+                    if result.get("status") != "success" or result.get("result") != TOOL_ARGUMENTS["text"]:
+                        raise BenchError(f"run {accepted['run']}: the tool did not run: {event.raw[:500]}")
                     tool_results += 1
                 elif event.event == "end":
                     ended, ended_at, end = now, time.time(), event
