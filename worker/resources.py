@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
+from shared.speedups import in_use
 from worker.deadlines import ApprovalDeadlines
 from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
@@ -116,7 +117,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # Stopped before the store closes (the stack unwinds in reverse).
         sweep.start()
         stack.push_async_callback(sweep.stop)
-        log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools))
+        log.info("worker.ready", recovered_runs=recovered, tools=len(toolbox.tools), **in_use(redis))
 
         stack.push_async_callback(service.unrecorded.close)
         await stack.enter_async_context(service.cancel_signals())
