@@ -25,7 +25,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import profiling
+from bench import profiling, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.report import Results, console, markdown, raw
@@ -292,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with running_stack(overrides=overrides, keep=args.keep) as stack:
             results = asyncio.run(measure(stack, sizes, args))
+        say("figure 12: the speed switches, a stack per variant")
+        results.switches = variants.measure(
+            quick=args.quick, clients=sizes.clients, rng=random.Random(args.seed), overrides=overrides,
+            keep=args.keep, say=say,
+        )
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -15,6 +15,7 @@ from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.stats import Summary, ratio
 from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
+from bench.variants import Switches, section
 
 MB = 1024 * 1024
 
@@ -45,6 +46,8 @@ class Results:
     load_start: str = ""
     load_end: str = ""
     code: str = ""
+    #: figure 12, measured on stacks of its own after the others
+    switches: Switches | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +459,7 @@ def markdown(r: Results) -> str:
         "of each process. On 2 cores every process of the service competes with the worker for them. The "
         "benchmark process is the clients in the service's runs and the in-process graph in the floor's.\n",
         cpu_tables(r),
+        switches_section(r),
         "## More numbers\n",
         extras(r),
         "## Workload\n",
@@ -474,8 +478,17 @@ def markdown(r: Results) -> str:
     return "\n".join(parts)
 
 
+def switches_section(r: Results) -> str:
+    if r.switches is None:
+        return ""
+    return "## 12. Speed switches\n\n" + section(r.switches)
+
+
 def console(r: Results) -> str:
-    return table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r)
+    return (
+        table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + "\n"
+        + switches_section(r)
+    )
 
 
 def _samples(pairs: Pairs) -> dict[str, list[dict[str, Any]]]:
@@ -495,6 +508,7 @@ def raw(r: Results) -> dict[str, Any]:
         "relay": asdict(r.relay),
         "api": asdict(r.api),
         "storage": asdict(r.storage) if r.storage is not None else None,
+        "switches": asdict(r.switches) if r.switches is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,
