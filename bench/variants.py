@@ -46,7 +46,7 @@ class Sizes:
     names: tuple[str, ...]
 
 
-FULL = Sizes(warm=16, rounds=8, runs=64, names=tuple(VARIANTS))
+FULL = Sizes(warm=8, rounds=8, runs=56, names=tuple(VARIANTS))
 QUICK = Sizes(warm=2, rounds=1, runs=8, names=("all fast", "all off"))
 
 
@@ -59,11 +59,21 @@ class Variant:
     #: CPU seconds per run of each round, by role
     cpu: dict[str, list[float]] = field(default_factory=lambda: {role: [] for role in ROLES})
 
+    def per_round_cpu_ms(self, role: str | None = None) -> list[float]:
+        """CPU ms per run of ``role`` (None: worker + API), each round."""
+        roles = ROLES if role is None else (role,)
+        return [sum(self.cpu[r][i] for r in roles) * 1000 for i in range(len(self.rps))]
+
     def cpu_ms(self, role: str | None = None) -> float:
         """Median over the rounds of CPU ms per run of ``role`` (None: worker + API)."""
-        roles = ROLES if role is None else (role,)
-        per_round = [sum(self.cpu[r][i] for r in roles) for i in range(len(self.rps))]
-        return statistics.median(per_round) * 1000 if per_round else float("nan")
+        per_round = self.per_round_cpu_ms(role)
+        return statistics.median(per_round) if per_round else float("nan")
+
+
+def _paired(mine: list[float], base: list[float]) -> float:
+    """Median over the rounds of mine / base in the same round: drift between rounds cancels."""
+    ratios = [m / b for m, b in zip(mine, base, strict=True) if b > 0]
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 @dataclass
@@ -166,25 +176,22 @@ def section(s: Switches) -> str:
     """Markdown: per variant runs/s, CPU per run of worker and API, ratios to all fast."""
     base = s.variants[0]
     lines = [
-        "| variant | runs/s | ratio | worker, ms CPU per run | API, ms CPU per run "
-        "| worker + API | ratio | worker + API per round |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| variant | runs/s | ratio | worker, ms CPU per run | ratio | API, ms CPU per run | ratio "
+        "| worker + API | ratio | worker + API, each round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    base_rps = statistics.median(base.rps) if base.rps else float("nan")
     for v in s.variants:
-        rps = statistics.median(v.rps) if v.rps else float("nan")
-        total = v.cpu_ms()
-        rounds = ", ".join(
-            f"{sum(v.cpu[r][i] for r in ROLES) * 1000:.1f}" for i in range(len(v.rps))
-        )
-        lines.append(
-            f"| {v.name} | {rps:.1f} | {rps / base_rps:.2f}× | {v.cpu_ms('worker'):.1f} "
-            f"| {v.cpu_ms('API'):.1f} | {total:.1f} | {total / base.cpu_ms():.2f}× | {rounds} |"
-        )
+        cells = [f"{statistics.median(v.rps):.1f}", f"{_paired(v.rps, base.rps):.2f}×"]
+        for role in ("worker", "API", None):
+            mine, theirs = v.per_round_cpu_ms(role), base.per_round_cpu_ms(role)
+            cells += [f"{v.cpu_ms(role):.1f}", f"{_paired(mine, theirs):.2f}×"]
+        rounds = ", ".join(f"{x:.1f}" for x in v.per_round_cpu_ms())
+        lines.append(f"| {v.name} | {' | '.join(cells)} | {rounds} |")
     return (
         "Each variant a stack of its own, loaded one at a time, round-robin in a random order per round: "
         f"{len(base.rps)} round(s) of {s.runs_per_round} runs, {s.clients} clients (figure 4's load). "
-        "Medians over the rounds; ratio = variant / all fast (a CPU ratio above 1 means turning "
-        "that switch off costs CPU). All fast: `EVENT_LOOP=uvloop`, `REDIS_PARSER=hiredis`, "
-        f"`JSON_CODEC=msgspec`. Took {s.elapsed_s:.0f} s.\n\n" + "\n".join(lines) + "\n"
+        "Values are medians over the rounds; a ratio is the median over the rounds of variant / all fast "
+        "in the same round (a CPU ratio above 1: turning that switch off costs CPU). All fast: "
+        f"`EVENT_LOOP=uvloop`, `REDIS_PARSER=hiredis`, `JSON_CODEC=msgspec`. Took {s.elapsed_s:.0f} s.\n\n"
+        + "\n".join(lines) + "\n"
     )

@@ -230,10 +230,11 @@ class Settings:
     mcp_start_timeout: float = 30.0
     model_timeout: float = 300.0
     # The fast libraries a process runs on (shared/speedups.py): auto takes the fast one
-    # when it is installed. Each measured on and off in bench figure 12.
+    # when it is installed. Each measured on and off in bench figure 12: uvloop and hiredis
+    # pay (README, Configuration), msgspec did not, so json is the default codec.
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
-    json_codec: str = "auto"  # auto, msgspec or json: jobs and events (shared/contracts.py)
+    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts.py)
     # Test-only fault hook, off by default: the worker SIGKILLs itself right after
     # its Nth checkpoint write of a run (see worker/faults.py).
     fault_kill_after_checkpoint: int = 0
