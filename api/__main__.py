@@ -53,9 +53,11 @@ def main() -> int:
     from api.auth import exposure_problem
     from shared.logging import configure_logging
     from shared.settings import Settings, SettingsError
+    from shared.speedups import Speedups
 
     try:
         settings = Settings.from_env()
+        speedups = Speedups.of(settings)
     except SettingsError as exc:
         print(f"sophos-api: {exc}", file=sys.stderr)
         return 2
@@ -64,6 +66,7 @@ def main() -> int:
         print(f"sophos-api: refusing to start: {problem}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
+    speedups.apply_json_codec()
 
     draining = threading.Event()
 
@@ -82,6 +85,7 @@ def main() -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         server_header=False,
         http="h11",
+        loop=speedups.event_loop,  # uvicorn's names: "uvloop" or "asyncio"
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         # scope["client"] (what the per-client limits count) comes from

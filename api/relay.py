@@ -18,7 +18,6 @@ tells an ``EventSource`` to stop reconnecting.
 from __future__ import annotations
 
 import enum
-import json
 import re
 import threading
 import time
@@ -36,7 +35,7 @@ from api import live
 from api.feed import Entry, Feeds, entry_number
 from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, parse_iso
-from shared.contracts import EventType, RunErrorCode, RunStatus, events_key
+from shared.contracts import EventType, RunErrorCode, RunStatus, dumps, events_key
 from shared.errors import BadRequest, NotFound, SophosError
 from shared.redis_protocol import ENDS_NORMALLY, terminal_event
 
@@ -77,7 +76,7 @@ PING = ServerSentEventMessage(comment="ping", data=None).encode()
 
 def missed(first: int, last: int | None, event_id: int) -> bytes:
     """The event saying ids ``first``..``last`` (None: unknown) will never come."""
-    body = json.dumps({"from": first, "to": last})
+    body = dumps({"from": first, "to": last}).decode()
     return ServerSentEventMessage(id=str(event_id), event=MISSED, data=body).encode()
 
 
@@ -89,7 +88,7 @@ def terminal_from_row(run: RunRow, event_id: int) -> bytes:
         code = run.error_code or default_code
         message = run.error_message or f"the run {run.status}"
     event, body = terminal_event(run.conversation_id, run.id, run.status, code, message)
-    return ServerSentEventMessage(id=str(event_id), event=event.value, data=json.dumps(body)).encode()
+    return ServerSentEventMessage(id=str(event_id), event=event.value, data=dumps(body).decode()).encode()
 
 
 def _finished(run: RunRow) -> bool:

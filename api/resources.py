@@ -24,6 +24,7 @@ from api.runs import Runs
 from api.store import Store
 from shared.redis import connection_kwargs, retry_policy
 from shared.settings import Settings
+from shared.speedups import Speedups, in_use
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,7 @@ def redis_client(settings: Settings) -> Redis:
         socket_timeout=settings.sse_ping_interval + 10.0,
         # Named, so CLIENT LIST tells each API process's connections apart.
         client_name=f"sophos-api-{os.getpid()}",
+        parser_class=Speedups.of(settings).parser_class(),
     )
 
 
@@ -95,7 +97,10 @@ def lifespan(
     async def run(app: Litestar) -> AsyncIterator[None]:
         async with open_resources(settings, draining) as resources:
             app.state.resources = resources
-            log.info("api.started", database=str(settings.database_path), auth=settings.api_token is not None)
+            log.info(
+                "api.started", database=str(settings.database_path), auth=settings.api_token is not None,
+                **in_use(resources.redis),
+            )
             try:
                 yield
             finally:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import profiling
+from bench import profiling, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.report import Results, console, markdown, raw
@@ -296,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         say("figure 11: more runs at once, a stack of its own with a slow model")
         results.scaling = more_runs_at_once(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
         results.elapsed_s += results.scaling.elapsed_s
+        say("figure 12: the speed switches, a stack per variant")
+        results.switches = variants.measure(
+            quick=args.quick, clients=sizes.clients, rng=random.Random(args.seed), overrides=overrides,
+            keep=args.keep, say=say,
+        )
+        results.elapsed_s += results.switches.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -16,6 +16,7 @@ from bench.scaling import Scaling
 from bench.stats import Summary, ratio
 from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
+from bench.variants import Switches, section
 
 MB = 1024 * 1024
 
@@ -47,6 +48,8 @@ class Results:
     load_end: str = ""
     code: str = ""
     scaling: Scaling | None = None
+    #: figure 12, measured on stacks of its own after the others
+    switches: Switches | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,6 +526,7 @@ def markdown(r: Results) -> str:
         "of each process. On 2 cores every process of the service competes with the worker for them. The "
         "benchmark process is the clients in the service's runs and the in-process graph in the floor's.\n",
         cpu_tables(r),
+        switches_section(r),
         "## More numbers\n",
         extras(r),
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
@@ -542,9 +546,18 @@ def markdown(r: Results) -> str:
     return "\n".join(parts)
 
 
+def switches_section(r: Results) -> str:
+    if r.switches is None:
+        return ""
+    return "## 12. Speed switches\n\n" + section(r.switches)
+
+
 def console(r: Results) -> str:
     more = "" if r.scaling is None else "\n" + scaling_section(r.scaling)
-    return table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more
+    return (
+        table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
+        + switches_section(r)
+    )
 
 
 def _samples(pairs: Pairs) -> dict[str, list[dict[str, Any]]]:
@@ -565,6 +578,7 @@ def raw(r: Results) -> dict[str, Any]:
         "api": asdict(r.api),
         "storage": asdict(r.storage) if r.storage is not None else None,
         "scaling": asdict(r.scaling) if r.scaling is not None else None,
+        "switches": asdict(r.switches) if r.switches is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

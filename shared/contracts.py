@@ -3,7 +3,8 @@
 The scripts run on these keys, and the terminal event's shape, are in
 :mod:`shared.redis_protocol`.
 
-Both ends serialize with :func:`dumps` / :func:`loads` (JSON). Nothing read from
+Both ends serialize with :func:`dumps` / :func:`loads` (JSON, by ``json`` or msgspec:
+:func:`use_json_codec`). Nothing read from
 Redis is ever unpickled, so write access to Redis is not code execution.
 """
 
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import msgspec
 
 # --- run and error vocabulary -------------------------------------------------
 
@@ -278,12 +282,25 @@ def arq_retry_key(run_id: str) -> str:
 # --- serialization --------------------------------------------------------------
 
 
-def dumps(obj: Any) -> bytes:
+def _json_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_default).encode()
 
 
-def loads(raw: bytes | str) -> Any:
-    return json.loads(raw)
+def _msgspec_dumps(obj: Any) -> bytes:
+    try:
+        return _ENCODER.encode(obj)
+    except (TypeError, ValueError, OverflowError):
+        # What msgspec refuses (dict keys that are not str or numbers), json's rules settle;
+        # an object neither can encode raises json's TypeError, as before.
+        return _json_dumps(obj)
+
+
+def _msgspec_loads(raw: bytes | str) -> Any:
+    try:
+        return _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        # NaN and Infinity, which json accepts; json raises for what is not JSON at all.
+        return json.loads(raw)
 
 
 def _default(obj: Any) -> Any:
@@ -293,3 +310,38 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, enum.Enum):
         return obj.value
     raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_default)
+_DECODER = msgspec.json.Decoder()
+_CODECS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes | str], Any]]] = {
+    "json": (_json_dumps, json.loads),
+    "msgspec": (_msgspec_dumps, _msgspec_loads),
+}
+_codec = "json"
+_dumps, _loads = _CODECS[_codec]
+
+
+def use_json_codec(name: str) -> None:
+    """Encode and decode with ``json`` or ``msgspec`` from now on, in this process (JSON_CODEC).
+
+    msgspec's output parses the same as json's: compact, UTF-8, the same strings and
+    numbers (floats may be spelled differently, ``1e16`` for ``1e+16``) and
+    big integers kept exact both ways. One difference: NaN and Infinity, which json writes
+    as bare ``NaN`` (no JSON parser of a browser takes it), become ``null``.
+    """
+    global _codec, _dumps, _loads
+    _dumps, _loads = _CODECS[name]
+    _codec = name
+
+
+def json_codec() -> str:
+    return _codec
+
+
+def dumps(obj: Any) -> bytes:
+    return _dumps(obj)
+
+
+def loads(raw: bytes | str) -> Any:
+    return _loads(raw)

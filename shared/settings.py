@@ -229,6 +229,12 @@ class Settings:
     mcp_call_timeout: float = 60.0
     mcp_start_timeout: float = 30.0
     model_timeout: float = 300.0
+    # The fast libraries a process runs on (shared/speedups.py): auto takes the fast one
+    # when it is installed. Each measured on and off in bench figure 12: uvloop and hiredis
+    # pay (README, Configuration), msgspec did not, so json is the default codec.
+    event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
+    redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
+    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts.py)
     # Test-only fault hook, off by default: the worker SIGKILLs itself right after
     # its Nth checkpoint write of a run (see worker/faults.py).
     fault_kill_after_checkpoint: int = 0
@@ -286,6 +292,9 @@ class Settings:
             mcp_call_timeout=_float(env, "MCP_CALL_TIMEOUT", d.mcp_call_timeout, minimum=0.01),
             mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),
             model_timeout=_float(env, "MODEL_TIMEOUT", d.model_timeout, minimum=0.01),
+            event_loop=_choice(env, "EVENT_LOOP", d.event_loop, ("auto", "uvloop", "asyncio")),
+            redis_parser=_choice(env, "REDIS_PARSER", d.redis_parser, ("auto", "hiredis", "python")),
+            json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
         )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from shared.settings import Settings, SettingsError
+from tests.support.env import SophosEnv
+from tests.support.procs import ServiceProcess
 
 
 def test_defaults_and_overrides() -> None:
@@ -37,9 +41,80 @@ def test_defaults_and_overrides() -> None:
         ("APPROVAL_TIMEOUT", "nan"),
         ("CONVERSATION_RETENTION_DAYS", "-3"),
         ("CONVERSATION_RETENTION_DAYS", "forever"),
+        ("EVENT_LOOP", "trio"),
+        ("REDIS_PARSER", "resp3"),
+        ("JSON_CODEC", "orjson"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(SettingsError) as caught:
         Settings.from_env({variable: value})
     assert caught.value.variable == variable and variable in str(caught.value)
+
+
+def test_speedups_auto_takes_the_fast_one_and_a_missing_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shared import speedups
+    from shared.speedups import Speedups
+
+    auto = Settings.from_env({"EVENT_LOOP": "auto", "REDIS_PARSER": "auto", "JSON_CODEC": "auto"})
+    assert Speedups.of(auto) == Speedups("uvloop", "hiredis", "msgspec")
+    plain = Settings.from_env({"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json"})
+    assert Speedups.of(plain) == Speedups("asyncio", "python", "json")
+    monkeypatch.setattr(speedups, "_installed", lambda module: False)
+    assert Speedups.of(auto).event_loop == "asyncio" and Speedups.of(auto).json_codec == "json"
+    with pytest.raises(SettingsError) as caught:
+        Speedups.of(Settings.from_env({"EVENT_LOOP": "uvloop"}))
+    assert caught.value.variable == "EVENT_LOOP" and "not installed" in str(caught.value)
+
+
+def test_msgspec_codec_parses_the_same_as_json() -> None:
+    import json
+    import math
+
+    from shared import contracts
+
+    values = [
+        {"step": 1, "node": "agent", "name": "tools__echo", "data": {"text": "é \u2028 </script> \x00"}},
+        "token", [1, 2.5, 1e16, 1e-7, -0.0, 2**70], {1: "int key", None: "null key"},
+        {"status": contracts.RunStatus.QUEUED}, ValueError("boom"),
+    ]
+    before = contracts.json_codec()
+    try:
+        contracts.use_json_codec("json")
+        plain = [contracts.dumps(v) for v in values]
+        contracts.use_json_codec("msgspec")
+        fast = [contracts.dumps(v) for v in values]
+        assert [json.loads(x) for x in fast] == [json.loads(x) for x in plain]
+        assert [contracts.loads(x) for x in plain] == [json.loads(x) for x in plain]
+        big = 123456789012345678901234567890
+        assert contracts.loads(b'{"n":' + str(big).encode() + b"}") == {"n": big}
+        # The one difference: json writes NaN bare (not JSON), msgspec writes null; both are read.
+        assert contracts.dumps(math.nan) == b"null" and math.isnan(contracts.loads(b"NaN"))
+        with pytest.raises(TypeError):
+            contracts.dumps(object())
+    finally:
+        contracts.use_json_codec(before)
+
+
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        {"EVENT_LOOP": "uvloop", "REDIS_PARSER": "hiredis", "JSON_CODEC": "msgspec"},
+        {"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json"},
+    ],
+)
+def test_worker_and_api_run_on_the_chosen_loop_parser_and_codec(
+    sophos_env: SophosEnv,
+    start_worker: Callable[..., ServiceProcess],
+    start_api: Callable[..., ServiceProcess],
+    chosen: dict[str, str],
+) -> None:
+    env = sophos_env.with_(**chosen)
+    worker, api = start_worker(env), start_api(env)
+    expected = {"event_loop": chosen["EVENT_LOOP"], "redis_parser": chosen["REDIS_PARSER"],
+                "json_codec": chosen["JSON_CODEC"]}
+    for proc, event in ((worker, "worker.ready"), (api, "api.started")):
+        [record] = [r for r in proc.log_records() if r.get("event") == event]
+        assert {k: record.get(k) for k in expected} == expected, proc.name

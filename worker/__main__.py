@@ -11,10 +11,14 @@ import asyncio
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import structlog
 
 from shared.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from shared.speedups import Speedups
 
 
 def main() -> int:
@@ -22,8 +26,11 @@ def main() -> int:
         from worker.check import check
 
         return check()
+    from shared.speedups import Speedups
+
     try:
         settings = Settings.from_env()
+        speedups = Speedups.of(settings)
     except SettingsError as exc:
         print(f"sophos-worker: {exc}", file=sys.stderr)
         return 2
@@ -40,14 +47,16 @@ def main() -> int:
     except WorkerLockHeld as exc:
         print(f"sophos-worker: {exc}", file=sys.stderr)
         return 1
+    speedups.apply_json_codec()
     try:
-        asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=speedups.loop_factory()) as runner:
+            runner.run(serve(settings, speedups))
     finally:
         lock.release()
     return 0
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, speedups: Speedups) -> None:
     from arq.connections import RedisSettings
 
     from shared.contracts import QUEUE_NAME, dumps, loads
@@ -81,6 +90,7 @@ async def serve(settings: Settings) -> None:
         job_serializer=dumps,
         job_deserializer=loads,
         ctx=ctx,
+        parser_class=speedups.parser_class(),
     )
     loop = asyncio.get_running_loop()
     stopping = False

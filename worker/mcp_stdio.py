@@ -71,5 +71,11 @@ async def open_stdio_session(name: str, connection: dict[str, Any]) -> AsyncIter
             ClientSession(read, write) as session,
         ):
             yield session
+    except (FileNotFoundError, PermissionError) as exc:
+        if exc.filename is not None:
+            raise
+        # uvloop's spawn leaves the command out of the error, asyncio's names it: name it
+        # either way, so the server's status says what could not be started.
+        raise type(exc)(exc.errno, exc.strerror, params.command) from exc
     finally:
         relay.close()

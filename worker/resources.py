@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
+from shared.speedups import in_use
 from worker.deadlines import ApprovalDeadlines
 from worker.faults import KillAtCheckpoint
 from worker.graph import build_graph, read_system_prompt
@@ -120,7 +121,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         stack.push_async_callback(sweep.stop)
         log.info(
             "worker.ready", recovered_runs=recovered, tools=len(toolbox.tools),
-            concurrency=settings.worker_concurrency,
+            concurrency=settings.worker_concurrency, **in_use(redis),
         )
 
         stack.push_async_callback(service.unrecorded.close)

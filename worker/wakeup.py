@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
@@ -30,14 +31,32 @@ from redis.exceptions import RedisError
 
 from shared.contracts import WAKE_LIST
 from shared.redis_protocol import scripts
+from shared.speedups import use_parser
 
 
 class WakeableWorker(Worker):
-    def __init__(self, *args: Any, idle_timeout: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, idle_timeout: float = 1.0, parser_class: type[Any] | None = None, **kwargs: Any
+    ) -> None:
         kwargs["poll_delay"] = 0  # the waiting happens in _poll_iteration
         super().__init__(*args, **kwargs)
         self.idle_timeout = idle_timeout
+        #: redis-py's reply parser for the pool (REDIS_PARSER); None: redis-py's default
+        self.parser_class = parser_class
         self._take: AsyncScript | None = None
+
+    async def main(self) -> None:
+        if self._pool is None and self.parser_class is not None:
+            # arq's create_pool takes no parser: the pool it makes is switched before use.
+            self._pool = await create_pool(
+                self.redis_settings,
+                job_deserializer=self.job_deserializer,
+                job_serializer=self.job_serializer,
+                default_queue_name=self.queue_name,
+                expires_extra_ms=self.expires_extra_ms,
+            )
+            await use_parser(self._pool, self.parser_class)
+        await super().main()
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         """arq's ``start_jobs``, with the job taken by one script (see the module docstring)."""
