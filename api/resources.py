@@ -21,7 +21,7 @@ from api.chat import ChatService
 from api.conversations import Conversations
 from api.feed import Feeds
 from api.runs import Runs
-from api.store import Store
+from api.store import Store, open_store
 from shared.redis import connection_kwargs, retry_policy
 from shared.settings import Settings
 from shared.speedups import Speedups, in_use
@@ -70,7 +70,7 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
     async with AsyncExitStack() as stack:
         redis = redis_client(settings)
         stack.push_async_callback(redis.aclose)
-        store = Store(settings.database_path)
+        store = open_store(settings)
         stack.push_async_callback(store.close)
         http = await stack.enter_async_context(httpx.AsyncClient())
         feeds = Feeds(redis)
@@ -98,7 +98,7 @@ def lifespan(
         async with open_resources(settings, draining) as resources:
             app.state.resources = resources
             log.info(
-                "api.started", database=str(settings.database_path), auth=settings.api_token is not None,
+                "api.started", database=settings.database_name, auth=settings.api_token is not None,
                 **in_use(resources.redis),
             )
             try:

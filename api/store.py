@@ -1,4 +1,7 @@
-"""Read-only access to the worker's SQLite file: application tables and checkpoints.
+"""Read-only access to the workers' database: application tables and checkpoints.
+
+:class:`Store` reads the SQLite file; :class:`PostgresStore` runs the same queries on
+PostgreSQL (``DATABASE_URL``), its threads read by LangGraph's PostgreSQL saver.
 
 The worker is the single writer; this module opens the file with ``mode=ro`` and
 never migrates or writes. The file may not exist yet (no worker has started):
@@ -35,17 +38,23 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import anyio
+import psycopg
 import structlog
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.pregel import Pregel
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shared.contracts import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.rows import RUN_COLUMNS, RunRow
 from shared.schema import MIGRATIONS
+from shared.settings import Settings
+from shared.storage.postgres import to_pg
 from shared.thread import reader_graph
 
 log = structlog.get_logger(__name__)
@@ -458,3 +467,106 @@ def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
     return ConversationUnreadable(
         f"the saved state of conversation {conversation_id} cannot be read: {reason}"
     )
+
+
+class PostgresStore(Store):
+    """The API's view of a PostgreSQL database (``DATABASE_URL``): the same queries, on a pool.
+
+    The pool opens lazily and connects in the background, so the API starts before the
+    database is reachable; a query that finds no connection within a few seconds, or loses
+    one, is DATABASE_UNAVAILABLE, and the next call tries again. The workers migrate; until
+    the first has, there is nothing to read (as with SQLite before the file exists).
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__(Path(os.devnull))
+        self.url = url
+        self._pool: AsyncConnectionPool | None = None
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        await super().close()
+
+    async def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        if self._pool is None:
+            async with self._lock:
+                if self._pool is None:
+                    pool: AsyncConnectionPool = AsyncConnectionPool(
+                        self.url, min_size=1, max_size=4, open=False, timeout=5.0,
+                        kwargs={"autocommit": True, "prepare_threshold": None},
+                    )
+                    await pool.open(wait=False)
+                    self._pool = pool
+                    log.info("database.opened", database=_without_password(self.url))
+        try:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(to_pg(sql), params)
+                return [tuple(r) for r in await cursor.fetchall()]
+        except (psycopg.Error, PoolTimeout) as exc:
+            log.warning("database.read_failed", error=str(exc))
+            raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+
+    async def schema_version(self) -> int | None:
+        rows = await self._query("SELECT to_regclass('sophos_schema') IS NOT NULL")
+        if not rows or not rows[0][0]:
+            return None
+        rows = await self._query("SELECT version FROM sophos_schema")
+        return int(rows[0][0]) if rows else 0
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        if not self._schema_ready:
+            version = await self.schema_version()
+            if version is None or version < len(MIGRATIONS):
+                return []
+            self._schema_ready = True
+        return await self._query(sql, params)
+
+    async def read_thread(self, conversation_id: str, read: ThreadRead[T]) -> T | None:
+        if not self._checkpoints_ready:
+            rows = await self._query(
+                "SELECT to_regclass('checkpoints') IS NOT NULL"
+                " AND to_regclass('checkpoint_writes') IS NOT NULL"
+            )
+            if not rows or not rows[0][0]:
+                return None
+            self._checkpoints_ready = True
+        if self._readers is None:
+            self._readers = ProcessPoolExecutor(max_workers=READER_PROCESSES, mp_context=_SPAWN)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._readers, _read_thread_postgres, self.url, conversation_id, read
+            )
+        except DatabaseUnavailable as exc:
+            log.warning("database.read_failed", error=exc.message)
+            raise
+
+
+def open_store(settings: Settings) -> Store:
+    """The API's store: the SQLite file read-only, or the PostgreSQL database."""
+    if settings.database_url is not None:
+        return PostgresStore(settings.database_url)
+    return Store(settings.database_path)
+
+
+def _without_password(url: str) -> str:
+    return Settings(database_url=url).database_name
+
+
+def _read_thread_postgres(url: str, conversation_id: str, read: ThreadRead[T]) -> T:
+    try:
+        conn = psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+    with conn:
+        saver = PostgresSaver(conn, serde=_DecodedOnce())
+        try:
+            return read(reader_graph(saver), thread_config(conversation_id))
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(f"the database cannot be read: {exc}") from exc
+        except (DatabaseUnavailable, ConversationUnreadable):
+            raise
+        except Exception as exc:
+            raise _unreadable(conversation_id, exc) from exc

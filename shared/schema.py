@@ -1,14 +1,13 @@
-"""Application tables beside LangGraph's checkpoint tables, in one SQLite file.
+"""Application tables beside LangGraph's checkpoint tables, on SQLite or PostgreSQL.
 
-Migrations are numbered; ``PRAGMA user_version`` records how many have been
-applied. Only the worker applies them (it is the single writer); the API reads.
+Migrations are numbered, in SQL both engines run; how many have been applied is
+``PRAGMA user_version`` on SQLite, the ``sophos_schema`` table on PostgreSQL
+(shared/storage). Only workers apply them; the API reads.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-
-import aiosqlite
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: conversations and runs
@@ -55,6 +54,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_by_conversation ON runs(conversation_id, COALESCE(enqueued_at, started_at), id);
     DROP INDEX runs_status;
     """,
+    # 4: who executes a run, until when (PostgreSQL: a worker's lease, renewed while it runs,
+    # checked in the transaction of every write of the run; on SQLite the writer lock is the
+    # owner and these stay NULL), and never two running runs of one conversation.
+    """
+    ALTER TABLE runs ADD COLUMN lease_owner TEXT;
+    ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
+    CREATE UNIQUE INDEX runs_one_running ON runs(conversation_id) WHERE status = 'running';
+    """,
 )
 
 
@@ -64,15 +71,3 @@ def now_iso() -> str:
 
 def iso_from_timestamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-async def migrate(conn: aiosqlite.Connection) -> int:
-    """Apply the migrations not yet recorded; return the resulting version."""
-    async with conn.execute("PRAGMA user_version") as cur:
-        row = await cur.fetchone()
-    version = int(row[0]) if row else 0
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        # executescript commits first; the version bump is part of the script so a
-        # crash leaves either the old or the new version, never a half-applied one.
-        await conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
-    return len(MIGRATIONS)

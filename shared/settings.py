@@ -100,6 +100,25 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ..
     return raw.rstrip("/")
 
 
+def _database_url(env: Mapping[str, str], name: str) -> str | None:
+    """A PostgreSQL URL, or None (unset or empty: the SQLite file)."""
+    raw = env.get(name) or ""
+    if not raw:
+        return None
+    parsed = urlparse(raw)
+    if parsed.scheme not in ("postgresql", "postgres"):
+        raise SettingsError(
+            name, f"expected a postgresql:// URL (or nothing, for SQLite), got {parsed.scheme or raw!r}"
+        )
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise SettingsError(name, "bad port in the URL") from None
+    if not parsed.path.strip("/"):
+        raise SettingsError(name, "names no database (postgresql://user@host:5432/DATABASE)")
+    return raw
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = env.get(name) or default
     if raw not in choices:
@@ -177,6 +196,12 @@ class Settings:
     """Everything a Sophos process can be configured with."""
 
     database_path: Path = Path("data/db/sophos.db")
+    # postgresql://…: all state in PostgreSQL instead of the SQLite file at database_path,
+    # and any number of workers (shared/storage). None: SQLite, one worker.
+    database_url: str | None = None
+    # Seconds a worker's lease on a run it executes lasts unless renewed (PostgreSQL only):
+    # a run whose lease lapsed is marked interrupted by any live worker (worker/leases.py).
+    run_lease_seconds: float = 30.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     ollama_host: str = "http://localhost:11434"
     ollama_model: str = "qwen3"
@@ -261,6 +286,8 @@ class Settings:
             raise SettingsError("API_PORT", f"must be at most 65535, got {port}")
         return cls(
             database_path=_path(env, "DATABASE_PATH", "data/db/sophos.db"),
+            database_url=_database_url(env, "DATABASE_URL"),
+            run_lease_seconds=_float(env, "RUN_LEASE_SECONDS", d.run_lease_seconds, minimum=1.0),
             redis_url=_url(env, "REDIS_URL", d.redis_url, ("redis", "rediss", "unix")),
             ollama_host=_url(env, "OLLAMA_HOST", d.ollama_host, ("http", "https")),
             ollama_model=env.get("OLLAMA_MODEL") or d.ollama_model,
@@ -309,6 +336,20 @@ class Settings:
     @property
     def mcp_config_path(self) -> Path:
         return self.config_dir / "mcp.json"
+
+    @property
+    def on_postgres(self) -> bool:
+        return self.database_url is not None
+
+    @property
+    def database_name(self) -> str:
+        """Where the state is, for logs and messages: the file, or the URL without its password."""
+        if self.database_url is None:
+            return str(self.database_path)
+        parsed = urlparse(self.database_url)
+        if parsed.password is None:
+            return self.database_url
+        return self.database_url.replace(f":{parsed.password}@", ":***@", 1)
 
     @property
     def lock_path(self) -> Path:

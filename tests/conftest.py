@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from tests.fakes.ollama import FakeOllama
 from tests.support.env import SophosEnv, make_sophos_env
 from tests.support.ports import free_port
+from tests.support.postgres import PostgresServer
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
 
@@ -118,20 +119,52 @@ def model(fake_ollama: FakeOllama) -> Iterator[FakeOllama]:
 # --- environment and processes -------------------------------------------------------------
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The machine's PostgreSQL (skips the test, saying why, where none answers)."""
+    server = PostgresServer()
+    reason = server.unreachable()
+    if reason is not None:
+        pytest.skip(reason)
+    yield server
+    server.drop_all()
+
+
 @pytest.fixture
-def sophos_env(tmp_path: Path, redis_server: RedisServer, model: FakeOllama) -> SophosEnv:
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A fresh, empty PostgreSQL database for this test."""
+    return postgres_server.create_database()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``@pytest.mark.backends``: the test runs once on SQLite and once on PostgreSQL."""
+    if metafunc.definition.get_closest_marker("backends") and "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", ["sqlite", "postgresql"])
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """Which database the test's services use: SQLite unless the test is marked ``backends``."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def sophos_env(
+    tmp_path: Path, redis_server: RedisServer, model: FakeOllama, backend: str, request: pytest.FixtureRequest
+) -> SophosEnv:
     """Environment for worker and API of this test (Redis flushed, model reset).
 
     A dict of variables with ``.root``, ``.tools_log``, ``.database_path``,
-    ``.config_dir``, ``.api_url``; ``env.with_(NAME=value)`` makes a changed copy.
+    ``.config_dir``, ``.api_url``; ``env.with_(NAME=value)`` makes a changed copy. On the
+    ``postgresql`` backend ``DATABASE_URL`` names a fresh database of its own.
     """
     _flush(redis_server.url)
-    return make_sophos_env(
-        tmp_path,
-        redis_url=redis_server.url,
-        ollama_url=model.url,
-        api_port=free_port(),
-    )
+    overrides: dict[str, str] = {}
+    if backend == "postgresql":
+        # A short lease, so a dead worker's run is taken over within seconds.
+        overrides.update(DATABASE_URL=request.getfixturevalue("postgres_url"), RUN_LEASE_SECONDS="3")
+    env = make_sophos_env(tmp_path, redis_url=redis_server.url, ollama_url=model.url, api_port=free_port())
+    return env.with_(**overrides)
 
 
 @pytest.fixture

@@ -16,6 +16,9 @@ from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
 
+# The chat contract holds on both databases.
+pytestmark = pytest.mark.backends
+
 
 @pytest.fixture
 def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:

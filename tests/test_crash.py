@@ -16,7 +16,17 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv
 
-pytestmark = pytest.mark.fault
+# On both databases: on PostgreSQL a dead worker's run is found by its lapsed lease (3 s here).
+pytestmark = [pytest.mark.fault, pytest.mark.backends]
+
+
+def interrupted(api_url: str, run: str) -> dict[str, Any]:
+    """The run's record once the new worker has recorded it (at start-up on SQLite; within the
+    lease plus one pass on PostgreSQL)."""
+    return wait_for(
+        lambda: (info := get_json(api_url, f"/api/runs/{run}"))["status"] != "running" and info,
+        timeout=20, message=f"run {run} recorded after the crash",
+    )
 
 
 Killed = tuple[str, str, dict[str, Any]]
@@ -35,7 +45,7 @@ def kill_in_window(sophos_env: SophosEnv, start_worker, start_api) -> Callable[.
         assert doomed.wait(20) == -signal.SIGKILL
 
         start_worker(sophos_env)
-        info = get_json(api.url, f"/api/runs/{run}")
+        info = interrupted(api.url, run)
         assert info["status"] == "interrupted"
         return api.url, conversation, info
 
@@ -56,7 +66,7 @@ async def test_kill_during_tool_then_resume_repeats_only_the_step_in_flight(
     assert model.calls == 1
 
     start_worker(sophos_env)
-    info = get_json(api.url, f"/api/runs/{run}")
+    info = interrupted(api.url, run)
     assert info["status"] == "interrupted" and info["error"]["code"] == "INTERRUPTED"
     stream = read_sse(api.url, conversation)
     assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
@@ -155,7 +165,11 @@ def test_sigterm_while_idle_exits_at_once(sophos_env: SophosEnv, start_worker) -
     assert time.monotonic() - started < 8
 
 
-def test_second_worker_on_the_same_database_refuses_to_start(sophos_env: SophosEnv, start_worker) -> None:
+def test_second_worker_on_the_same_database_refuses_to_start(
+    sophos_env: SophosEnv, start_worker, backend: str
+) -> None:
+    if backend == "postgresql":
+        pytest.skip("on PostgreSQL any number of workers share the database (tests/test_postgres.py)")
     start_worker(sophos_env)
     second = start_worker(sophos_env, wait_ready=False)
     assert second.wait(30) == 1

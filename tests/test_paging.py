@@ -18,7 +18,7 @@ import aiosqlite
 import pytest
 
 from api import store
-from shared.schema import migrate
+from shared.storage.sqlite import migrate
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import get_json, post_chat, read_sse
 from tests.support.env import SophosEnv

@@ -39,6 +39,7 @@ from shared.contracts import (
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import drop_unstarted, submit_run
+from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
@@ -124,7 +125,7 @@ def _job(conversation_id: str | None = None) -> RunJob:
 
 @pytest.fixture
 async def store(tmp_path: Path):
-    store = await RunStore.open(tmp_path / "sophos.db")
+    store = await RunStore.open(Settings(database_path=tmp_path / "sophos.db"))
     yield store
     await store.close()
 

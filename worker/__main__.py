@@ -41,9 +41,11 @@ def main() -> int:
     from worker.lock import WorkerLockHeld, WriterLock
 
     configure_logging(settings.log_format)
+    # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
-        lock.acquire()
+        if settings.database_url is None:
+            lock.acquire()
     except WorkerLockHeld as exc:
         print(f"sophos-worker: {exc}", file=sys.stderr)
         return 1

@@ -60,9 +60,9 @@ class ApprovalDeadlines:
     async def once(self, now: float | None = None) -> int:
         """Reject the calls of every conversation waiting past the deadline; how many were submitted."""
         deadline = iso_from_timestamp((now if now is not None else time.time()) - self.timeout)
-        conn = self.service.store.conn
-        async with conn.execute(_OVERDUE_SQL, (RunStatus.WAITING.value, deadline, BATCH)) as cur:
-            overdue = [(str(r[0]), str(r[1]), str(r[2])) for r in await cur.fetchall()]
+        db = self.service.store.db
+        rows = await db.fetchall(_OVERDUE_SQL, (RunStatus.WAITING.value, deadline, BATCH))
+        overdue = [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
         submitted = 0
         for conversation_id, title, waiting_run in overdue:
             try:
@@ -73,11 +73,9 @@ class ApprovalDeadlines:
                 continue
             if not requests:
                 continue
-            async with conn.execute(
-                _STILL_WAITING_SQL, (conversation_id, waiting_run, RunStatus.WAITING.value)
-            ) as cur:
-                if await cur.fetchone() is None:
-                    continue
+            still = (conversation_id, waiting_run, RunStatus.WAITING.value)
+            if not await db.fetchall(_STILL_WAITING_SQL, still):
+                continue
             message = timeout_message(self.timeout)
             decisions = tuple(
                 Decision(id=str(r["id"]), action=DecisionAction.REJECT, message=message).to_dict()

@@ -18,8 +18,12 @@ from typing import Any
 
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from shared.storage.postgres import FencedPostgresSaver
 
-class KillAtCheckpoint(AsyncSqliteSaver):
+
+class _KillAtCheckpoint:
+    """The hook, over whichever saver the worker runs on (SQLite's, or PostgreSQL's)."""
+
     kill_before: int = 0
     kill_after: int = 0
     written: int = 0
@@ -34,9 +38,19 @@ class KillAtCheckpoint(AsyncSqliteSaver):
             # writes a finished task's result (put_writes) in a background task that
             # may still hold the saver's lock. Let it finish, then die.
             await asyncio.sleep(0.05)
-            async with self.lock:
-                os.kill(os.getpid(), signal.SIGKILL)
-        result = await super().aput(config, checkpoint, metadata, new_versions)
+            # Every permit of the lock (PostgreSQL's is a semaphore): no write is in flight.
+            for _ in range(getattr(self, "size", 1)):
+                await self.lock.acquire()  # type: ignore[attr-defined]
+            os.kill(os.getpid(), signal.SIGKILL)
+        result = await super().aput(config, checkpoint, metadata, new_versions)  # type: ignore[misc]
         if number == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
+
+
+class KillAtCheckpoint(_KillAtCheckpoint, AsyncSqliteSaver):
+    pass
+
+
+class KillAtCheckpointPostgres(_KillAtCheckpoint, FencedPostgresSaver):
+    pass

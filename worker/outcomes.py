@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from shared.storage.postgres import LeaseLost
 from worker.store import is_database_unavailable
 
 log = structlog.get_logger(__name__)
@@ -45,6 +46,8 @@ class UnrecordedOutcomes:
             async with self._lock:
                 await write()
             return True
+        except LeaseLost:
+            raise  # not for a retry: another worker has recorded the run
         except Exception as exc:
             _log_refusal("run.outcome_deferred", run_id, exc, trace=True)
             self._pending[run_id] = write
@@ -58,6 +61,8 @@ class UnrecordedOutcomes:
             for run_id, write in list(self._pending.items()):
                 try:
                     await write()
+                except LeaseLost as exc:
+                    log.warning("run.dropped", run_id=run_id, reason=str(exc))
                 except Exception as exc:
                     _log_refusal("run.outcome_retry_failed", run_id, exc)
                     return False

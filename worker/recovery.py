@@ -1,8 +1,10 @@
 """Start-up reconciliation: what a dead worker left behind.
 
-Runs before the worker takes any job. There is exactly one worker (it holds the
-writer lock), so every ``running`` row and every arq in-progress marker found
-now belongs to a worker that died.
+Runs before the worker takes any job. On SQLite there is exactly one worker (it
+holds the writer lock), so every ``running`` row and every arq in-progress marker
+found now belongs to a worker that died. On PostgreSQL other workers may be
+running: only a run whose lease lapsed is a dead worker's, taken over first (and
+every live worker keeps doing the same, worker/leases.py).
 
 Such a run is recorded ``interrupted``, unless an operator had asked to cancel it
 (its ``cancel_key`` is set): the worker died before the step boundary where it
@@ -90,7 +92,7 @@ async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig
         return None
 
 
-async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
+async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
     """Record one orphaned run's outcome, clear its job, free its conversation, end its stream."""
     thread = service.thread_config(run.conversation_id)
     recorded = await input_recorded(saver, thread, run.id)
@@ -139,10 +141,15 @@ async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: 
 
 async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: ClaimSweep) -> int:
     """Mark orphaned runs ``interrupted`` (or ``cancelled``), clear their jobs, free their conversations."""
-    orphans = await service.store.running_runs()
+    store = service.store
+    if store.owner is None:
+        orphans = await store.running_runs()  # SQLite: this worker holds the writer lock
+    else:
+        # PostgreSQL: other workers may be running; only a lapsed lease is a dead worker's.
+        orphans = [run for run in await store.lapsed_runs() if await store.take_over(run.id)]
     for run in orphans:
         try:
-            await _reconcile(service, saver, run)
+            await reconcile(service, saver, run)
         except Exception as exc:
             if is_database_unavailable(exc):
                 raise  # nothing can be recorded: no run could be either
@@ -150,8 +157,10 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: C
             log.exception("run.recovery_failed", run_id=run.id, conversation_id=run.conversation_id)
 
     # Queued jobs: a marker left by the dead worker would hold them back until it
-    # expires; jobs of runs that already started are done with (see above).
-    for raw in await service.redis.zrange(QUEUE_NAME, 0, -1):
+    # expires; jobs of runs that already started are done with (see above). Only with
+    # one worker: on PostgreSQL a marker or a queued job may be a live worker's.
+    queued = await service.redis.zrange(QUEUE_NAME, 0, -1) if store.owner is None else []
+    for raw in queued:
         run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
         if await service.store.get_run(run_id) is not None:
             await forget_job(service, run_id)

@@ -9,8 +9,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from typing import Any
 
 import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -18,9 +20,12 @@ from redis.exceptions import RedisError
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
 from shared.settings import Settings
 from shared.speedups import in_use
+from shared.storage.postgres import FencedPostgresSaver, open_pool
+from shared.storage.postgres import migrate as migrate_postgres
 from worker.deadlines import ApprovalDeadlines
-from worker.faults import KillAtCheckpoint
+from worker.faults import KillAtCheckpoint, KillAtCheckpointPostgres
 from worker.graph import build_graph, read_system_prompt
+from worker.leases import Leases
 from worker.mcp_tools import McpToolbox, load_approvals, load_config
 from worker.model import build_model
 from worker.model_check import report_model
@@ -37,7 +42,12 @@ HEARTBEAT_TTL = 10
 
 
 @asynccontextmanager
-async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSaver]:
+async def open_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    """The saver: SQLite's on a connection of its own, or PostgreSQL's (migrating first)."""
+    if settings.database_url is not None:
+        async with _open_postgres_checkpointer(settings, settings.database_url) as fenced:
+            yield fenced
+        return
     # Its own connection: the saver commits its own writes and must not share a
     # transaction with the application tables.
     conn = await connect(settings.database_path)
@@ -58,6 +68,31 @@ async def open_checkpointer(settings: Settings) -> AsyncIterator[AsyncSqliteSave
         yield saver
     finally:
         await conn.close()
+
+
+@asynccontextmanager
+async def _open_postgres_checkpointer(settings: Settings, url: str) -> AsyncIterator[FencedPostgresSaver]:
+    # One connection per run in flight, and one for a cancel's or a takeover's read.
+    size = settings.worker_concurrency + 1
+    pool = await open_pool(url, max_size=size, dict_rows=True)
+    try:
+        saver: FencedPostgresSaver
+        if settings.fault_kill_after_checkpoint or settings.fault_kill_before_checkpoint:
+            faulty = KillAtCheckpointPostgres(pool, size=size)
+            faulty.kill_after = settings.fault_kill_after_checkpoint
+            faulty.kill_before = settings.fault_kill_before_checkpoint
+            saver = faulty
+            log.warning(
+                "faults.enabled",
+                kill_after_checkpoint=faulty.kill_after, kill_before_checkpoint=faulty.kill_before,
+            )
+        else:
+            saver = FencedPostgresSaver(pool, size=size)
+        # The application's migrations and LangGraph's, once, whoever starts first.
+        await migrate_postgres(url, also=saver.setup)
+        yield saver
+    finally:
+        await pool.close()
 
 
 async def _heartbeat(
@@ -83,7 +118,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
     """Open the database, checkpointer, MCP sessions and graph; recover; sweep claims; beat."""
     async with AsyncExitStack() as stack:
         await report_model(settings)  # says what is missing; never stops the worker
-        store = await RunStore.open(settings.database_path)
+        store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
         saver = await stack.enter_async_context(open_checkpointer(settings))
 
@@ -119,9 +154,14 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # Stopped before the store closes (the stack unwinds in reverse).
         sweep.start()
         stack.push_async_callback(sweep.stop)
+        if store.owner is not None:
+            leases = Leases(service, saver)
+            leases.start()
+            stack.push_async_callback(leases.stop)
         log.info(
             "worker.ready", recovered_runs=recovered, tools=len(toolbox.tools),
-            concurrency=settings.worker_concurrency, **in_use(redis),
+            concurrency=settings.worker_concurrency, database=settings.database_name,
+            lease_owner=store.owner, **in_use(redis),
         )
 
         stack.push_async_callback(service.unrecorded.close)

@@ -45,8 +45,8 @@ class Retention:
     async def once(self, now: float | None = None) -> int:
         """Queue the delete of the longest idle conversations past the retention; how many."""
         cutoff = iso_from_timestamp((now if now is not None else time.time()) - self.days * DAY_SECONDS)
-        async with self.service.store.conn.execute(_IDLE_SQL, (cutoff, BATCH)) as cur:
-            idle = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+        rows = await self.service.store.db.fetchall(_IDLE_SQL, (cutoff, BATCH))
+        idle = [(str(r[0]), str(r[1])) for r in rows]
         queued = 0
         for conversation_id, updated_at in idle:
             job = DeleteJob(conversation_id, delete_claim(str(uuid.uuid4())), time.time(), RETENTION)

@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import aiosqlite
 import structlog
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -55,6 +56,7 @@ from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import record_ended, release_conversation
 from shared.redis_protocol import scripts, terminal_event
 from shared.settings import Settings
+from shared.storage.postgres import CURRENT_LEASE, Lease, LeaseLost
 from worker.events import WRITE_TIMEOUT, EventPublisher
 from worker.graph import AGENT, TOOLS
 from worker.metrics import collecting
@@ -102,6 +104,13 @@ class RunService:
         live = self.live.get(run_id)
         if live is not None and live.stop():
             log.info("run.cancel_requested", run_id=run_id, node=live.node)
+
+    def lose(self, run_id: str) -> None:
+        """Drop ``run_id``: its lease is another worker's now (worker/leases.py); nothing more is written."""
+        live = self.live.get(run_id)
+        if live is not None:
+            live.lease_lost = True
+            live.stop()
 
     def cancel_signals(self) -> CancelSignals:
         """The worker's one subscription to cancels (an async context manager, for its life)."""
@@ -156,11 +165,17 @@ class RunService:
         live = LiveRun(RunControl(), input=message)
         tracker = RunTracker(self.redis, job.run_id)
         final: FinalState | None = None
+        if self.store.owner is not None:
+            # PostgreSQL: every checkpoint write of the run checks its lease (the run's
+            # task copies this context, and the lease with it).
+            CURRENT_LEASE.set(Lease(job.run_id, self.store.owner))
         try:
             try:
                 # From here on a cancel reaches the run (RunService.stop).
                 self.live[job.run_id] = live
                 final = await self._run_graph(job, events, live, tracker)
+                if live.lease_lost:
+                    raise LeaseLost(job.run_id)
                 if final is None:
                     outcome, final = await self._close_cut(job, events, live, tracker)
                 elif final.requests is not None:
@@ -169,6 +184,11 @@ class RunService:
                     outcome = Outcome(RunStatus.COMPLETED)
             finally:
                 self.live.pop(job.run_id, None)
+        except LeaseLost as exc:
+            # Another worker recorded the run interrupted and ended its stream: a write of
+            # this one would contradict it (and the lease refuses it anyway).
+            log.warning("run.dropped", reason=str(exc))
+            return "dropped: lease lost"
         except GraphRecursionError:
             outcome = Outcome(
                 RunStatus.FAILED, RunErrorCode.RECURSION_LIMIT,
@@ -215,17 +235,23 @@ class RunService:
         self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
         final: FinalState | None = None,
     ) -> None:
+        lost = False
         try:
             await self._record(job, outcome, events, tracker, started, final)
+        except LeaseLost as exc:
+            lost = True  # taken over while it ended: the new owner has told the client
+            log.warning("run.dropped", reason=str(exc))
         finally:
             # Whatever recording the outcome raised, the client is told and the conversation
             # freed: without this an SSE client would get pings for ever and every new
             # message of the conversation a 409. (Persist, then notify: the outcome above
             # is either committed or kept for a retry by now.)
-            duration = time.monotonic() - started
-            # With the events, so it lands after every progress write the run queued there.
-            events.along(lambda pipe: tracker.queue_close(pipe, duration))
-            await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
+            # Unless the run was taken over: its new owner ended the stream and freed the conversation.
+            if not lost:
+                duration = time.monotonic() - started
+                # With the events, so it lands after every progress write the run queued there.
+                events.along(lambda pipe: tracker.queue_close(pipe, duration))
+                await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
 
     async def _record(
         self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
@@ -437,7 +463,8 @@ class RunService:
         """
         saver = self.graph.checkpointer
         conn, lock = getattr(saver, "conn", None), getattr(saver, "lock", None)
-        if conn is not None and lock is not None:
+        # (PostgreSQL's saver writes in a transaction block of its own, rolled back on failure.)
+        if isinstance(conn, aiosqlite.Connection) and lock is not None:
             async with lock:
                 await end_failed_transaction(conn)
 

@@ -71,6 +71,8 @@ class LiveRun:
     task: asyncio.Task[Any] | None = None
     #: a cancel was heard: the run is being cut
     stopping: bool = False
+    #: another worker took the run over (PostgreSQL, worker/leases.py): cut, nothing recorded
+    lease_lost: bool = False
     #: the node whose task the stream has seen start and not finish
     node: str | None = None
     #: the text the model has streamed in the agent step in flight

@@ -1,107 +1,111 @@
-"""The worker's writes to the application tables (conversations, runs).
+"""The worker's writes to the application tables (conversations, runs), on either engine.
 
-Uses its own connection to the database file, separate from the checkpointer's:
-the saver shares its connection's transaction, so mixing both on one connection
-would let one side commit the other's half-done work.
+Written once against :class:`shared.storage.Database` (SQLite's writer connection, or a
+PostgreSQL pool); on SQLite a connection separate from the checkpointer's: the saver shares
+its connection's transaction, so mixing both on one connection would let one side commit the
+other's half-done work.
 """
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
-
-import aiosqlite
-import structlog
+import os
+import socket
+import uuid
+from collections.abc import Collection
 
 from shared.contracts import RunJob, RunStatus
 from shared.rows import RUN_COLUMNS, RunRow, title_of
-from shared.schema import iso_from_timestamp, migrate, now_iso
+from shared.schema import iso_from_timestamp, now_iso
+from shared.settings import Settings
+from shared.storage import Database, is_database_unavailable
+from shared.storage.postgres import NOW, LeaseLost
+from shared.storage.sqlite import SqliteDatabase, connect, end_failed_transaction
 
-log = structlog.get_logger(__name__)
-
-
-async def connect(path: Path) -> aiosqlite.Connection:
-    """Open the database for writing, in WAL mode so the API can read beside us."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = await aiosqlite.connect(path, timeout=5.0)
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute("PRAGMA synchronous=FULL")
-    await conn.execute("PRAGMA foreign_keys=ON")
-    await conn.execute("PRAGMA busy_timeout=5000")
-    return conn
-
-
-def is_database_unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` (or what caused it) says the database cannot be written now.
-
-    Locked past the busy timeout, disk full, I/O errors: ``sqlite3.OperationalError``.
-    Constraint violations and the like are bugs, not unavailability.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, sqlite3.OperationalError):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-async def end_failed_transaction(conn: aiosqlite.Connection) -> None:
-    """Roll back what a failed write left open on ``conn``.
-
-    A write that fails (busy, disk full) can leave the connection inside a
-    transaction holding an old snapshot; every later write on it would then fail
-    too, long after the database is writable again.
-    """
-    try:
-        if conn.in_transaction:
-            await conn.rollback()
-    except sqlite3.Error as exc:
-        log.warning("database.rollback_failed", error=str(exc))
+__all__ = ["RunRow", "RunStore", "connect", "end_failed_transaction", "is_database_unavailable"]
 
 
 class RunStore:
-    def __init__(self, conn: aiosqlite.Connection) -> None:
-        self.conn = conn
-        # One transaction at a time on the connection: a run's writes and a retried
-        # outcome of another run must not end up in each other's commit.
-        self._lock = asyncio.Lock()
+    """The runs and conversations one worker records.
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[None]:
-        async with self._lock:
-            try:
-                yield
-                await self.conn.commit()
-            except BaseException:
-                await end_failed_transaction(self.conn)
-                raise
+    On PostgreSQL the worker is one of many: ``owner`` names it, a run it starts is leased to
+    it for ``lease_seconds`` (renewed by worker/leases.py), and the outcome it records lands
+    only while it still holds that lease (else :class:`LeaseLost`: another worker has taken
+    the run over and recorded it). On SQLite ``owner`` is None: the writer lock is the owner.
+    """
+
+    def __init__(self, db: Database, *, owner: str | None = None, lease_seconds: float = 30.0) -> None:
+        self.db = db
+        self.owner = owner
+        self.lease_seconds = lease_seconds
 
     @classmethod
-    async def open(cls, path: Path) -> RunStore:
-        conn = await connect(path)
-        await migrate(conn)
-        return cls(conn)
+    async def open(cls, settings: Settings) -> RunStore:
+        """The SQLite file (migrated here), or PostgreSQL (migrated with the saver: worker/resources.py)."""
+        if settings.database_url is not None:
+            from shared.storage.postgres import PostgresDatabase
+
+            db = await PostgresDatabase.open(settings.database_url, max_size=settings.worker_concurrency + 2)
+            return cls(db, owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                       lease_seconds=settings.run_lease_seconds)
+        return cls(await SqliteDatabase.open(settings.database_path))
+
+    # --- leases (PostgreSQL) ------------------------------------------------------
+
+    @property
+    def _expires_sql(self) -> str:
+        return f"{NOW} + ?" if self.owner is not None else "?"
+
+    def _lease_params(self) -> tuple[str | None, float | None]:
+        return (self.owner, self.lease_seconds) if self.owner is not None else (None, None)
+
+    def _fence(self) -> tuple[str, tuple[str, ...]]:
+        """The clause a write of this worker's own run carries: its lease is still this worker's."""
+        return (" AND lease_owner = ?", (self.owner,)) if self.owner is not None else ("", ())
+
+    async def renew(self, run_ids: Collection[str]) -> set[str]:
+        """Extend the leases this worker still holds on ``run_ids``; the runs whose lease it holds now."""
+        if self.owner is None or not run_ids:
+            return set(run_ids) if self.owner is None else set()
+        async with self.db.transaction() as tx:
+            rows = await tx.fetchall(
+                f"UPDATE runs SET lease_expires = {NOW} + ? WHERE id = ANY(?) AND lease_owner = ?"
+                f" AND status = ? AND lease_expires > {NOW} RETURNING id",
+                (self.lease_seconds, list(run_ids), self.owner, RunStatus.RUNNING),
+            )
+        return {str(r[0]) for r in rows}
+
+    async def lapsed_runs(self) -> list[RunRow]:
+        """Runs recorded ``running`` whose worker's lease lapsed (it died, or hangs)."""
+        rows = await self.db.fetchall(
+            f"SELECT {RUN_COLUMNS} FROM runs"
+            f" WHERE status = ? AND (lease_expires IS NULL OR lease_expires < {NOW})",
+            (RunStatus.RUNNING,),
+        )
+        return [RunRow.from_row(r) for r in rows]
+
+    async def take_over(self, run_id: str) -> bool:
+        """Lease a run whose lease lapsed to this worker, to record its outcome; False if it is not lapsed."""
+        if self.owner is None:
+            return True
+        async with self.db.transaction() as tx:
+            taken = await tx.execute(
+                f"UPDATE runs SET lease_owner = ?, lease_expires = {NOW} + ? WHERE id = ? AND status = ?"
+                f" AND (lease_expires IS NULL OR lease_expires < {NOW})",
+                (self.owner, self.lease_seconds, run_id, RunStatus.RUNNING),
+            )
+        return taken == 1
 
     async def close(self) -> None:
-        await self.conn.close()
+        await self.db.close()
 
     async def get_run(self, run_id: str) -> RunRow | None:
-        async with self.conn.execute(
-            f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)
-        ) as cur:
-            row = await cur.fetchone()
-        return RunRow.from_row(row) if row else None
+        rows = await self.db.fetchall(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        return RunRow.from_row(rows[0]) if rows else None
 
     async def running_runs(self) -> list[RunRow]:
-        async with self.conn.execute(
+        rows = await self.db.fetchall(
             f"SELECT {RUN_COLUMNS} FROM runs WHERE status = ?", (RunStatus.RUNNING,)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [RunRow.from_row(r) for r in rows]
 
     async def start_run(self, job: RunJob) -> RunRow | None:
@@ -113,8 +117,8 @@ class RunStore:
         """
         now = now_iso()
         try:
-            async with self._transaction():
-                await self.conn.execute(
+            async with self.db.transaction() as tx:
+                await tx.execute(
                     "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
                     " VALUES (?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
@@ -124,13 +128,14 @@ class RunStore:
                     (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
                      job.run_id),
                 )
-                cursor = await self.conn.execute(
-                    "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                inserted = await tx.execute(
+                    "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at,"
+                    " lease_owner, lease_expires)"
+                    f" VALUES (?, ?, ?, ?, ?, ?, ?, {self._expires_sql}) ON CONFLICT(id) DO NOTHING",
                     (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
-                     iso_from_timestamp(job.enqueued_at), now),
+                     iso_from_timestamp(job.enqueued_at), now, *self._lease_params()),
                 )
-                if cursor.rowcount == 0:
+                if inserted == 0:
                     raise _AlreadyRecorded  # rolls back the conversation's update
         except _AlreadyRecorded:
             return await self.get_run(job.run_id)
@@ -150,29 +155,29 @@ class RunStore:
     ) -> None:
         """Record a run's outcome and its conversation's new shape in one transaction."""
         now = now_iso()
-        async with self._transaction():
-            await self.conn.execute(
+        fence, fence_params = self._fence()
+        async with self.db.transaction() as tx:
+            updated = await tx.execute(
                 "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
-                " step_count = COALESCE(?, step_count) WHERE id = ?",
-                (status, error_code, error_message, now, step_count, run_id),
+                f" step_count = COALESCE(?, step_count), lease_expires = NULL WHERE id = ?{fence}",
+                (status, error_code, error_message, now, step_count, run_id, *fence_params),
             )
-            await self.conn.execute(
+            if updated == 0 and self.owner is not None:
+                raise LeaseLost(run_id)  # rolls back: the conversation is the new owner's to record
+            await tx.execute(
                 "UPDATE conversations SET updated_at = ?,"
                 " message_count = COALESCE(?, message_count),"
                 " pending_tasks = COALESCE(?, pending_tasks) WHERE id = ?",
                 (now, message_count, None if pending_tasks is None else int(pending_tasks), conversation_id),
             )
 
-
     async def delete_conversation(self, conversation_id: str) -> list[str]:
         """Delete the conversation's row and its runs' in one transaction; return those runs' ids."""
-        async with self._transaction():
-            async with self.conn.execute(
-                "SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,)
-            ) as cur:
-                run_ids = [str(row[0]) for row in await cur.fetchall()]
-            await self.conn.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
-            await self.conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        async with self.db.transaction() as tx:
+            rows = await tx.fetchall("SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,))
+            run_ids = [str(row[0]) for row in rows]
+            await tx.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
+            await tx.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         return run_ids
 
 

@@ -17,6 +17,9 @@ SYSTEM_PROMPT = "You are Sophos under test. Answer briefly."
 #: developer's own API_TOKEN or OLLAMA_HOST never leaks into a test.
 SETTINGS_VARIABLES = (
     "DATABASE_PATH",
+    "DATABASE_URL",
+    "RUN_LEASE_SECONDS",
+    "WORKER_CONCURRENCY",
     "REDIS_URL",
     "OLLAMA_HOST",
     "OLLAMA_MODEL",

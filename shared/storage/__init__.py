@@ -1,0 +1,62 @@
+"""The application's database, on SQLite (the default) or PostgreSQL (``DATABASE_URL``).
+
+One query layer speaks both: the application's SQL is written once, with ``?`` for its
+parameters, in the portable subset both engines run (``ON CONFLICT``, row values,
+``COALESCE``, partial indexes); :class:`Database` runs it on either. What only one engine
+has lives in its module: the SQLite file's connection settings (:mod:`.sqlite`), and the
+PostgreSQL pools, the saver's lock and the lease that fences every write of a run
+(:mod:`.postgres`). The checkpoints are LangGraph's savers on either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol
+
+Dialect = Literal["sqlite", "postgresql"]
+
+
+class Tx(Protocol):
+    """Statements inside one transaction."""
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run ``sql``; return how many rows it changed."""
+        ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+class Database(Protocol):
+    """The application tables' connection(s): reads, and transactions that commit or roll back whole."""
+
+    dialect: Dialect
+
+    def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def close(self) -> None: ...
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says the database cannot be written now.
+
+    SQLite locked past the busy timeout, disk full, I/O errors (``sqlite3.OperationalError``);
+    PostgreSQL unreachable or its connection lost (``psycopg.OperationalError``), or no pool
+    connection in time. Constraint violations and the like are bugs, not unavailability.
+    """
+    import sqlite3
+
+    import psycopg
+    import psycopg_pool
+
+    unavailable = (sqlite3.OperationalError, psycopg.OperationalError, psycopg_pool.PoolTimeout)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, unavailable):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
