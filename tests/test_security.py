@@ -540,7 +540,7 @@ def test_logs_and_exports_hold_no_content_tokens_or_environment(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
     token, secret, content = unique("token"), unique("environment-secret"), unique("content")
-    env = sophos_env.with_(API_TOKEN=token, SOPHOS_UNRELATED_SECRET=secret, DATABASE_URL=f"postgres://u:{secret}@h")
+    env = sophos_env.with_(API_TOKEN=token, SOPHOS_UNRELATED_SECRET=secret, SOPHOS_UNRELATED_URL=f"postgres://u:{secret}@h")
     worker = start_worker(env)
     api = start_api(env)
 

@@ -1,0 +1,168 @@
+"""PostgreSQL with several workers: one executor per run, leases that lapse, fencing that holds.
+
+Real workers on the machine's PostgreSQL (a fresh database per test), killed and paused with
+real signals. The lease is 3 s here (``sophos_env``): a dead or paused worker's run must be
+recorded ``interrupted`` by a live worker within the lease plus one pass (a third of it).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.env import SophosEnv
+from tests.support.procs import ServiceProcess
+
+LEASE = 3.0
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgresql"
+
+
+def started_runs(worker: ServiceProcess) -> list[str]:
+    return [r["run_id"] for r in worker.log_records() if r.get("event") == "run.started"]
+
+
+def run_record(api_url: str, run: str) -> dict[str, Any]:
+    return get_json(api_url, f"/api/runs/{run}")
+
+
+def recorded(api_url: str, run: str, timeout: float) -> dict[str, Any]:
+    return wait_for(
+        lambda: (info := run_record(api_url, run))["status"] != "running" and info,
+        timeout=timeout, message=f"run {run} recorded",
+    )
+
+
+def checkpoint_rows(url: str, conversation: str) -> tuple[int, int]:
+    with psycopg.connect(url) as conn:
+        checkpoints = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", (conversation,))
+        count = checkpoints.fetchone()
+        writes = conn.execute("SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s", (conversation,))
+        written = writes.fetchone()
+    assert count is not None and written is not None
+    return int(count[0]), int(written[0])
+
+
+def test_two_workers_share_twenty_conversations_each_run_executed_once(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(WORKER_CONCURRENCY=2)
+    # Each answer takes a while, so both workers are busy at once.
+    model.answer_by(lambda body: Text("shared answer", token_delay=0.05))
+    workers = [start_worker(env), start_worker(env)]
+    api = start_api(env)
+    posted = [post_chat(api.url, f"conversation {i}") for i in range(20)]
+    assert all(r.status_code == 202 for r in posted), [r.text for r in posted]
+    runs = {r.json()["conversation"]: r.json()["run"] for r in posted}
+    for conversation, run in runs.items():
+        events = read_sse(api.url, conversation, timeout=60)
+        assert events[-1].event == "end" and events[-1].data["run"] == run
+        assert events.text == "shared answer"
+
+    executed = [started_runs(w) for w in workers]
+    assert sorted(executed[0] + executed[1]) == sorted(runs.values())  # each exactly once
+    assert executed[0] and executed[1], "both workers took runs"
+    assert model.calls == 20
+    listed = get_json(api.url, "/api/conversations?limit=50")["conversations"]
+    assert len(listed) == 20 and {c["status"] for c in listed} == {"completed"}
+    assert not env.database_path.exists()  # all of it in PostgreSQL
+
+
+def test_a_killed_workers_run_is_interrupted_by_the_other_within_the_lease(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    hang = Hang(text="working ")
+    model.script_for("doomed", ToolCalls([("tools__echo", {"text": "before"})]), hang, Text("resumed"))
+    doomed = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "doomed run")
+    hang.wait_started(20)
+    survivor = start_worker(sophos_env)
+
+    doomed.kill()
+    killed_at = time.monotonic()
+    assert doomed.wait(10) == -signal.SIGKILL
+    info = recorded(api.url, run, timeout=LEASE * 3 + 10)
+    # Within the lease plus one pass (and the time to tell), by the live worker.
+    assert time.monotonic() - killed_at < LEASE + LEASE / 3 + 3
+    assert info["status"] == "interrupted" and info["error"]["code"] == "INTERRUPTED"
+    assert survivor.wait_for_log(lambda line: run in line and "run.interrupted_by_crash" in line)
+    stream = read_sse(api.url, conversation)
+    assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
+    assert get_json(api.url, f"/api/conversations/{conversation}")["resumable"] is True
+    assert run not in started_runs(survivor)  # recorded, never executed again by itself
+
+    # The survivor serves others meanwhile, and resumes the interrupted one.
+    model.script_for("other", Text("unaffected"))
+    other, _ = chat(api.url, "other conversation")
+    assert read_sse(api.url, other).text == "unaffected"
+    _, resumed = chat(api.url, conversation=conversation, resume=True)
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == resumed
+    assert resumed in started_runs(survivor)
+    assert len(tool_calls(sophos_env.tools_log, "echo")) == 1  # the finished step is not repeated
+
+
+def test_a_worker_paused_past_its_lease_writes_nothing_when_it_continues(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    url = sophos_env["DATABASE_URL"]
+    hang = Hang(text="slow ", then=ToolCalls([("tools__echo", {"text": "late"})]))
+    model.script_for("paused", hang, Text("finished elsewhere"))
+    paused = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "paused run")
+    hang.wait_started(20)
+    other = start_worker(sophos_env)
+
+    paused.signal(signal.SIGSTOP)
+    try:
+        info = recorded(api.url, run, timeout=LEASE * 3 + 10)
+        assert info["status"] == "interrupted"
+        before = checkpoint_rows(url, conversation)
+        hang.release()  # the model step the paused worker was in completes: it will try to save it
+    finally:
+        paused.signal(signal.SIGCONT)
+    paused.wait_for_log(lambda line: run in line and "run.dropped" in line, timeout=20)
+
+    assert checkpoint_rows(url, conversation) == before  # no write of the stale worker landed
+    assert run_record(api.url, run) == info  # its outcome neither
+    assert tool_calls(sophos_env.tools_log) == []  # nor did its tool call run
+    stream = read_sse(api.url, conversation)
+    assert [e.event for e in stream if e.event in ("end", "chat-error")] == ["chat-error"]  # once
+    assert paused.alive  # the stale worker goes on serving
+
+    _, resumed = chat(api.url, conversation=conversation, resume=True)
+    assert read_sse(api.url, conversation)[-1].data["run"] == resumed
+    assert resumed in started_runs(other) + started_runs(paused)
+
+
+def test_a_worker_starting_leaves_a_live_workers_runs_alone(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    hang = Hang(text="still here ")
+    model.script_for("live", hang)
+    live = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    conversation, run = chat(api.url, "live run")
+    hang.wait_started(20)
+    newcomer = start_worker(sophos_env)
+    newcomer.wait_for_log('"recovered_runs": 0')
+    # Longer than a lease: the live worker renews it; nobody takes the run over.
+    deadline = time.monotonic() + LEASE * 2
+    while time.monotonic() < deadline:
+        assert run_record(api.url, run)["status"] == "running"
+        time.sleep(0.2)
+    hang.release()
+    events = read_sse(api.url, conversation)
+    assert events[-1].event == "end" and events.text == "still here "
+    assert run in started_runs(live) and run not in started_runs(newcomer)
