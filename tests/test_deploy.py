@@ -1,4 +1,4 @@
-"""The deployment files: docker-compose.yml, the Dockerfile, deploy/nginx.conf, .env.example.
+"""The deployment files: docker-compose.yml, deploy/*.yml, the Dockerfile, deploy/nginx.conf, .env.example.
 
 No Docker engine is needed. The compose file is read with a YAML parser and checked
 against what the README promises (services, health checks, volumes and who writes them,
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -35,6 +36,7 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 GPU_OVERRIDE = REPO / "deploy" / "gpu.yml"
+POSTGRES_OVERRIDE = REPO / "deploy" / "postgres.yml"
 DOCKERFILE = REPO / "Dockerfile"
 NGINX_CONF = REPO / "deploy" / "nginx.conf"
 ENV_EXAMPLE = REPO / ".env.example"
@@ -42,12 +44,32 @@ MCP_CONFIG = REPO / "config" / "mcp.json"
 
 MEMORY_PACKAGE = "@modelcontextprotocol/server-memory"
 DATA_VOLUME = "sophos-data"
+POSTGRES_PROFILE = "postgres"
+DEFAULT_SERVICES = {"redis", "ollama", "worker", "api", "proxy"}
 
 
-def compose() -> dict[str, Any]:
-    loaded = yaml.safe_load(COMPOSE.read_text())
+def compose(path: Path = COMPOSE) -> dict[str, Any]:
+    loaded = yaml.safe_load(path.read_text())
     assert isinstance(loaded, dict)
     return loaded
+
+
+def active(services: dict[str, Any], profiles: tuple[str, ...] = ()) -> set[str]:
+    """The services ``up`` starts with these profiles (the compose spec: no profile, or one enabled)."""
+    return {
+        name
+        for name, service in services.items()
+        if not service.get("profiles") or set(service["profiles"]) & set(profiles)
+    }
+
+
+def depends_on(service: dict[str, Any]) -> dict[str, Any]:
+    """A service's depends_on as a mapping (the list form means service_started)."""
+    found = service.get("depends_on", {})
+    if isinstance(found, list):
+        return {name: {"condition": "service_started"} for name in found}
+    assert isinstance(found, dict)
+    return found
 
 
 def mounts(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
@@ -78,8 +100,9 @@ def dockerfile_env() -> dict[str, str]:
 def test_compose_file_parses_with_its_services_and_volumes() -> None:
     spec = compose()
     services = spec["services"]
-    assert set(services) == {"redis", "ollama", "worker", "api", "proxy"}
-    assert set(spec["volumes"]) == {"redis-data", "ollama-models", DATA_VOLUME}
+    assert set(services) == DEFAULT_SERVICES | {"postgres"}
+    assert active(services) == DEFAULT_SERVICES  # postgres only under its profile (below)
+    assert set(spec["volumes"]) == {"redis-data", "ollama-models", DATA_VOLUME, "postgres-data"}
     # Redis keeps accepted runs across a restart (AOF), DESIGN's requirement.
     assert "--appendonly" in services["redis"]["command"]
     # Every service runs for good: each has a health check and comes back after a crash.
@@ -188,10 +211,18 @@ def test_compose_cli_accepts_the_files_without_a_token(tmp_path: Path) -> None:
     # An empty env file stands in for a .env the deployer may not have written yet.
     empty = tmp_path / "empty.env"
     empty.write_text("")
-    for files in ([COMPOSE], [COMPOSE, GPU_OVERRIDE]):
+    combinations = (
+        [COMPOSE],
+        [COMPOSE, GPU_OVERRIDE],
+        [COMPOSE, POSTGRES_OVERRIDE],
+        [COMPOSE, POSTGRES_OVERRIDE, GPU_OVERRIDE],
+    )
+    for files in combinations:
         argv = [*cli, "--project-directory", str(REPO), "--env-file", str(empty)]
         for path in files:
             argv += ["-f", str(path)]
+        if POSTGRES_OVERRIDE in files:
+            argv += ["--profile", POSTGRES_PROFILE]
         done = subprocess.run([*argv, "config"], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         merged = yaml.safe_load(done.stdout)
@@ -199,6 +230,150 @@ def test_compose_cli_accepts_the_files_without_a_token(tmp_path: Path) -> None:
         if GPU_OVERRIDE in files:
             devices = merged["services"]["ollama"]["deploy"]["resources"]["reservations"]["devices"]
             assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+
+# --- PostgreSQL and several workers (deploy/postgres.yml, profile "postgres") ----------------
+
+_POSTGRES_ENV = ("POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "COMPOSE_FILE", "COMPOSE_PROFILES")
+
+
+def _merged(
+    cli: list[str], files: list[Path], env_file: Path, profiles: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """What the compose CLI makes of these files: ``config``, parsed."""
+    env = {k: v for k, v in os.environ.items() if k not in _POSTGRES_ENV}
+    argv = [*cli, "--project-directory", str(REPO), "--env-file", str(env_file)]
+    for path in files:
+        argv += ["-f", str(path)]
+    for profile in profiles:
+        argv += ["--profile", profile]
+    done = subprocess.run(
+        [*argv, "config"], env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = yaml.safe_load(done.stdout)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _postgres_url_checks(services: dict[str, Any], password: str) -> None:
+    """The worker and the API get one DATABASE_URL, naming the postgres service and its database."""
+    postgres_env = services["postgres"]["environment"]
+    assert postgres_env["POSTGRES_PASSWORD"] == password
+    urls = {services[name]["environment"].get("DATABASE_URL") for name in ("worker", "api")}
+    assert len(urls) == 1, urls
+    url = urlparse(urls.pop() or "")
+    assert url.scheme == "postgresql" and url.hostname == "postgres" and url.port == 5432, url
+    assert (url.username, url.password) == (postgres_env["POSTGRES_USER"], password)
+    assert url.path == f"/{postgres_env['POSTGRES_DB']}"
+    for name in ("worker", "api"):
+        assert depends_on(services[name])["postgres"] == {"condition": "service_healthy"}, name
+
+
+def test_postgres_runs_only_under_its_profile_with_a_health_check() -> None:
+    spec = compose()
+    postgres = spec["services"]["postgres"]
+    assert postgres["profiles"] == [POSTGRES_PROFILE]
+    assert re.fullmatch(r"postgres:1[56](\.\d+)*(-\w+)?", postgres["image"]), postgres["image"]
+    test = postgres["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and test[1].startswith("pg_isready "), test
+    # $$: the container's shell reads its own variables (a single $ is compose's, at parse time).
+    assert '"$$POSTGRES_USER"' in test[1] and '"$$POSTGRES_DB"' in test[1], test
+    assert postgres["restart"] == "unless-stopped"
+    assert ("postgres-data", "/var/lib/postgresql/data", False) in mounts(postgres)
+    assert "ports" not in postgres  # like Redis: on the compose network only
+    # Set from .env, with defaults; never ${VAR:?}, which fails every command while unset.
+    assert postgres["environment"] == {
+        "POSTGRES_USER": "${POSTGRES_USER:-sophos}",
+        "POSTGRES_PASSWORD": "${POSTGRES_PASSWORD:-sophos}",
+        "POSTGRES_DB": "${POSTGRES_DB:-sophos}",
+    }
+
+
+def test_the_default_deployment_is_sqlite_without_postgres() -> None:
+    services = compose()["services"]
+    started = active(services)
+    assert "postgres" not in started
+    for name in started:
+        # Nothing started without the profile needs postgres (compose would refuse to start it).
+        assert set(depends_on(services[name])) <= started, name
+        assert "DATABASE_URL" not in (services[name].get("environment") or {}), name
+    # The single SQLite writer, as before: its volume read-write, its concurrency from .env.
+    worker = services["worker"]
+    assert (DATA_VOLUME, "/data", False) in mounts(worker)
+    assert worker["environment"]["WORKER_CONCURRENCY"] == "${WORKER_CONCURRENCY:-1}"
+
+
+def test_the_postgres_override_points_worker_and_api_at_postgres() -> None:
+    override = compose(POSTGRES_OVERRIDE)
+    # Only the worker and the API change; postgres itself is the main file's, under the profile.
+    assert set(override["services"]) == {"worker", "api"}
+    merged = compose()["services"]
+    for name, change in override["services"].items():
+        merged[name]["environment"].update(change["environment"])
+        merged[name]["depends_on"] = {**depends_on(merged[name]), **change["depends_on"]}
+    # Compose's defaults filled in, as it does with no .env (the CLI's own merge: below).
+    for name in ("worker", "api", "postgres"):
+        merged[name]["environment"] = {
+            key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+            for key, value in merged[name]["environment"].items()
+        }
+    _postgres_url_checks(merged, "sophos")
+    # The app's own parser takes the URL compose gives it, defaults filled in.
+    from shared.settings import Settings
+
+    url = override["services"]["worker"]["environment"]["DATABASE_URL"]
+    filled = re.sub(r"\$\{\w+:-(\w+)\}", r"\1", url)
+    assert Settings.from_env({"DATABASE_URL": filled}).database_url == filled
+    # What the main file had stays: Redis and Ollama waited for, WORKER_CONCURRENCY per worker.
+    assert set(depends_on(merged["worker"])) == {"redis", "ollama", "postgres"}
+    assert set(depends_on(merged["api"])) == {"redis", "postgres"}
+    assert merged["worker"]["environment"]["WORKER_CONCURRENCY"] == "1"
+
+
+def test_the_worker_can_be_scaled() -> None:
+    """``--scale worker=N``: nothing in the worker is one of a kind (a name, a host port)."""
+    files = [compose(), compose(POSTGRES_OVERRIDE)]
+    for spec in files:
+        worker = spec["services"]["worker"]
+        assert "container_name" not in worker and "ports" not in worker, worker
+        assert "hostname" not in worker
+        # A host path other than the read-only config would be one file for N writers.
+        for source, _target, read_only in mounts(worker):
+            assert source == DATA_VOLUME or read_only, source
+    # The API scales too (only the proxy publishes a port): none has a fixed name.
+    for name, service in compose()["services"].items():
+        assert "container_name" not in service, name
+
+
+@pytest.mark.skipif(_compose_cli() is None, reason="no compose CLI (apt-get install docker-compose)")
+def test_compose_cli_merges_the_postgres_variant(tmp_path: Path) -> None:
+    cli = _compose_cli()
+    assert cli is not None
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    default = _merged(cli, [COMPOSE], empty)["services"]
+    for name in ("worker", "api"):
+        assert "DATABASE_URL" not in default[name]["environment"], name
+        assert "postgres" not in depends_on(default[name]), name
+    assert default["postgres"]["profiles"] == [POSTGRES_PROFILE]  # config lists it; up does not start it
+
+    merged = _merged(cli, [COMPOSE, POSTGRES_OVERRIDE], empty, (POSTGRES_PROFILE,))["services"]
+    _postgres_url_checks(merged, "sophos")
+    assert "container_name" not in merged["worker"] and "ports" not in merged["worker"]
+    assert merged["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker", "--check"]
+    assert merged["worker"]["environment"]["WORKER_CONCURRENCY"] == "1"
+
+    # The one-time alternative the README names: both switches and a password in .env.
+    env_file = tmp_path / "postgres.env"
+    env_file.write_text(
+        "COMPOSE_FILE=docker-compose.yml:deploy/postgres.yml\n"
+        f"COMPOSE_PROFILES={POSTGRES_PROFILE}\n"
+        "POSTGRES_PASSWORD=not-the-default\nWORKER_CONCURRENCY=2\n"
+    )
+    from_env = _merged(cli, [], env_file)["services"]
+    _postgres_url_checks(from_env, "not-the-default")
+    assert from_env["worker"]["environment"]["WORKER_CONCURRENCY"] == "2"
 
 
 # --- the API's read-only mount ----------------------------------------------------------------
