@@ -23,10 +23,17 @@ import pytest
 from tests.fakes.ollama import FakeOllama, Hang, Reply, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers
-from tests.support.faults import Executions, accepted, integrity, queue_is_clean, transcript
+from tests.support.faults import (
+    Executions,
+    accepted,
+    database_integrity,
+    queue_is_clean,
+    recorded_after_crash,
+    transcript,
+)
 from tests.support.procs import wait_worker_ready
 
-pytestmark = pytest.mark.fault
+pytestmark = [pytest.mark.fault, pytest.mark.backends]
 
 ECHO = ToolCalls([("tools__echo", {"text": "one"})])
 ADD = ToolCalls([("tools__add", {"a": 2, "b": 3})])
@@ -114,10 +121,10 @@ def test_kill_at_a_step_boundary_then_resume_equals_an_uninterrupted_run(
         doomed.kill()
     assert doomed.wait(20) == -signal.SIGKILL
     assert model.calls == case.model_calls_at_kill
-    assert integrity(env.database_path) == "ok"
+    assert database_integrity(env) == "ok"
 
     start_worker(env)
-    info = get_json(api.url, f"/api/runs/{run}")
+    info = recorded_after_crash(api.url, run)
     assert info["status"] == "interrupted" and info["error"]["code"] == "INTERRUPTED", info
     stream = read_sse(api.url, conversation)
     assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
@@ -139,7 +146,7 @@ def test_kill_at_a_step_boundary_then_resume_equals_an_uninterrupted_run(
 
     assert transcript(api.url, conversation) == transcript(api.url, control)
     assert after_fault - case.repeated == uninterrupted
-    assert integrity(env.database_path) == "ok"
+    assert database_integrity(env) == "ok"
 
 
 def test_killed_five_times_in_a_row_never_stuck_and_ends_right(
@@ -155,11 +162,11 @@ def test_killed_five_times_in_a_row_never_stuck_and_ends_right(
     def crashed(worker) -> None:
         """The worker died; a new one must leave nothing stuck and accept a resume at once."""
         assert worker.wait(20) == -signal.SIGKILL
-        assert integrity(env.database_path) == "ok"
+        assert database_integrity(env) == "ok"
 
     def restart(**hook: int):
         new = start_worker(env.with_(**hook))
-        assert get_json(api.url, f"/api/runs/{runs[-1]}")["status"] == "interrupted"
+        assert recorded_after_crash(api.url, runs[-1])["status"] == "interrupted"
         for status in ("running", "queued"):
             assert get_json(api.url, "/api/runs", status=status, conversation=conversation)["runs"] == []
         assert queue_is_clean(env.redis_url, conversation) == []
@@ -186,6 +193,7 @@ def test_killed_five_times_in_a_row_never_stuck_and_ends_right(
     worker = restart(SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=1)
     crashed(worker)  # 5: after the final checkpoint, before the outcome was recorded
     start_worker(env)
+    recorded_after_crash(api.url, runs[-1])
 
     detail = get_json(api.url, f"/api/conversations/{conversation}")
     assert detail["resumable"] is False and detail["conversation"]["status"] == "interrupted"

@@ -21,7 +21,7 @@ import redis as redis_sync
 
 from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
-from tests.support.client import chat, get_json, tool_calls
+from tests.support.client import chat, get_json, tool_calls, wait_for
 
 #: The one ``chat()`` helper, under the name the fault tests use: POST /api/chat, assert 202,
 #: return ``(conversation, run)``.
@@ -45,6 +45,46 @@ def integrity(database: Path) -> str:
         return "; ".join(str(row[0]) for row in conn.execute("PRAGMA integrity_check"))
     finally:
         conn.close()
+
+
+#: On PostgreSQL: checkpoints whose parent, and pending writes whose checkpoint, is missing
+#: (a write that landed without what it belongs to).
+_ORPHANS_SQL = """
+SELECT
+  (SELECT count(*) FROM checkpoints c WHERE c.parent_checkpoint_id IS NOT NULL AND NOT EXISTS (
+     SELECT 1 FROM checkpoints p WHERE p.thread_id = c.thread_id AND p.checkpoint_ns = c.checkpoint_ns
+       AND p.checkpoint_id = c.parent_checkpoint_id)),
+  (SELECT count(*) FROM checkpoint_writes w WHERE NOT EXISTS (
+     SELECT 1 FROM checkpoints c WHERE c.thread_id = w.thread_id AND c.checkpoint_ns = w.checkpoint_ns
+       AND c.checkpoint_id = w.checkpoint_id)),
+  (SELECT count(*) FROM runs WHERE status = 'running' AND lease_owner IS NULL)
+"""
+
+
+def database_integrity(env: Any) -> str:
+    """``"ok"`` when the test's database is whole: SQLite's ``integrity_check`` of the file, or
+    on PostgreSQL (``DATABASE_URL``) no orphaned checkpoint or write and no running run without
+    an owner."""
+    url = env.get("DATABASE_URL")
+    if not url:
+        return integrity(env.database_path)
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(_ORPHANS_SQL).fetchone()
+    assert row is not None
+    names = ("checkpoints without parent", "writes without checkpoint", "unowned running runs")
+    orphans = dict(zip(names, row, strict=True))
+    return "ok" if not any(orphans.values()) else repr(orphans)
+
+
+def recorded_after_crash(api_url: str, run: str, timeout: float = 20) -> dict[str, Any]:
+    """The run's record once a live worker has recorded it after its worker died: at start-up
+    on SQLite, within the lease plus one pass on PostgreSQL."""
+    return wait_for(
+        lambda: (info := get_json(api_url, f"/api/runs/{run}"))["status"] != "running" and info,
+        timeout=timeout, message=f"run {run} recorded after the crash",
+    )
 
 
 @dataclass(frozen=True)
