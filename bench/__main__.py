@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from bench import profiling, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
+from bench.postgres import on_postgres
 from bench.report import Results, console, markdown, raw
 from bench.runs import (
     MESSAGE,
@@ -302,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
             keep=args.keep, say=say,
         )
         results.elapsed_s += results.switches.elapsed_s
+        say("figure 13: PostgreSQL, stacks of their own")
+        results.postgres = on_postgres(
+            quick=args.quick, rng=random.Random(args.seed), single=sizes.single, overrides=overrides,
+            keep=args.keep, say=say,
+        )
+        results.elapsed_s += results.postgres.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.client import ServiceRun
 from bench.floor import FloorRun
+from bench.postgres import Postgres
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.scaling import Scaling
 from bench.stats import Summary, ratio
@@ -50,6 +51,8 @@ class Results:
     scaling: Scaling | None = None
     #: figure 12, measured on stacks of its own after the others
     switches: Switches | None = None
+    #: figure 13, PostgreSQL, on stacks of its own
+    postgres: Postgres | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,7 @@ def rows(r: Results) -> list[Row]:
         ),
         *(_storage_rows(r.storage) if r.storage is not None else []),
         *(_scaling_rows(r.scaling) if r.scaling is not None else []),
+        *(_postgres_rows(r.postgres) if r.postgres is not None and not r.postgres.skipped else []),
     ]
 
 
@@ -270,6 +274,63 @@ def _scaling_rows(s: Scaling) -> list[Row]:
                     floor_p50=expected, ratio_p50=held)
             )
     return out
+
+
+def _postgres_rows(pg: Postgres) -> list[Row]:
+    """Figure 13: one run on PostgreSQL against SQLite; runs/s per number of workers."""
+    lite, on_pg = Summary.of(pg.single_ms["sqlite"]), Summary.of(pg.single_ms["postgresql"])
+    out = [
+        Row(
+            "13. PostgreSQL: POST → `end`, one run at a time (floor: the same on SQLite, interleaved)",
+            "ms", on_pg.p50, on_pg.p95, "≤ 1.5× floor at p50", ratio(on_pg.p50, lite.p50) <= 1.5,
+            floor_p50=lite.p50, floor_p95=lite.p95,
+            ratio_p50=ratio(on_pg.p50, lite.p50), ratio_p95=ratio(on_pg.p95, lite.p95),
+        )
+    ]
+    base = pg.one_worker_rate
+    for i, x in enumerate(pg.levels):
+        letter = chr(ord("b") + i)
+        if x.workers == 1:
+            label = (
+                f"13{letter}. PostgreSQL: runs/s through 1 worker (WORKER_CONCURRENCY=1), "
+                f"{x.clients} clients, model {pg.model_latency * 1000:.0f} ms per call"
+            )
+            out.append(Row(label, "runs/s", x.runs_per_second, math.nan, "(the one-worker rate)", None))
+            continue
+        expected = x.workers * base
+        held = ratio(x.runs_per_second, expected)
+        out.append(
+            Row(
+                f"13{letter}. … {x.workers} workers, {x.clients} clients "
+                f"(floor: {x.workers} × the rate of 1)",
+                "runs/s", x.runs_per_second, math.nan, "≥ 0.8× floor", held >= 0.8,
+                floor_p50=expected, ratio_p50=held,
+            )
+        )
+    return out
+
+
+def postgres_section(pg: Postgres) -> str:
+    if pg.skipped:
+        return f"Left out: {pg.skipped}.\n"
+    runs = len(pg.single_ms.get("sqlite", []))
+    lines = [
+        "| workers | clients | runs | s | runs/s | POST → end p50 / p95 ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in pg.levels:
+        lat = Summary.of(x.latency_ms)
+        lines.append(
+            f"| {x.workers} | {x.clients} | {x.runs} | {x.seconds:.1f} | {_fmt(x.runs_per_second)} "
+            f"| {_fmt(lat.p50)} / {_fmt(lat.p95)} |"
+        )
+    return (
+        f"Figure 13: {runs} runs on each of two stacks side by side (SQLite; PostgreSQL, the machine's "
+        "server, a new database), one at a time in a random order, the fake model answering at once. "
+        f"Then W workers (`WORKER_CONCURRENCY=1` each) on one PostgreSQL database, the model waiting "
+        f"{pg.model_latency * 1000:.0f} ms per call, 2W clients on new conversations. This phase took "
+        f"{pg.elapsed_s:.0f} s.\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def scaling_section(s: Scaling) -> str:
@@ -530,6 +591,7 @@ def markdown(r: Results) -> str:
         "## More numbers\n",
         extras(r),
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
+        *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -554,6 +616,8 @@ def switches_section(r: Results) -> str:
 
 def console(r: Results) -> str:
     more = "" if r.scaling is None else "\n" + scaling_section(r.scaling)
+    if r.postgres is not None:
+        more += "\n" + postgres_section(r.postgres)
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
@@ -579,6 +643,7 @@ def raw(r: Results) -> dict[str, Any]:
         "storage": asdict(r.storage) if r.storage is not None else None,
         "scaling": asdict(r.scaling) if r.scaling is not None else None,
         "switches": asdict(r.switches) if r.switches is not None else None,
+        "postgres": asdict(r.postgres) if r.postgres is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

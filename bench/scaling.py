@@ -69,7 +69,7 @@ class Scaling:
         return base[0].runs_per_second if base else float("nan")
 
 
-async def _share(http: Client, runs: int, clients: int, ran: list[tuple[str, float]]) -> None:
+async def share_runs(http: Client, runs: int, clients: int, ran: list[tuple[str, float]]) -> None:
     """``clients`` clients run ``runs`` runs between them, one new conversation each."""
     left = runs
 
@@ -91,11 +91,11 @@ async def _level(stack: Stack, http: Client, concurrency: int, quick: bool) -> L
     try:
         async with asyncio.timeout(limit):
             # Warm-up: N runs at once, so each of the worker's N slots has run once.
-            await _share(http, concurrency, concurrency, [])
+            await share_runs(http, concurrency, concurrency, [])
             ran: list[tuple[str, float]] = []
             before = stack.cpu_snapshot()
             started = time.perf_counter()
-            await _share(http, level.runs, level.clients, ran)
+            await share_runs(http, level.runs, level.clients, ran)
             level.seconds = time.perf_counter() - started
             after = stack.cpu_snapshot()
     except TimeoutError:
