@@ -22,6 +22,18 @@ def test_defaults_and_overrides() -> None:
     assert Settings.from_env({"WORKER_CONCURRENCY": "4"}).worker_concurrency == 4
 
 
+def test_database_url_picks_postgresql_and_hides_its_password() -> None:
+    lite = Settings.from_env({})
+    assert lite.database_url is None and not lite.on_postgres
+    assert lite.database_name == str(lite.database_path) and lite.run_lease_seconds == 30
+    for scheme in ("postgresql", "postgres"):
+        url = f"{scheme}://sophos:s3cret@db:5432/sophos"
+        pg = Settings.from_env({"DATABASE_URL": url, "RUN_LEASE_SECONDS": "5"})
+        assert pg.on_postgres and pg.database_url == url and pg.run_lease_seconds == 5
+        assert pg.database_name == f"{scheme}://sophos:***@db:5432/sophos"
+    assert Settings.from_env({"DATABASE_URL": ""}).database_url is None  # empty: SQLite, as unset
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
@@ -44,6 +56,12 @@ def test_defaults_and_overrides() -> None:
         ("EVENT_LOOP", "trio"),
         ("REDIS_PARSER", "resp3"),
         ("JSON_CODEC", "orjson"),
+        ("DATABASE_URL", "mysql://db/sophos"),
+        ("DATABASE_URL", "postgresql://db:port/sophos"),
+        ("DATABASE_URL", "postgresql://db:5432"),
+        ("DATABASE_URL", "postgresql://db:5432/"),
+        ("RUN_LEASE_SECONDS", "0.5"),
+        ("RUN_LEASE_SECONDS", "long"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:
