@@ -1,5 +1,8 @@
 """``python -m worker``: the single worker process. ``python -m worker --check``: is one alive?
 
+``python -m worker --copy-to postgresql://…``: copy the SQLite database into an empty
+PostgreSQL one (worker/copy.py).
+
 SIGTERM / SIGINT: stop taking jobs, ask the run in progress to stop at its next
 step boundary (``RunControl.request_drain``), wait up to SHUTDOWN_TIMEOUT, then
 close MCP sessions and SQLite and exit.
@@ -41,6 +44,10 @@ def main() -> int:
     from worker.lock import WorkerLockHeld, WriterLock
 
     configure_logging(settings.log_format)
+    if sys.argv[1:2] == ["--copy-to"]:
+        from worker.copy import copy_to
+
+        return copy_to(settings, sys.argv[2:])
     # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
