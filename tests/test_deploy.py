@@ -157,6 +157,10 @@ def test_api_token_comes_from_env_and_other_commands_need_none(sophos_env: Sopho
     )
     assert set(example) >= {"API_TOKEN", "OLLAMA_MODEL", "CORS_ORIGINS"}
     assert example["API_TOKEN"] == ""  # a secret the deployer makes, never one we ship
+    # The PostgreSQL variant is offered, commented out: the default deployment stays SQLite.
+    offered = ENV_EXAMPLE.read_text()
+    assert "# COMPOSE_FILE=docker-compose.yml:deploy/postgres.yml" in offered
+    assert "# COMPOSE_PROFILES=postgres" in offered and "COMPOSE_FILE" not in example
     assert ".env" in (REPO / ".gitignore").read_text().split()
     # What compose passes when .env sets no token: the API refuses to start, naming it.
     env = sophos_env.with_(API_HOST=api["environment"]["API_HOST"], API_TOKEN="")
