@@ -162,6 +162,7 @@ class SharedStateCollector:
 
     def _worker(self, liveness: Liveness) -> Iterator[Metric]:
         yield _gauge("sophos_worker_up", "1 while a worker's heartbeat is fresh", liveness.alive)
+        yield _gauge("sophos_workers", "Workers whose heartbeat is fresh", liveness.count)
         if liveness.beat is not None:
             yield _gauge(
                 "sophos_worker_heartbeat_age_seconds",

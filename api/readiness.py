@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import structlog
@@ -12,8 +11,8 @@ from redis.exceptions import RedisError
 
 from api.schemas import ReadinessChecks, WorkerInfo
 from api.store import Store
-from shared.contracts import WORKER_HEARTBEAT
 from shared.errors import NotReady, SophosError
+from shared.liveness import read_liveness
 from shared.model_probe import ModelCheck, probe
 from shared.schema import MIGRATIONS
 from shared.settings import Settings
@@ -50,18 +49,14 @@ async def _redis(redis: Redis) -> bool:
 
 
 async def _worker(redis: Redis) -> tuple[bool, dict[str, str]]:
-    """Is a worker alive, and the state of each of its MCP servers (from its heartbeat)."""
+    """Is any worker alive, and the state of each MCP server (from the newest live beat)."""
     try:
-        raw = await redis.get(WORKER_HEARTBEAT)
+        liveness = await read_liveness(redis)
     except (RedisError, OSError):
         return False, {}
-    if raw is None:
-        return False, {}
-    try:
-        servers = json.loads(raw).get("mcp") or {}
-    except (ValueError, AttributeError):
-        servers = {}
-    return True, {str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {}
+    if not liveness.alive or liveness.beat is None or not liveness.workers:
+        return liveness.alive, {}
+    return True, dict(liveness.beat.tool_servers)
 
 
 async def _database(store: Store) -> bool:

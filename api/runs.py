@@ -183,9 +183,10 @@ def decode_cursor(raw: str) -> Key:
 def worker_info(liveness: Liveness, now: float | None = None) -> WorkerInfo:
     beat = liveness.beat
     if beat is None:
-        return WorkerInfo(alive=liveness.alive)
+        return WorkerInfo(alive=liveness.alive, count=liveness.count)
     return WorkerInfo(
         alive=liveness.alive,
+        count=liveness.count,
         pid=beat.pid if beat.pid is not None else UNSET,
         started_at=iso_from_timestamp(beat.started_at),
         last_beat_at=iso_from_timestamp(beat.beat_at),

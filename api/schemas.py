@@ -159,7 +159,8 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
 
 
 class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """The worker as its heartbeat tells it: alive or not, since when, last seen when."""
+    """The workers as their heartbeats tell it: alive or not, how many, and of the newest
+    beat (else the last one seen) since when and last seen when."""
 
     alive: bool
     pid: int | UnsetType = UNSET
@@ -169,6 +170,8 @@ class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tru
     heartbeat_age_ms: int | UnsetType = UNSET
     #: runs it executes at once (``WORKER_CONCURRENCY``)
     concurrency: int | UnsetType = UNSET
+    #: live workers (the other fields tell of the newest beat among them)
+    count: int | UnsetType = UNSET
 
 
 class RunList(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

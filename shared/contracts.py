@@ -206,8 +206,18 @@ QUEUE_NAME = "sophos:queue"
 ACTIVE_RUNS = "sophos:active"
 #: list the submit script pushes to, so an idle worker blocked on BLPOP wakes at once
 WAKE_LIST = "sophos:wake"
-#: key with a short TTL, refreshed by the live worker: {pid, started_at, beat_at}
+#: key with a short TTL, rewritten by every live worker's beat (the last writer's):
+#: {id, host, pid, started_at, beat_at, ...}. The aggregate older readers know; each
+#: worker's own is ``worker_heartbeat_key``.
 WORKER_HEARTBEAT = "sophos:worker:heartbeat"
+#: sorted set worker id -> Redis time of its last beat; trimmed of members older than the
+#: heartbeat's TTL at each beat, and expiring with it: the workers that may be alive
+WORKERS = "sophos:workers"
+
+
+def worker_heartbeat_key(worker_id: str) -> str:
+    """One worker's heartbeat (the body of ``WORKER_HEARTBEAT``), with the same short TTL."""
+    return f"{WORKER_HEARTBEAT}:{worker_id}"
 
 
 def run_key(run_id: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +18,9 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT
+from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
+from shared.liveness import new_worker_id
+from shared.redis_protocol import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.postgres import FencedPostgresSaver, open_pool
@@ -96,18 +99,21 @@ async def _open_postgres_checkpointer(settings: Settings, url: str) -> AsyncIter
 
 
 async def _heartbeat(
-    redis: Redis, started_at: float, concurrency: int, tool_servers: Callable[[], dict[str, str]]
+    redis: Redis, worker_id: str, started_at: float, concurrency: int,
+    tool_servers: Callable[[], dict[str, str]],
 ) -> None:
-    body = {"pid": os.getpid(), "started_at": started_at, "concurrency": concurrency}
+    body = {
+        "id": worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at,
+        "concurrency": concurrency,
+    }
+    # Its own key and set member (several workers share a Redis), the aggregate for older
+    # readers, and the last beat, which outlives the worker so "no worker since ..." can be told.
+    keys = [worker_heartbeat_key(worker_id), WORKERS, WORKER_HEARTBEAT, WORKER_LAST_BEAT]
     while True:
         try:
             # ``mcp``: each tool server's state ("up" or why not), for readyz.
             beat = json.dumps({**body, "beat_at": time.time(), "mcp": tool_servers()})
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.set(WORKER_HEARTBEAT, beat, ex=HEARTBEAT_TTL)
-                # Outlives the worker, so "no worker since ..." can be told (heartbeat age).
-                pipe.set(WORKER_LAST_BEAT, beat)
-                await pipe.execute()
+            await scripts(redis).beat(keys=keys, args=[worker_id, beat, HEARTBEAT_TTL])
         except RedisError as exc:
             log.warning("worker.heartbeat_failed", error=str(exc))
         await asyncio.sleep(HEARTBEAT_INTERVAL)
@@ -166,14 +172,23 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
 
         stack.push_async_callback(service.unrecorded.close)
         await stack.enter_async_context(service.cancel_signals())
+        # The lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
+        worker_id = store.owner or new_worker_id()
         beat = asyncio.create_task(
-            _heartbeat(redis, time.time(), settings.worker_concurrency, toolbox.status), name="heartbeat"
+            _heartbeat(redis, worker_id, time.time(), settings.worker_concurrency, toolbox.status),
+            name="heartbeat",
         )
 
         async def stop_beating() -> None:
             beat.cancel()
+            with suppress(asyncio.CancelledError):
+                await beat  # no beat of ours may land after the keys are gone
             with suppress(RedisError):
-                await redis.delete(WORKER_HEARTBEAT)
+                # Only our own heartbeat: the other workers stay alive to every reader.
+                await scripts(redis).stop_beating(
+                    keys=[worker_heartbeat_key(worker_id), WORKERS, WORKER_HEARTBEAT],
+                    args=[worker_id, worker_heartbeat_key("")],
+                )
 
         stack.push_async_callback(stop_beating)
         yield service

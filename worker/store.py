@@ -8,12 +8,10 @@ other's half-done work.
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from collections.abc import Collection
 
 from shared.contracts import RunJob, RunStatus
+from shared.liveness import new_worker_id
 from shared.rows import RUN_COLUMNS, RunRow, title_of
 from shared.schema import iso_from_timestamp, now_iso
 from shared.settings import Settings
@@ -45,8 +43,7 @@ class RunStore:
             from shared.storage.postgres import PostgresDatabase
 
             db = await PostgresDatabase.open(settings.database_url, max_size=settings.worker_concurrency + 2)
-            return cls(db, owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
-                       lease_seconds=settings.run_lease_seconds)
+            return cls(db, owner=new_worker_id(), lease_seconds=settings.run_lease_seconds)
         return cls(await SqliteDatabase.open(settings.database_path))
 
     # --- leases (PostgreSQL) ------------------------------------------------------

@@ -25,8 +25,12 @@ import redis
 from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
 
-#: Written by the worker once it is up (see shared.contracts.WORKER_HEARTBEAT).
+#: Written by the worker once it is up (see shared.contracts.WORKER_HEARTBEAT): the last
+#: writer's beat when several workers share the Redis.
 HEARTBEAT_KEY = "sophos:worker:heartbeat"
+#: The workers that beat (shared.contracts.WORKERS); each one's own beat is under
+#: ``HEARTBEAT_KEY:<member>``.
+WORKERS_KEY = "sophos:workers"
 
 READY_TIMEOUT = 30.0
 #: Set (by coverage's ``patch = ["subprocess"]``) when this test run measures coverage.
@@ -254,11 +258,24 @@ def _heartbeat_pid(client: redis.Redis) -> int | bool | None:
         return True
 
 
+def _own_heartbeat_pids(client: redis.Redis) -> set[int]:
+    """The pids in the per-worker heartbeats (several workers on one Redis)."""
+    pids = set()
+    members: list[bytes] = client.zrange(WORKERS_KEY, 0, -1)  # type: ignore[assignment]  # sync client
+    for member in members:
+        name = member.decode() if isinstance(member, bytes) else str(member)
+        value = client.get(f"{HEARTBEAT_KEY}:{name}")
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            pids.add(int(json.loads(value).get("pid")))  # type: ignore[arg-type]
+    return pids
+
+
 def wait_worker_ready(proc: ServiceProcess, redis_url: str, timeout: float = READY_TIMEOUT) -> None:
     """Wait until the worker's heartbeat is in Redis (naming this pid, when it names one).
 
     A heartbeat left by a worker killed a moment ago still lives for its TTL, so a
-    heartbeat naming another pid does not count.
+    heartbeat naming another pid does not count. Its own heartbeat counts even when
+    another worker's beat holds the aggregate one.
     """
     deadline = time.monotonic() + timeout
     client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
@@ -270,7 +287,7 @@ def wait_worker_ready(proc: ServiceProcess, redis_url: str, timeout: float = REA
                 )
             with contextlib.suppress(redis.exceptions.RedisError):
                 pid = _heartbeat_pid(client)
-                if pid is True or pid == proc.pid:
+                if pid is True or pid == proc.pid or proc.pid in _own_heartbeat_pids(client):
                     proc.descendants()
                     return
             if time.monotonic() > deadline:
