@@ -94,8 +94,10 @@ class TestTwoWorkersOnPostgres:
 
         first.signal(signal.SIGTERM)
         statuses = []
-        while first.alive:
+        deadline = time.monotonic() + 60  # SHUTDOWN_TIMEOUT and closing, with room to spare
+        while first.alive and time.monotonic() < deadline:
             statuses.append(readyz_status(api))
+        assert not first.alive, "the stopped worker did not exit"
         statuses.append(readyz_status(api))
         assert first.returncode == 0, first.log_tail()
         assert statuses and set(statuses) == {200}, statuses
