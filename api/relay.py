@@ -37,7 +37,7 @@ from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, parse_iso
 from shared.contracts import EventType, RunErrorCode, RunStatus, dumps, events_key
 from shared.errors import BadRequest, NotFound, SophosError
-from shared.redis_protocol import ENDS_NORMALLY, terminal_event
+from shared.events import ENDS_NORMALLY, body, event_type, terminal_event
 
 log = structlog.get_logger(__name__)
 
@@ -87,8 +87,10 @@ def terminal_from_row(run: RunRow, event_id: int) -> bytes:
         default_code = RunErrorCode.INTERRUPTED if run.status == RunStatus.INTERRUPTED else "AGENT_FAILURE"
         code = run.error_code or default_code
         message = run.error_message or f"the run {run.status}"
-    event, body = terminal_event(run.conversation_id, run.id, run.status, code, message)
-    return ServerSentEventMessage(id=str(event_id), event=event.value, data=dumps(body).decode()).encode()
+    event = terminal_event(run.conversation_id, run.id, run.status, code, message)
+    return ServerSentEventMessage(
+        id=str(event_id), event=event_type(event).value, data=dumps(body(event)).decode()
+    ).encode()
 
 
 def _finished(run: RunRow) -> bool:

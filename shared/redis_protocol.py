@@ -1,11 +1,11 @@
-"""The Redis protocol's scripts and the terminal event's shape, in one place.
+"""The Redis protocol's scripts, in one place.
 
 The keys stay in :mod:`shared.contracts`, beside the jobs and events they carry
-(every module already names them from there); this module owns what is *done*
-with them atomically, the Lua scripts, and the shape of the event that ends a
-run's stream, which four producers write: the worker (a run's outcome), the
-cancel script (a run cancelled while queued), the sweep's script (a run that
-never started) and the relay (an ending rebuilt from the run's row).
+(every module already names them from there); the events' shapes are in
+:mod:`shared.events`; this module owns what is *done* with them atomically, the
+Lua scripts. A run's ending in Redis is one Lua function, :data:`END_LUA`, used by
+the three scripts that end a run: the worker's (:data:`END_RUN_LUA`, whatever
+ended the run), the queued cancel and the sweep's drop of a run that never started.
 
 Scripts are registered once per Redis client (:func:`scripts`) with redis-py's
 ``register_script``: each call is an ``EVALSHA`` of the script's SHA-1, not the
@@ -17,47 +17,47 @@ before sending it. Every script below is atomic: that is why each is a script.
 
 from __future__ import annotations
 
-from typing import Any
 from weakref import WeakKeyDictionary
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from shared.contracts import EventType, RunStatus
+from shared.contracts import EventType
+from shared.events import ENDS_NORMALLY
 
-# --- the terminal event ---------------------------------------------------------
-
-#: A run with one of these outcomes stopped as it should (a cancelled one, as asked):
-#: its stream ends with ``end``; any other ends with ``chat-error``.
-# A cancelled run stopped as asked; a waiting one paused for an approval, as configured.
-ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
-
-
-def terminal_event(
-    conversation_id: str, run_id: str, status: str, code: str | None = None, message: str | None = None
-) -> tuple[EventType, dict[str, Any]]:
-    """The event that ends a run's stream: ``end {conversation, run, status}``, or
-    ``chat-error {conversation, run, status, code, message}``.
-
-    :data:`TERMINAL_EVENT_LUA` builds the same fields inside the scripts that end a run.
-    """
-    body: dict[str, Any] = {"conversation": conversation_id, "run": run_id, "status": str(status)}
-    if status in ENDS_NORMALLY:
-        return EventType.END, body
-    return EventType.CHAT_ERROR, {**body, "code": code, "message": message}
-
+# --- a run's ending -------------------------------------------------------------
 
 _NORMAL = " or ".join(f"status == '{s.value}'" for s in ENDS_NORMALLY)
 
-#: Lua: append a run's terminal event to its stream (ids ``<n>-0``, after the last
-#: entry) and bound the stream; the fields of :func:`terminal_event`. Prepended to
-#: the scripts that end a run.
-TERMINAL_EVENT_LUA = f"""
-local function add_terminal_event(stream, ttl, conversation, run, status, code, message)
-  local n = 1
+#: Lua: a run's ending in Redis, prepended to every script that ends a run (the worker's
+#: :data:`END_RUN_LUA`, the queued cancel, the sweep's drop of a run that never started).
+#: ``end_run`` compares-and-deletes the conversation's claim, appends the ``approval``
+#: event (when ``requests`` is a JSON list) and the terminal event of
+#: :func:`shared.events.terminal_event` to the run's stream, with ids after both the
+#: stream's last entry and ``first_id``, sets the stream's expiry and counts the outcome.
+#: It returns the terminal event's id. A stream that already ends with a terminal event is
+#: left as it is (the ending is safe to retry).
+END_LUA = f"""
+local function end_run(active, stream, metrics, conversation, run, status, code, message,
+                       requests, first_id, ttl, counter)
+  if active and redis.call('HGET', active, conversation) == run then
+    redis.call('HDEL', active, conversation)
+  end
+  local n = tonumber(first_id) or 1
   local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
   if last[1] then
-    n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+    local after = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+    if after > n then n = after end
+    local kind = last[1][2][2]
+    if kind == '{EventType.END.value}' or kind == '{EventType.CHAT_ERROR.value}' then
+      return after - 1  -- ended already (a retry whose first try did reach Redis)
+    end
+  end
+  if requests and requests ~= '' then
+    redis.call('XADD', stream, n .. '-0', 'type', '{EventType.APPROVAL.value}', 'data',
+      '{{"conversation":' .. cjson.encode(conversation) .. ',"run":' .. cjson.encode(run)
+      .. ',"requests":' .. requests .. '}}')
+    n = n + 1
   end
   local event = '{EventType.END.value}'
   local body = {{conversation = conversation, run = run, status = status}}
@@ -68,7 +68,18 @@ local function add_terminal_event(stream, ttl, conversation, run, status, code, 
   end
   redis.call('XADD', stream, n .. '-0', 'type', event, 'data', cjson.encode(body))
   redis.call('EXPIRE', stream, ttl)
+  redis.call('HINCRBY', metrics, counter, 1)
+  return n
 end
+"""
+
+# The worker's ending of a run it executed or found orphaned (worker/ending.py).
+# KEYS: active hash, events stream, metrics
+# ARGV: conversation, run, status, code, message, requests (JSON list, or ''), first event id,
+#       event retention (s), metrics field
+END_RUN_LUA = END_LUA + """
+return end_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
+               ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 """
 
 # --- scripts --------------------------------------------------------------------
@@ -124,7 +135,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 # 1 if the claim was released (and the run recorded failed, its terminal event published); 2 if
 # released only, the run being recorded already (refused by the database: only its release was
 # lost); else 0.
-DROP_UNSTARTED_LUA = TERMINAL_EVENT_LUA + """
+DROP_UNSTARTED_LUA = END_LUA + """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
@@ -147,8 +158,7 @@ end
 redis.call('HSET', KEYS[5], 'conversation', ARGV[1], 'status', 'failed', 'failed_at', ARGV[3],
            'error_code', ARGV[7], 'error_message', ARGV[8])
 redis.call('EXPIRE', KEYS[5], ARGV[4])
-add_terminal_event(KEYS[6], ARGV[5], ARGV[1], ARGV[2], 'failed', ARGV[7], ARGV[8])
-redis.call('HINCRBY', KEYS[7], ARGV[6], 1)
+end_run(nil, KEYS[6], KEYS[7], ARGV[1], ARGV[2], 'failed', ARGV[7], ARGV[8], nil, 1, ARGV[5], ARGV[6])
 return 1
 """
 
@@ -172,7 +182,7 @@ return gone
 #       the conversation's cancelled run
 # ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
 #       (the one KEYS[9] was named for: read before the script, as a script must be told its keys)
-CANCEL_QUEUED_LUA = TERMINAL_EVENT_LUA + """
+CANCEL_QUEUED_LUA = END_LUA + """
 if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
   return 'already'
 end
@@ -195,8 +205,7 @@ redis.call('ZADD', KEYS[7], score, ARGV[1])
 if conversation == ARGV[6] then
   redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
 end
-add_terminal_event(KEYS[6], ARGV[4], conversation or '', ARGV[1], 'cancelled')
-redis.call('HINCRBY', KEYS[8], ARGV[5], 1)
+end_run(nil, KEYS[6], KEYS[8], conversation or '', ARGV[1], 'cancelled', nil, nil, nil, 1, ARGV[4], ARGV[5])
 return 'cancelled'
 """
 
@@ -286,6 +295,7 @@ class Scripts:
 
     def __init__(self, redis: Redis) -> None:
         self.release_active: AsyncScript = redis.register_script(RELEASE_ACTIVE_LUA)
+        self.end_run: AsyncScript = redis.register_script(END_RUN_LUA)
         self.submit: AsyncScript = redis.register_script(SUBMIT_LUA)
         self.record_ended: AsyncScript = redis.register_script(RECORD_ENDED_LUA)
         self.drop_unstarted: AsyncScript = redis.register_script(DROP_UNSTARTED_LUA)

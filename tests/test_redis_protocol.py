@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from shared.contracts import JobKind, RunJob, arq_job_key, events_key, run_key
 from shared.queue import submit_run
-from shared.redis_protocol import terminal_event
+from shared.events import body, event_type, terminal_event
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text
 from tests.support.client import chat, read_sse, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
@@ -133,9 +133,8 @@ async def _terminal_entry(redis: Redis, run_id: str) -> tuple[str, dict[str, Any
     return fields["type"], json.loads(fields["data"])
 
 
-def _expected(event: tuple[Any, dict[str, Any]]) -> tuple[str, set[str]]:
-    kind, body = event
-    return str(kind.value), set(body)
+def _expected(event: Any) -> tuple[str, set[str]]:
+    return str(event_type(event).value), set(body(event))
 
 
 async def test_every_producer_writes_the_terminal_event_of_one_shape(
@@ -190,14 +189,14 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     assert worker_failed[1]["status"] == "failed" and relayed.data == worker_failed[1]
 
 
-def test_the_scripts_add_a_terminal_event_only_through_the_one_builder() -> None:
-    """A script that appends to a run's stream does it with ``add_terminal_event`` (the
-    fields of :func:`terminal_event`), never with an XADD of its own."""
+def test_the_scripts_end_a_run_only_through_the_one_lua_ending() -> None:
+    """A script that appends to a run's stream does it through ``end_run`` (the fields of
+    :func:`terminal_event`), never with an XADD of its own."""
     from shared import redis_protocol
 
     texts = {name: text for name, text in vars(redis_protocol).items() if name.endswith("_LUA")}
-    adding = {name for name, text in texts.items() if "add_terminal_event(KEYS" in text}
-    assert adding == {"CANCEL_QUEUED_LUA", "DROP_UNSTARTED_LUA"}
+    ending = {name for name, text in texts.items() if "end_run(" in text.replace(redis_protocol.END_LUA, "")}
+    assert ending == {"CANCEL_QUEUED_LUA", "DROP_UNSTARTED_LUA", "END_RUN_LUA"}
     for name, text in texts.items():
-        own = text.replace(redis_protocol.TERMINAL_EVENT_LUA, "")
+        own = text.replace(redis_protocol.END_LUA, "")
         assert "XADD" not in own, name

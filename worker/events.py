@@ -143,6 +143,20 @@ class EventPublisher:
             return False
         return True
 
+    async def close(self) -> int:
+        """Stop publishing: wait (bounded) for what is queued, drop what could not be written.
+
+        Returns the id the next event would have had: the run's ending
+        (worker/ending.py) writes its terminal event in a script of its own, after it.
+        """
+        if self._pending:
+            await self.flush(FLUSH_TIMEOUT)
+        writer = self._writer
+        if writer is not None:
+            writer.cancel()
+            await asyncio.wait({writer})  # (its cancellation is not ours: not raised here)
+        return self.next_id
+
     def along(self, queue: Callable[[Pipeline], None]) -> None:
         """Have ``queue`` add its commands to the pipeline of the next batch written.
 

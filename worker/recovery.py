@@ -44,8 +44,8 @@ from shared.contracts import (
     cancel_key,
     progress_key,
 )
-from worker.events import EventPublisher
-from worker.runs import Outcome, RunService, notify_outcome
+from worker.ending import Outcome
+from worker.runs import RunService
 from worker.store import RunRow, is_database_unavailable
 from worker.sweep import ClaimSweep
 
@@ -93,49 +93,33 @@ async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig
 
 
 async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
-    """Record one orphaned run's outcome, clear its job, free its conversation, end its stream."""
-    thread = service.thread_config(run.conversation_id)
-    recorded = await input_recorded(saver, thread, run.id)
-    message_count: int | None = None
-    pending: bool | None = None
-    try:
-        state = await service.graph.aget_state(thread)
-        message_count, pending = len((state.values or {}).get("messages", [])), bool(state.tasks)
-    except Exception as exc:
-        # A thread that cannot be read (a crafted or damaged checkpoint) must not keep
-        # the worker from starting: the run is recorded all the same, without counts.
-        log.warning("run.state_unreadable", run_id=run.id, error=f"{type(exc).__name__}: {exc}")
+    """End one orphaned run (worker/ending.py), then clear its job and what its worker left in Redis."""
+    recorded = await input_recorded(saver, service.thread_config(run.conversation_id), run.id)
+    # A thread that cannot be read (a crafted or damaged checkpoint) must not keep the
+    # worker from starting: the run ends all the same, without counts.
+    thread = await service.ending.read_thread(run.conversation_id)
     if recorded is False and run.kind == JobKind.RUN.value:
         message = NOT_RECORDED
-    elif pending is None:
+    elif thread.pending is None:
         message = UNREADABLE
-    elif pending:
+    elif thread.pending:
         message = RESUMABLE
     else:
         message = COMPLETE
     cancelled = await _cancel_requested(service, run.id)
     if cancelled:
-        outcome = Outcome(RunStatus.CANCELLED)
+        cause = Outcome(RunStatus.CANCELLED)
     else:
-        outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
-    await service.store.finish_run(
-        run.id, run.conversation_id,
-        status=outcome.status, error_code=outcome.code, error_message=outcome.message,
-        message_count=message_count, pending_tasks=pending,
-    )
+        cause = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
+    # (A pending interrupt makes it `waiting` again: the decision is still to be made.)
+    outcome = await service.ending.end(run.id, run.conversation_id, cause, thread=thread)
     await forget_job(service, run.id)
     # The dead worker's view of the run: its progress, and the cancel now honoured.
     await service.redis.delete(cancel_key(run.id), progress_key(run.id))
-    events = EventPublisher(
-        service.redis, run.id,
-        retention=service.settings.event_retention, max_len=service.settings.event_max_per_run,
-    )
-    await events.start()
-    await notify_outcome(service.redis, events, run.conversation_id, run.id, outcome)
     log.warning(
         "run.cancelled_by_crash" if cancelled else "run.interrupted_by_crash",
-        run_id=run.id, conversation_id=run.conversation_id,
-        input_recorded=recorded, resumable=pending,
+        run_id=run.id, conversation_id=run.conversation_id, status=outcome.status.value,
+        input_recorded=recorded, resumable=thread.pending,
     )
 
 

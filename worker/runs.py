@@ -41,23 +41,20 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 from langgraph.types import Command
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from shared.contracts import (
-    ACTIVE_RUNS,
-    EventType,
     JobKind,
     RunErrorCode,
     RunJob,
     RunStatus,
     text_of,
 )
-from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
-from shared.queue import record_ended, release_conversation
-from shared.redis_protocol import scripts, terminal_event
+from shared.queue import release_conversation
 from shared.settings import Settings
 from shared.storage.postgres import CURRENT_LEASE, Lease, LeaseLost
-from worker.events import WRITE_TIMEOUT, EventPublisher
+from worker.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
+from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
 from worker.metrics import collecting
 from worker.model import is_model_unavailable
@@ -70,13 +67,8 @@ from worker.store import RunStore, end_failed_transaction, is_database_unavailab
 log = structlog.get_logger(__name__)
 
 
-@dataclass(slots=True)
-class Outcome:
-    status: RunStatus
-    code: str | None = None
-    message: str | None = None
-    #: a ``waiting`` run's requests: the tool calls waiting for a decision
-    requests: list[dict[str, Any]] | None = None
+#: The outcomes whose run knows its final state (the thread is not read again to end it).
+_FINAL_KNOWN = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
 
 
 @dataclass(slots=True)
@@ -89,6 +81,11 @@ class RunService:
     live: dict[str, LiveRun] = field(default_factory=dict)
     #: outcomes the database refused (busy, full, failing), retried until it takes them
     unrecorded: UnrecordedOutcomes = field(default_factory=UnrecordedOutcomes)
+    #: the one place a run ends (worker/ending.py)
+    ending: RunEnding = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ending = RunEnding(self.settings, self.redis, self.store, self.graph, self.unrecorded)
 
     def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
@@ -179,7 +176,7 @@ class RunService:
                 if final is None:
                     outcome, final = await self._close_cut(job, events, live, tracker)
                 elif final.requests is not None:
-                    outcome = Outcome(RunStatus.WAITING, requests=final.requests)
+                    outcome = Outcome(RunStatus.WAITING)
                 else:
                     outcome = Outcome(RunStatus.COMPLETED)
             finally:
@@ -200,7 +197,7 @@ class RunService:
                 "the worker shut down during the run; resume the conversation to finish it",
             )
         except NotResumable as exc:
-            outcome = Outcome(RunStatus.FAILED, RunErrorCode.RUN_NOT_RESUMABLE, str(exc))
+            outcome = Outcome(RunStatus.FAILED, exc.code, str(exc))
         except asyncio.CancelledError:
             # arq cancels the job (timeout, or a shutdown that could not drain).
             # Record it, shielded from the cancellation, then let it propagate.
@@ -227,7 +224,7 @@ class RunService:
                 )
         await self._conclude(
             job, outcome, events, tracker, started,
-            final if outcome.status in (RunStatus.COMPLETED, RunStatus.CANCELLED) else None,
+            final if outcome.status in _FINAL_KNOWN else None,
         )
         return outcome.status.value
 
@@ -235,62 +232,27 @@ class RunService:
         self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
         final: FinalState | None = None,
     ) -> None:
-        lost = False
-        try:
-            await self._record(job, outcome, events, tracker, started, final)
-        except LeaseLost as exc:
-            lost = True  # taken over while it ended: the new owner has told the client
-            log.warning("run.dropped", reason=str(exc))
-        finally:
-            # Whatever recording the outcome raised, the client is told and the conversation
-            # freed: without this an SSE client would get pings for ever and every new
-            # message of the conversation a 409. (Persist, then notify: the outcome above
-            # is either committed or kept for a retry by now.)
-            # Unless the run was taken over: its new owner ended the stream and freed the conversation.
-            if not lost:
-                duration = time.monotonic() - started
-                # With the events, so it lands after every progress write the run queued there.
-                events.along(lambda pipe: tracker.queue_close(pipe, duration))
-                await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
-
-    async def _record(
-        self, job: RunJob, outcome: Outcome, events: EventPublisher, tracker: RunTracker, started: float,
-        final: FinalState | None,
-    ) -> None:
-        steps = tracker.steps
-        message_count: int | None = None
-        pending: bool | None = None
+        """End the run through the one ending (worker/ending.py), with what the run knows."""
+        duration = time.monotonic() - started
+        # With the events, so it lands after every progress write the run queued there.
+        events.along(lambda pipe: tracker.queue_close(pipe, duration))
+        thread = None
         if final is not None:
-            # The thread has nothing left to run (END, or a cut closed): its size is at hand.
-            message_count, pending = final.message_count, False
-        else:
-            try:
-                state = await self.graph.aget_state(self.thread_config(job.conversation_id))
-                message_count = len(state.values.get("messages", []) if state.values else [])
-                pending = bool(state.tasks)
-            except Exception as exc:
-                # Database away, or a checkpoint it cannot read: the outcome is recorded
-                # all the same (without the counts), or the run would stay `running`.
-                log.warning("run.state_unreadable", error=f"{type(exc).__name__}: {exc}")
-
-        async def record() -> None:
-            await self.store.finish_run(
-                job.run_id, job.conversation_id,
-                status=outcome.status, error_code=outcome.code, error_message=outcome.message,
-                message_count=message_count, pending_tasks=pending, step_count=steps,
+            # The thread has nothing left to run (END, or a cut closed), or waits at its
+            # interrupt: its shape is at hand, no checkpoint read needed.
+            waiting = final.requests is not None
+            thread = Thread(message_count=final.message_count, pending=waiting, requests=final.requests)
+        try:
+            ended = await self.ending.end(
+                job.run_id, job.conversation_id, outcome, thread=thread, events=events, steps=tracker.steps,
             )
-
-        # The run's events reach Redis before its outcome is committed: a client that
-        # finds the run finished and its stream empty takes the stream as expired
-        # (api/relay.py), so a commit ahead of the buffered tokens would cost it every one
-        # (seen under load: `missed` from 1 on a run that had just completed). Bounded:
-        # with Redis away the outcome is recorded all the same.
-        await events.flush(WRITE_TIMEOUT)
-        # Whatever the database raises, the outcome is kept and retried until it is taken.
-        await self.unrecorded.record(job.run_id, record)
+        except LeaseLost as exc:
+            # Taken over while it ended: the new owner recorded it and told the client.
+            log.warning("run.dropped", reason=str(exc))
+            return
         log.info(
-            "run.finished", status=outcome.status.value, error_code=outcome.code,
-            steps=steps, duration_ms=round((time.monotonic() - started) * 1000),
+            "run.finished", status=ended.status.value, error_code=ended.code,
+            steps=tracker.steps, duration_ms=round((time.monotonic() - started) * 1000),
             event_publish_failures=events.failures, events=events.next_id - 1, event_writes=events.writes,
         )
 
@@ -364,6 +326,15 @@ class RunService:
         }
         graph_input: dict[str, Any] | Command[Any] | None = None
         if live.input is not None:
+            # New input over a pending interrupt would silently discard it (LangGraph starts
+            # a new step): the decision comes first. Checked here, by the only writer.
+            state = await self.graph.aget_state(self.thread_config(job.conversation_id))
+            if any(task.interrupts for task in state.tasks):
+                raise NotResumable(
+                    "the conversation waits for a decision on its tool calls; your message was not "
+                    "recorded: send the decisions first, then the message again",
+                    APPROVAL_PENDING,
+                )
             graph_input = {"messages": [live.input]}
         else:
             state = await self.graph.aget_state(self.thread_config(job.conversation_id))
@@ -438,21 +409,8 @@ class RunService:
             f"the database could not be written ({exc}); nothing of this request was recorded, "
             f"{again} once it can be written",
         )
-        try:
-            # Its Redis description is its only record: the API answers for the run from it.
-            await record_ended(self.redis, job.run_id, job.conversation_id, {
-                "status": outcome.status.value, "failed_at": f"{time.time():.6f}",
-                "error_code": outcome.code or "", "error_message": outcome.message or "",
-            })
-        except RedisError as exc:
-            log.warning("run.describe_failed", error=str(exc))
-        events = EventPublisher(
-            self.redis, job.run_id,
-            retention=self.settings.event_retention, max_len=self.settings.event_max_per_run,
-        )
-        await events.start()
-        await notify_outcome(self.redis, events, job.conversation_id, job.run_id, outcome)
-
+        # Its Redis description is its only record: the API answers for the run from it.
+        await self.ending.end(job.run_id, job.conversation_id, outcome, thread=Thread(), recorded=False)
 
     async def _end_failed_checkpoint_write(self) -> None:
         """Roll back what a failed checkpoint write left open on the saver's connection.
@@ -477,42 +435,12 @@ class FinalState:
 
 
 class NotResumable(Exception):
-    pass
+    """The job cannot continue the thread as it stands (nothing to resume, or a decision is pending)."""
+
+    def __init__(self, message: str, code: str = RunErrorCode.RUN_NOT_RESUMABLE.value) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DatabaseBusy(Exception):
     pass
-
-
-async def notify_outcome(
-    redis: Redis, events: EventPublisher, conversation_id: str, run_id: str, outcome: Outcome
-) -> None:
-    """Free the conversation, then publish the run's terminal event (after the outcome is stored).
-
-    Freeing and counting the outcome share one round trip. A cancelled run ends with
-    ``end`` like a completed one: it stopped as asked.
-    """
-    try:
-        release = scripts(redis).release_active
-        async with redis.pipeline(transaction=False) as pipe:
-            # EVALSHA queued as a plain command: a Script queued on a pipeline makes redis-py
-            # ask SCRIPT EXISTS first, one more round trip on every run's way to its `end`.
-            pipe.evalsha(release.sha, 1, ACTIVE_RUNS, conversation_id, run_id)
-            pipe.hincrby(METRICS_KEY, counter_field(RUNS_FINISHED, status=outcome.status.value))
-            replies = await pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], NoScriptError):  # Redis restarted since: load it, once
-            replies[0] = await release(keys=[ACTIVE_RUNS], args=[conversation_id, run_id])
-        for reply in replies:
-            if isinstance(reply, Exception):
-                log.warning("run.notify_failed", error=str(reply))
-    except RedisError as exc:
-        # Start-up reconciliation frees conversations whose run has finished.
-        log.warning("run.release_failed", error=str(exc))
-    if outcome.status is RunStatus.WAITING:
-        await events.publish(EventType.APPROVAL, {
-            "conversation": conversation_id, "run": run_id, "requests": outcome.requests or [],
-        })
-    await events.publish(
-        *terminal_event(conversation_id, run_id, outcome.status, outcome.code, outcome.message)
-    )
-
