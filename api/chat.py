@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from api import live
 from api.approvals import check_shape, match, pending_requests
+from api.idempotency import first_answer  # refuses an answer naming a deleted conversation
 from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
 from api.store import Store
@@ -46,7 +47,7 @@ from shared.errors import (
     RunNotResumable,
     SessionInProgress,
 )
-from shared.queue import FirstAnswer, Idempotency, first_answer, submit
+from shared.queue import FirstAnswer, Idempotency, submit
 from shared.rows import title_of
 from shared.settings import Settings
 
@@ -130,8 +131,12 @@ class ChatService:
         title = title_of(message)
 
         if not new:
-            row = await self.store.conversation(conversation_id)
+            # The claim first, then the row: a run records its outcome before it frees the
+            # claim (worker/ending.py), so a row read after a free claim is that run's
+            # outcome. Read the other way round, a run turning `waiting` in between would
+            # let a message through over its approval.
             holder = await live.active_run(self.redis, conversation_id)
+            row = await self.store.conversation(conversation_id)
             if row is None and holder is None:
                 raise NotFound(f"conversation {conversation_id} not found")
             if holder is not None:
@@ -168,8 +173,8 @@ class ChatService:
             return _answer(first, idempotency)
         try:
             structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+            holder = await live.active_run(self.redis, conversation_id)  # then the row (see _submit)
             row = await self.store.conversation(conversation_id)
-            holder = await live.active_run(self.redis, conversation_id)
             if row is None and holder is None:
                 raise NotFound(f"conversation {conversation_id} not found")
             if holder is not None or row is None or row.last_status != RunStatus.WAITING:
