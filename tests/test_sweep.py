@@ -34,6 +34,7 @@ from shared.contracts import (
     RunStatus,
     arq_in_progress_key,
     arq_job_key,
+    delete_claim,
     events_key,
     run_key,
 )
@@ -219,6 +220,24 @@ async def test_one_pass_releases_only_the_claims_whose_run_will_never_run(
     assert await _claim(redis, being_taken) is None
     # A second pass finds nothing more to do.
     assert await sweep.once() == type(report)()
+
+
+async def test_a_delete_claim_whose_job_expired_is_released_as_no_run(redis: Redis, store: RunStore) -> None:
+    """A delete's claim is no run: released, with no run record, no event and no count.
+
+    Before: the sweep took it for a run that never started (a ``failed`` run hash under
+    the claim, a ``chat-error`` on a stream of that name, a failed run counted).
+    """
+    conversation, claim = str(uuid.uuid4()), delete_claim(str(uuid.uuid4()))
+    await redis.hset(ACTIVE_RUNS, conversation, claim)  # type: ignore[misc]
+    # Its job expired in the queue, as arq's expiry would leave it.
+    await redis.zadd(QUEUE_NAME, {claim: time.time() * 1000})
+    sweep = ClaimSweep(redis, store, executing=set, event_retention=60)
+    report = await sweep.once()
+    assert (report.dropped, report.released) == (0, 1)
+    assert await redis.hget(ACTIVE_RUNS, conversation) is None  # type: ignore[misc]
+    assert await redis.exists(run_key(claim), events_key(claim)) == 0
+    assert await redis.hget(METRICS_KEY, counter_field(RUNS_FINISHED, status="failed")) is None  # type: ignore[misc]
 
 
 async def test_a_claim_taken_by_a_newer_run_is_never_released_for_an_older_one(redis: Redis) -> None:

@@ -24,6 +24,7 @@ terminal event rebuilt from the row by the relay. A run without a row never
 started and never will: one script releases the claim, records the run
 ``failed`` in its Redis description (the API answers ``/api/runs/{id}`` from
 it), publishes its ``chat-error`` event, so waiting SSE clients end, and counts it.
+A delete claim whose job is gone is only released: it is no run, and has no outcome.
 
 The sweep also bounds ``CANCELLED_RUNS``, the index of runs cancelled while queued:
 an entry whose record has expired is removed (a slice of the index per pass, so
@@ -50,6 +51,7 @@ from shared.contracts import (
     CANCELLED_RUNS,
     RunErrorCode,
     RunStatus,
+    is_delete_claim,
     run_key,
 )
 from shared.queue import drop_unstarted, gone_runs, release_conversation
@@ -121,6 +123,13 @@ class ClaimSweep:
         dropped = released = 0
         for run_id in await gone_runs(self.redis, list(conversation_of)):
             conversation_id = conversation_of[run_id]
+            if is_delete_claim(run_id):
+                # A delete whose job arq dropped: no run to end, only the conversation to free
+                # (the client that asked sees it still there and may ask again).
+                if await release_conversation(self.redis, conversation_id, run_id):
+                    released += 1
+                    log.warning("delete.released_stale_claim", claim=run_id, conversation_id=conversation_id)
+                continue
             # After the look above: a row of this run, if any, is already written.
             try:
                 row = await self.store.get_run(run_id)
