@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from shared.contracts import JobKind, RunJob, cancel_key
 from shared.queue import submit_run
-from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv
 from tests.test_approvals import _require_approval, decide, wait_approval
@@ -107,3 +107,29 @@ async def test_the_worker_refuses_a_message_over_a_pending_interrupt(
     assert accepted.status_code == 202, accepted.text
     wait_for(lambda: read_sse(sophos_env.api_url, conversation)[-1].data["status"] == "completed", 30)
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 5, "b": 6}]
+
+
+def test_sigterm_past_shutdown_timeout_ends_the_run_before_the_worker_exits(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """The step in flight does not reach a boundary within SHUTDOWN_TIMEOUT: the worker ends
+    the run itself (``interrupted``, its terminal event written) before it closes its stores."""
+    hang = Hang(text="a long ")
+    model.script(hang, Text("Finished after restart."))
+    worker = start_worker(sophos_env.with_(SHUTDOWN_TIMEOUT=1))
+    start_api(sophos_env)
+    conversation, run = chat(sophos_env.api_url, "take longer than the shutdown allows")
+    hang.wait_started(15)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert "worker.runs_abandoned" in worker.log_text()
+
+    info = get_json(sophos_env.api_url, f"/api/runs/{run}")
+    assert info["status"] == "interrupted" and "SHUTDOWN_TIMEOUT" in info["error"]["message"], info
+    stream = read_sse(sophos_env.api_url, conversation)
+    assert stream[-1].event == "chat-error" and stream[-1].data["code"] == "INTERRUPTED"
+    assert get_json(sophos_env.api_url, f"/api/conversations/{conversation}")["resumable"] is True
+
+    start_worker(sophos_env)
+    chat(sophos_env.api_url, conversation=conversation, resume=True)
+    assert read_sse(sophos_env.api_url, conversation).text == "Finished after restart."

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from shared.speedups import Speedups
 
 
+#: How long ending the runs a drain could not stop may take (a database write and a Redis script each).
+_ABANDON_SECONDS = 20.0
+
+
 def main() -> int:
     if sys.argv[1:] == ["--check"]:
         from worker.check import check
@@ -113,6 +117,14 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
             _, late = await asyncio.wait(pending, timeout=settings.shutdown_timeout)
             if late:
                 log.warning("worker.drain_timeout", runs=len(late))
+                if service is not None:
+                    # Ended here, before arq cancels the jobs and the stores close under them.
+                    try:
+                        async with asyncio.timeout(_ABANDON_SECONDS):
+                            abandoned = await service.abandon()  # type: ignore[attr-defined]
+                        log.warning("worker.runs_abandoned", runs=abandoned)
+                    except TimeoutError:
+                        log.error("worker.abandon_timeout", timeout=_ABANDON_SECONDS)
         worker.handle_sig(sig)
 
     def on_signal(sig: signal.Signals) -> None:

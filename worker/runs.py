@@ -67,6 +67,11 @@ from worker.store import RunStore, end_failed_transaction, is_database_unavailab
 log = structlog.get_logger(__name__)
 
 
+#: Why a run still in progress when the worker had to stop was ended.
+ABANDONED = (
+    "the worker shut down and the step in flight did not stop within SHUTDOWN_TIMEOUT; "
+    "resume the conversation to finish it"
+)
 #: The outcomes whose run knows its final state (the thread is not read again to end it).
 _FINAL_KNOWN = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
 
@@ -101,6 +106,21 @@ class RunService:
         live = self.live.get(run_id)
         if live is not None and live.stop():
             log.info("run.cancel_requested", run_id=run_id, node=live.node)
+
+    async def abandon(self) -> int:
+        """End every run still in progress ``interrupted`` now: SIGTERM past ``SHUTDOWN_TIMEOUT``.
+
+        Its step did not reach a boundary in time (a call that does not yield to
+        cancellation, a tool that ignores it): the run is recorded and its stream ended
+        before the worker closes its stores, whatever the step goes on doing.
+        """
+        late = [live for live in self.live.values() if live.abandon is not None and not live.ended]
+        for live in late:
+            try:
+                await live.abandon()  # type: ignore[misc]
+            except Exception:
+                log.exception("run.abandon_failed")
+        return len(late)
 
     def lose(self, run_id: str) -> None:
         """Drop ``run_id``: its lease is another worker's now (worker/leases.py); nothing more is written."""
@@ -161,6 +181,14 @@ class RunService:
         )
         live = LiveRun(RunControl(), input=message)
         tracker = RunTracker(self.redis, job.run_id)
+
+        async def conclude(outcome: Outcome, final: FinalState | None = None) -> None:
+            if live.ended:  # abandoned at shutdown: ended already
+                return
+            live.ended = True
+            await self._conclude(job, outcome, events, tracker, started, final)
+
+        live.abandon = lambda: conclude(Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, ABANDONED))
         final: FinalState | None = None
         if self.store.owner is not None:
             # PostgreSQL: every checkpoint write of the run checks its lease (the run's
@@ -202,7 +230,7 @@ class RunService:
             # arq cancels the job (timeout, or a shutdown that could not drain).
             # Record it, shielded from the cancellation, then let it propagate.
             outcome = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, "the run was cancelled")
-            await asyncio.shield(self._conclude(job, outcome, events, tracker, started))
+            await asyncio.shield(conclude(outcome))
             raise
         except Exception as exc:
             if is_model_unavailable(exc):
@@ -222,10 +250,7 @@ class RunService:
                 outcome = Outcome(
                     RunStatus.FAILED, RunErrorCode.AGENT_FAILURE, f"{type(exc).__name__}: {exc}"
                 )
-        await self._conclude(
-            job, outcome, events, tracker, started,
-            final if outcome.status in _FINAL_KNOWN else None,
-        )
+        await conclude(outcome, final if outcome.status in _FINAL_KNOWN else None)
         return outcome.status.value
 
     async def _conclude(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,10 @@ class LiveRun:
     lease_lost: bool = False
     #: the node whose task the stream has seen start and not finish
     node: str | None = None
+    #: the run has ended (worker/ending.py): whatever happens to its task now records nothing
+    ended: bool = False
+    #: ends the run ``interrupted`` now, whatever its step does (SIGTERM past SHUTDOWN_TIMEOUT)
+    abandon: Callable[[], Awaitable[None]] | None = None
     #: the text the model has streamed in the agent step in flight
     partial: list[str] = field(default_factory=list)
     #: results of the tasks of the step in flight that finished, by task id: a cut
