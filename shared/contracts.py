@@ -234,6 +234,15 @@ def idempotency_key(key: str) -> str:
     return f"sophos:idem:{key}"
 
 
+def conversation_deleted_key(conversation_id: str) -> str:
+    """String, kept ``IDEMPOTENCY_TTL_SECONDS``: the conversation was deleted.
+
+    Written by the delete (worker/deletion.py) before it frees the conversation: an
+    ``Idempotency-Key`` answer naming it is then refused, not replayed (api/idempotency.py).
+    """
+    return f"sophos:conversation-deleted:{conversation_id}"
+
+
 def events_key(run_id: str) -> str:
     """Redis Stream holding the run's events; entry ids are ``<n>-0``."""
     return f"sophos:events:{run_id}"
@@ -255,6 +264,13 @@ def cancelled_run_key(conversation_id: str) -> str:
     before it; the SSE relay looks here to stream the newer of the two.
     """
     return f"sophos:cancelled-run:{conversation_id}"
+
+
+def taken_key(run_id: str) -> str:
+    """Which worker took the run's job (PostgreSQL, several workers): set before its run is
+    recorded, so a live worker's sweep can free the conversation of a run whose taker died
+    in between (arq's in-progress marker would hold it for a day)."""
+    return f"sophos:taken:{run_id}"
 
 
 def cancel_key(run_id: str) -> str:

@@ -37,6 +37,8 @@ from shared.contracts import (
     delete_claim,
     events_key,
     run_key,
+    taken_key,
+    worker_heartbeat_key,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import drop_unstarted, submit_run
@@ -238,6 +240,37 @@ async def test_a_delete_claim_whose_job_expired_is_released_as_no_run(redis: Red
     assert await redis.hget(ACTIVE_RUNS, conversation) is None  # type: ignore[misc]
     assert await redis.exists(run_key(claim), events_key(claim)) == 0
     assert await redis.hget(METRICS_KEY, counter_field(RUNS_FINISHED, status="failed")) is None  # type: ignore[misc]
+
+
+async def test_a_run_taken_by_a_worker_that_died_before_recording_it_is_dropped(
+    redis: Redis, store: RunStore
+) -> None:
+    """PostgreSQL, several workers: the taker named itself, then died before the run's row.
+
+    Before: arq's in-progress marker (``job_timeout + 10 s``, a day) kept the run "taken",
+    the sweep never treated it as gone, and the conversation answered 409 all that time.
+    """
+    dead = await _submitted(redis)
+    live = await _submitted(redis)
+    unnamed = await _submitted(redis)
+    for job in (dead, live, unnamed):  # arq took each: its marker lives a day
+        await redis.set(arq_in_progress_key(job.run_id), "1", px=(24 * 3600 + 10) * 1000)
+    await redis.set(taken_key(dead.run_id), "host:1:gone")
+    await redis.set(taken_key(live.run_id), "host:2:alive")
+    await redis.set(worker_heartbeat_key("host:2:alive"), "{}", ex=10)
+
+    sweep = ClaimSweep(redis, store, executing=set, event_retention=60)
+    report = await sweep.once()
+    assert report.dropped == 1
+    assert await _claim(redis, dead) is None
+    record = await redis.hgetall(run_key(dead.run_id))  # type: ignore[misc]
+    assert record["status"] == "failed" and "stopped before recording" in record["error_message"]
+    assert await redis.exists(arq_in_progress_key(dead.run_id), arq_job_key(dead.run_id)) == 0
+    assert await redis.zscore(QUEUE_NAME, dead.run_id) is None  # arq never runs it a day later
+    [(_, fields)] = await redis.xrange(events_key(dead.run_id))
+    assert fields["type"] == "chat-error"
+    for kept in (live, unnamed):  # a live taker records it; an unnamed one is left as it was
+        assert await _claim(redis, kept) == kept.run_id
 
 
 async def test_a_claim_taken_by_a_newer_run_is_never_released_for_an_older_one(redis: Redis) -> None:

@@ -48,6 +48,7 @@ from shared.contracts import (
     RunErrorCode,
     RunJob,
     RunStatus,
+    taken_key,
     text_of,
 )
 from shared.queue import release_conversation
@@ -67,6 +68,8 @@ from worker.store import RunStore, end_failed_transaction, is_database_unavailab
 log = structlog.get_logger(__name__)
 
 
+#: How long the record of who took a run is kept: past any wait for its row.
+TAKEN_SECONDS = 3600
 #: Why a run still in progress when the worker had to stop was ended.
 ABANDONED = (
     "the worker shut down and the step in flight did not stop within SHUTDOWN_TIMEOUT; "
@@ -136,6 +139,13 @@ class RunService:
     async def execute(self, job: RunJob) -> str:
         """Run ``job`` once. A second delivery of the same job does nothing."""
         started = time.monotonic()
+        if self.store.owner is not None:
+            # Several workers: say who took it before anything can fail, so a live worker's
+            # sweep frees the conversation if this one dies before recording the run.
+            try:
+                await self.redis.set(taken_key(job.run_id), self.store.owner, ex=TAKEN_SECONDS)
+            except RedisError as exc:
+                log.warning("run.taken_unrecorded", error=str(exc))
         try:
             # An earlier run's outcome goes first: this run must not overtake it.
             if not await self.unrecorded.flush():

@@ -25,6 +25,9 @@ started and never will: one script releases the claim, records the run
 ``failed`` in its Redis description (the API answers ``/api/runs/{id}`` from
 it), publishes its ``chat-error`` event, so waiting SSE clients end, and counts it.
 A delete claim whose job is gone is only released: it is no run, and has no outcome.
+On PostgreSQL a run taken by a worker that died before recording it is neither gone
+nor recorded: its taker's name (``taken_key``) and dead heartbeat tell, and the
+sweep forgets its job and drops it the same way.
 
 The sweep also bounds ``CANCELLED_RUNS``, the index of runs cancelled while queued:
 an entry whose record has expired is removed (a slice of the index per pass, so
@@ -49,10 +52,16 @@ from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
+    QUEUE_NAME,
     RunErrorCode,
     RunStatus,
+    arq_in_progress_key,
+    arq_job_key,
+    arq_retry_key,
     is_delete_claim,
     run_key,
+    taken_key,
+    worker_heartbeat_key,
 )
 from shared.queue import drop_unstarted, gone_runs, release_conversation
 from worker.store import RunStore
@@ -68,6 +77,11 @@ BATCH = 200
 NEVER_STARTED = (
     "the run never started: its job left the queue without running (arq drops a job that "
     "waited longer than a day, or whose record was lost); nothing of it was recorded, "
+    "send the message again"
+)
+
+TAKER_DIED = (
+    "the worker that took the run stopped before recording it; nothing of it was recorded, "
     "send the message again"
 )
 
@@ -121,7 +135,11 @@ class ClaimSweep:
         executing = self.executing()
         conversation_of = {_text(r): _text(c) for c, r in claims.items() if _text(r) not in executing}
         dropped = released = 0
-        for run_id in await gone_runs(self.redis, list(conversation_of)):
+        gone = await gone_runs(self.redis, list(conversation_of))
+        not_gone = set(conversation_of) - set(gone)
+        taken = [run_id for run_id in conversation_of if run_id in not_gone]
+        dropped += await self._drop_taken_by_the_dead(taken, conversation_of)
+        for run_id in gone:
             conversation_id = conversation_of[run_id]
             if is_delete_claim(run_id):
                 # A delete whose job arq dropped: no run to end, only the conversation to free
@@ -154,6 +172,42 @@ class ClaimSweep:
                 )
             # else: recorded running, by this worker (there is no other): its end releases it.
         return dropped, released
+
+    async def _drop_taken_by_the_dead(self, run_ids: list[str], conversation_of: dict[str, str]) -> int:
+        """Free the conversations of runs whose job a worker took and died before recording.
+
+        The taker said who it was (``taken_key``, PostgreSQL); its heartbeat is gone and the
+        run has no row: it never will (a worker records the run before anything else). arq's
+        in-progress marker would hold the conversation for ``job_timeout + 10 s`` (a day)
+        and then run the job again: the job is forgotten, and the run ends ``failed``.
+        """
+        if not run_ids:
+            return 0
+        takers = await self.redis.mget([taken_key(r) for r in run_ids])
+        suspects = [(r, _text(t)) for r, t in zip(run_ids, takers, strict=True) if t is not None]
+        if not suspects:
+            return 0
+        dropped = 0
+        for run_id, worker_id in suspects:
+            if await self.redis.exists(worker_heartbeat_key(worker_id)):
+                continue  # its taker is alive: it records the run, or ends it
+            if await self.store.get_run(run_id) is not None:
+                continue  # recorded: its end (or a lease take-over) is someone else's
+            conversation_id = conversation_of[run_id]
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zrem(QUEUE_NAME, run_id)
+                pipe.delete(arq_job_key(run_id), arq_in_progress_key(run_id), arq_retry_key(run_id))
+                pipe.delete(taken_key(run_id))
+                await pipe.execute()
+            if await drop_unstarted(
+                self.redis, conversation_id, run_id,
+                code=RunErrorCode.INTERRUPTED.value, message=TAKER_DIED,
+                event_retention=self.event_retention,
+            ):
+                dropped += 1
+                log.warning("run.dropped_taken_by_dead_worker", run_id=run_id, worker=worker_id,
+                            conversation_id=conversation_id)
+        return dropped
 
     async def _prune_cancelled(self) -> int:
         # No record lives longer than this after its run was enqueued: a run is cancelled
