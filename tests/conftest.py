@@ -3,6 +3,13 @@
 Each test gets its own ``tmp_path`` (database, config, logs), the session's Redis
 flushed and the session's fake model reset. Worker and API run as real
 subprocesses (``procs``); their logs are attached to the report of a failed test.
+
+Tiers (``./sophos test``, tests/support/tiers.py): tests marked ``fast`` (everything in
+tests/fast/, and the pure tests of other files listed in :data:`FAST_ELSEWHERE`) run
+first, in one process; the rest run after, spread over xdist workers. Every session
+fixture here is per worker (each xdist worker has its own Redis, fake model and
+PostgreSQL database prefix); a module whose tests share one server or browser is kept
+in one worker (:data:`ONE_WORKER_MODULES`).
 """
 
 from __future__ import annotations
@@ -22,9 +29,46 @@ from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
+from tests.support.tiers import FAST_DIR, FAST_ELSEWHERE
 
 _PROCS_KEY = pytest.StashKey[ProcessGroup]()
 _REDIS_KEY = pytest.StashKey[list[RedisServer]]()
+
+
+# --- tiers ---------------------------------------------------------------------------------
+
+#: Fixtures that start a process or a server: a fast test uses none of them.
+PROCESS_FIXTURES = frozenset({
+    "redis_server", "start_redis", "redis", "redis_sync_client", "fake_ollama", "model", "postgres_server",
+    "postgres_url", "sophos_env", "tools_log", "procs", "start_worker", "start_api",
+})
+
+#: Modules whose tests share a module-scoped server or browser (or module state): one
+#: xdist worker runs all of a module's tests, so it is started once.
+ONE_WORKER_MODULES = frozenset({"test_fuzz.py", "test_web.py"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the fast tier; keep each of :data:`ONE_WORKER_MODULES` in one xdist worker.
+
+    Only this hook marks ``fast``: the fast tier collects tests/fast/ and the files of
+    ``FAST_ELSEWHERE`` alone, so a ``fast`` mark written anywhere else would run in no tier.
+    """
+    wrong: list[str] = []
+    for item in items:
+        path = item.path
+        in_tests = path.parent == FAST_DIR.parent
+        pure = FAST_ELSEWHERE.get(path.name, frozenset()) if in_tests else frozenset()
+        if path.is_relative_to(FAST_DIR) or getattr(item, "originalname", item.name) in pure:
+            item.add_marker(pytest.mark.fast)
+            if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+                wrong.append(f"{item.nodeid} uses a process fixture ({', '.join(sorted(PROCESS_FIXTURES))})")
+        elif item.get_closest_marker("fast"):
+            wrong.append(f"{item.nodeid} is marked fast: move it to tests/fast/ or name it in FAST_ELSEWHERE")
+        if in_tests and path.name in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(path.stem))
+    if wrong:
+        raise pytest.UsageError("the fast tier (tests/support/tiers.py): " + "; ".join(wrong))
 
 
 # --- Redis ---------------------------------------------------------------------------------

@@ -1,0 +1,163 @@
+"""``./sophos test``: the fast tier first, then the real-process tiers, in parallel.
+
+    python -m tests.support.tiers [pytest options]
+
+1. The fast tier, ``-m fast``: tests/fast/ and the pure tests of other files named in
+   :data:`FAST_ELSEWHERE` (tests/conftest.py marks them), only those files collected:
+   pure logic, no process, in one pytest process. If it fails, nothing else runs.
+2. Everything else, ``-m "not fast"``, spread over ``SOPHOS_TEST_WORKERS`` xdist workers
+   (default :data:`DEFAULT_WORKERS`; ``0`` runs it in this one process) with
+   ``--dist loadgroup``: a module that shares a server or a browser between its tests
+   runs in one worker (``xdist_group``, tests/conftest.py).
+
+Options (``-q``, ``--durations=25``, ``-x``, ``-m EXPR``, …) go to both tiers; ``-m EXPR``
+narrows each (``fast and (EXPR)``, ``not fast and (EXPR)``). Pass ``-n`` to choose the
+workers yourself. With a path or node id (``tests/test_chat.py::test_x``), or an option
+that runs no tests (``--version``, ``--help``, ``--collect-only``, ``--fixtures``,
+``--markers``), the arguments go to one plain pytest as they are, in this process:
+no tiers, no workers. A tier with no test to run (pytest's exit 5) is not a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Workers for the real-process tiers on the 2-core CI machine: its tests mostly wait
+#: (on processes, signals, deadlines), so more workers than cores pays (README, "Tests").
+DEFAULT_WORKERS = 4
+WORKERS_VARIABLE = "SOPHOS_TEST_WORKERS"
+NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+ROOT = Path(__file__).resolve().parent.parent.parent
+FAST_DIR = ROOT / "tests" / "fast"
+
+#: Pure tests in files that are mostly real-process ones (file name -> test names): they
+#: join the fast tier (tests/conftest.py marks them). A new pure test goes to tests/fast/ or here.
+FAST_ELSEWHERE: dict[str, frozenset[str]] = {
+    "test_arq_contract.py": frozenset({
+        "test_arq_is_the_pinned_version",
+        "test_the_arq_code_wakeup_mirrors_is_unchanged",
+        "test_the_names_the_copy_uses_are_there",
+    }),
+    "test_cors.py": frozenset({"test_origins_are_checked_and_normalized"}),
+    "test_damaged_startup.py": frozenset({"test_whether_a_run_was_checkpointed_is_told_without_decoding"}),
+    "test_deploy.py": frozenset({
+        "test_compose_file_parses_with_its_services_and_volumes",
+        "test_only_the_worker_mounts_the_database_read_write",
+        "test_config_is_mounted_not_baked_into_the_image",
+        "test_the_image_runs_as_a_user_that_owns_the_data_dirs",
+        "test_memory_server_is_pinned_to_one_exact_version",
+        "test_postgres_runs_only_under_its_profile_with_a_health_check",
+        "test_the_default_deployment_is_sqlite_without_postgres",
+        "test_the_postgres_override_points_worker_and_api_at_postgres",
+        "test_the_worker_can_be_scaled",
+    }),
+    "test_fakes.py": frozenset({"test_split_tokens_keeps_the_text"}),
+    "test_launcher.py": frozenset({
+        "test_backoff_doubles_to_thirty_seconds_and_starts_over_after_a_stable_run",
+    }),
+    "test_redis_protocol.py": frozenset({"test_the_scripts_end_a_run_only_through_the_one_lua_ending"}),
+    "test_security.py": frozenset({"test_every_dependency_is_pinned_by_the_lock"}),
+    "test_settings.py": frozenset({
+        "test_defaults_and_overrides",
+        "test_database_url_picks_postgresql_and_hides_its_password",
+        "test_bad_value_names_the_variable",
+        "test_speedups_auto_takes_the_fast_one_and_a_missing_one_is_refused",
+        "test_msgspec_codec_parses_the_same_as_json",
+    }),
+    "test_storage.py": frozenset({"test_the_api_reads_threads_with_the_workers_graph_shape"}),
+}
+
+
+#: Options after which pytest runs no test: passed through as they are.
+_NO_RUN = {"--version", "-V", "-h", "--help", "--co", "--collect-only", "--fixtures", "--funcargs",
+           "--fixtures-per-test", "--markers", "--setup-plan"}
+_WORKER_OPTIONS = ("-n", "--numprocesses", "--dist", "-d", "--tx")
+
+
+def _is_selection(arg: str) -> bool:
+    """A path or node id (``tests/x.py::test_y``), as opposed to an option or its value."""
+    if arg.startswith("-"):
+        return False
+    return (ROOT / arg.split("::", 1)[0]).exists() or Path(arg.split("::", 1)[0]).exists()
+
+
+def plain(args: Sequence[str]) -> bool:
+    """Whether ``args`` go to one plain pytest instead of the tiers."""
+    return any(a in _NO_RUN or _is_selection(a) for a in args)
+
+
+def split_marker(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The ``-m`` expression among ``args`` (the last one, as pytest takes it) and the rest."""
+    expression: str | None = None
+    rest: list[str] = []
+    items = iter(args)
+    for arg in items:
+        if arg == "-m":
+            expression = next(items, "")
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            expression = arg[2:].removeprefix("=")
+        else:
+            rest.append(arg)
+    return expression, rest
+
+
+def narrowed(tier: str, expression: str | None) -> str:
+    return tier if not expression else f"{tier} and ({expression})"
+
+
+def worker_options(args: Sequence[str], environ: dict[str, str] | os._Environ[str]) -> list[str]:
+    """xdist's options for the real-process tiers (none if ``args`` choose their own)."""
+    if any(a == o or a.startswith(o + "=") or (o == "-n" and a.startswith("-n")) for a in args
+           for o in _WORKER_OPTIONS):
+        return []
+    raw = environ.get(WORKERS_VARIABLE, "").strip()
+    try:
+        count = int(raw) if raw else DEFAULT_WORKERS
+    except ValueError:
+        raise SystemExit(f"sophos test: {WORKERS_VARIABLE} must be a number, got {raw!r}") from None
+    if count <= 0:
+        return []
+    return ["-n", str(count), "--dist", "loadgroup"]
+
+
+def fast_paths() -> list[str]:
+    """What the fast tier collects: tests/fast/ and the files with pure tests elsewhere."""
+    files = [FAST_DIR.parent / name for name in sorted(FAST_ELSEWHERE)]
+    return [str(p.relative_to(ROOT)) for p in (FAST_DIR, *files) if p.exists()]
+
+
+def _pytest(args: Sequence[str]) -> int:
+    return subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT)
+
+
+def run_tiers(args: Sequence[str]) -> int:
+    expression, rest = split_marker(args)
+    tiers = [
+        ("fast tier (pure logic, no process)", ["-m", narrowed("fast", expression), *fast_paths()]),
+        ("real-process tiers", ["-m", narrowed("not fast", expression), *worker_options(rest, os.environ)]),
+    ]
+    for title, options in tiers:
+        print(f"sophos test: {title}: pytest {' '.join([*options, *rest])}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        code = _pytest([*options, *rest])
+        print(f"sophos test: {title}: exit {code} in {time.monotonic() - started:.0f}s",
+              file=sys.stderr, flush=True)
+        if code not in (0, NO_TESTS_COLLECTED):
+            return code
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    if plain(argv):
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "pytest", *argv])  # noqa: S606 - our own pytest
+    return run_tiers(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
