@@ -178,6 +178,8 @@ def parser() -> argparse.ArgumentParser:
                         help="bearer token (default: $SOPHOS_TOKEN, else $API_TOKEN)")
     main = argparse.ArgumentParser(
         prog="sophos", description="Talk to a Sophos API. `sophos COMMAND --help` tells more.",
+        epilog="Installed with the package, `sophos worker` and `sophos api` also start the service's "
+               "two processes (python -m worker, python -m api).",
         parents=[common],
     )
     commands = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
