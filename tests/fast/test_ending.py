@@ -1,0 +1,81 @@
+"""A run's ending, derived from its thread (worker/ending.py), and the events that end a stream."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from langgraph.types import Interrupt, PregelTask, StateSnapshot
+
+from shared.contracts import EventType, RunErrorCode, RunStatus
+from shared.events import Approval, ChatError, End, body, event_type, terminal_event
+from worker.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
+
+REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}}]
+WAITING = Thread(message_count=2, pending=True, requests=REQUESTS)
+RESUMABLE = Thread(message_count=3, pending=True)
+FINISHED = Thread(message_count=4, pending=False)
+UNKNOWN = Thread()
+
+CAUSES = [
+    Outcome(RunStatus.COMPLETED),
+    Outcome(RunStatus.CANCELLED),
+    Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, "the worker stopped"),
+    Outcome(RunStatus.FAILED, RunErrorCode.DATABASE_UNAVAILABLE, "locked"),
+]
+
+
+@pytest.mark.parametrize("cause", CAUSES, ids=lambda c: c.status.value)
+def test_a_pending_interrupt_means_waiting_whatever_ended_the_run(cause: Outcome) -> None:
+    assert settle(cause, WAITING) == Outcome(RunStatus.WAITING, requests=REQUESTS)
+
+
+@pytest.mark.parametrize("thread", [RESUMABLE, FINISHED, UNKNOWN], ids=["resumable", "finished", "unknown"])
+@pytest.mark.parametrize("cause", CAUSES, ids=lambda c: c.status.value)
+def test_without_an_interrupt_the_cause_decides(cause: Outcome, thread: Thread) -> None:
+    assert settle(cause, thread) == cause
+
+
+def test_a_message_refused_over_an_interrupt_waits_and_says_why() -> None:
+    refused = Outcome(RunStatus.FAILED, APPROVAL_PENDING, "send the decisions first")
+    assert settle(refused, WAITING) == Outcome(
+        RunStatus.WAITING, APPROVAL_PENDING, "send the decisions first", REQUESTS
+    )
+
+
+def _snapshot(*tasks: PregelTask, messages: int = 2) -> StateSnapshot:
+    return StateSnapshot(
+        values={"messages": list(range(messages))}, next=tuple(t.name for t in tasks), config={},
+        metadata=None, created_at=None, parent_config=None, tasks=tasks, interrupts=(),
+    )
+
+
+def test_the_thread_is_read_from_its_state_snapshot() -> None:
+    approval = PregelTask("t1", "approval", (), interrupts=(Interrupt(value={"requests": REQUESTS}, id="i1"),))
+    assert thread_of(_snapshot(approval)) == WAITING
+    assert thread_of(_snapshot(PregelTask("t2", "tools", ()), messages=3)) == RESUMABLE
+    assert thread_of(_snapshot(messages=4)) == FINISHED
+    # An interrupt of another shape is not an approval: the thread is only resumable.
+    other = PregelTask("t3", "agent", (), interrupts=(Interrupt(value="something", id="i2"),))
+    assert thread_of(_snapshot(other, messages=3)) == RESUMABLE
+
+
+@pytest.mark.parametrize("status", ["completed", "cancelled", "waiting"])
+def test_a_run_that_stopped_as_it_should_ends_with_end(status: str) -> None:
+    event = terminal_event("c", "r", status, "IGNORED", "ignored")
+    assert event == End(conversation="c", run="r", status=status)
+    assert event_type(event) is EventType.END and body(event) == {"conversation": "c", "run": "r", "status": status}
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_any_other_ending_is_a_chat_error_with_its_code(status: str) -> None:
+    event = terminal_event("c", "r", status, "CODE", "why")
+    assert isinstance(event, ChatError) and event_type(event) is EventType.CHAT_ERROR
+    assert body(event) == {"conversation": "c", "run": "r", "status": status, "code": "CODE", "message": "why"}
+
+
+def test_event_shapes_are_frozen() -> None:
+    approval = Approval(conversation="c", run="r", requests=REQUESTS)
+    assert event_type(approval) is EventType.APPROVAL
+    with pytest.raises(AttributeError):
+        approval.run = "other"  # type: ignore[misc]
+    assert msgspec.json.decode(msgspec.json.encode(approval), type=Approval) == approval
