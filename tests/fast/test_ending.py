@@ -50,7 +50,8 @@ def _snapshot(*tasks: PregelTask, messages: int = 2) -> StateSnapshot:
 
 
 def test_the_thread_is_read_from_its_state_snapshot() -> None:
-    approval = PregelTask("t1", "approval", (), interrupts=(Interrupt(value={"requests": REQUESTS}, id="i1"),))
+    interrupt = Interrupt(value={"requests": REQUESTS}, id="i1")
+    approval = PregelTask("t1", "approval", (), interrupts=(interrupt,))
     assert thread_of(_snapshot(approval)) == WAITING
     assert thread_of(_snapshot(PregelTask("t2", "tools", ()), messages=3)) == RESUMABLE
     assert thread_of(_snapshot(messages=4)) == FINISHED
@@ -63,14 +64,16 @@ def test_the_thread_is_read_from_its_state_snapshot() -> None:
 def test_a_run_that_stopped_as_it_should_ends_with_end(status: str) -> None:
     event = terminal_event("c", "r", status, "IGNORED", "ignored")
     assert event == End(conversation="c", run="r", status=status)
-    assert event_type(event) is EventType.END and body(event) == {"conversation": "c", "run": "r", "status": status}
+    assert event_type(event) is EventType.END
+    assert body(event) == {"conversation": "c", "run": "r", "status": status}
 
 
 @pytest.mark.parametrize("status", ["failed", "interrupted"])
 def test_any_other_ending_is_a_chat_error_with_its_code(status: str) -> None:
     event = terminal_event("c", "r", status, "CODE", "why")
     assert isinstance(event, ChatError) and event_type(event) is EventType.CHAT_ERROR
-    assert body(event) == {"conversation": "c", "run": "r", "status": status, "code": "CODE", "message": "why"}
+    expected = {"conversation": "c", "run": "r", "status": status, "code": "CODE", "message": "why"}
+    assert body(event) == expected
 
 
 def test_event_shapes_are_frozen() -> None:
