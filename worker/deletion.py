@@ -5,7 +5,9 @@ The API claims the conversation with a delete claim and enqueues the job
 
 1. The thread's checkpoints and writes (``saver.adelete_thread``, its own commit).
 2. The conversation's row and its runs' rows, in one transaction.
-3. Redis: the runs' event streams, descriptions, progress and cancel keys.
+3. Redis: the runs' event streams, descriptions, progress and cancel keys; a mark
+   that the conversation is deleted, so an ``Idempotency-Key`` answer naming it is
+   refused from now on (api/idempotency.py), kept as long as such an answer.
 4. Free the conversation and publish the outcome for the API waiting on it
    (persist, then notify).
 
@@ -28,9 +30,11 @@ from redis.exceptions import RedisError
 from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
+    IDEMPOTENCY_TTL_SECONDS,
     DeleteJob,
     cancel_key,
     cancelled_run_key,
+    conversation_deleted_key,
     deleted_key,
     events_key,
     progress_key,
@@ -93,6 +97,7 @@ async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -
         if cancelled:
             pipe.zrem(CANCELLED_RUNS, *cancelled)
         pipe.delete(cancelled_run_key(conversation_id))
+        pipe.set(conversation_deleted_key(conversation_id), 1, ex=IDEMPOTENCY_TTL_SECONDS)
         await pipe.execute()
 
 
