@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError, RedisError
 
 from shared.contracts import ACTIVE_RUNS, RunStatus, events_key
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -137,14 +139,15 @@ class RunEnding:
     async def end(
         self, run_id: str, conversation_id: str, cause: Outcome, *,
         thread: Thread | None = None, events: EventPublisher | None = None,
-        steps: int | None = None, recorded: bool = True,
+        steps: int | None = None, recorded: bool = True, along: Callable[[Pipeline], None] | None = None,
     ) -> Outcome:
         """End the run: derive its status from the thread, record it, then notify.
 
         ``thread``: the thread as the caller already knows it (a run that reached END);
         read here otherwise. ``events``: the run's publisher, flushed first so the
         ending follows every event of the run. ``recorded``: False for a run that has
-        no row (its start was refused): it is described in Redis instead.
+        no row (its start was refused): it is described in Redis instead. ``along``: commands
+        that ride in the ending's round trip (the run's progress, forgotten; its metrics).
         Raises :class:`LeaseLost` (nothing recorded, nothing published) when another
         worker owns the run now.
         """
@@ -174,11 +177,19 @@ class RunEnding:
                 })
             except RedisError as exc:
                 log.warning("run.describe_failed", error=str(exc))
-        first_id = await events.close() if events is not None else 1
-        await self._notify(run_id, conversation_id, outcome, first_id)
+        first_id, riders = 1, []
+        if events is not None:
+            first_id = await events.close()
+            riders = events.take_along()  # after every event batch that carried the run's progress
+        if along is not None:
+            riders.append(along)
+        await self._notify(run_id, conversation_id, outcome, first_id, riders)
         return outcome
 
-    async def _notify(self, run_id: str, conversation_id: str, outcome: Outcome, first_id: int) -> None:
+    async def _notify(
+        self, run_id: str, conversation_id: str, outcome: Outcome, first_id: int,
+        riders: list[Callable[[Pipeline], None]],
+    ) -> None:
         args = [
             conversation_id, run_id, outcome.status.value, outcome.code or "", outcome.message or "",
             "" if outcome.status is not RunStatus.WAITING else json.dumps(outcome.requests or []),
@@ -187,9 +198,25 @@ class RunEnding:
         ]
         keys = [ACTIVE_RUNS, events_key(run_id), METRICS_KEY]
         script = scripts(self.redis).end_run
+
+        async def send() -> None:
+            async with asyncio.timeout(WRITE_TIMEOUT), self.redis.pipeline(transaction=False) as pipe:
+                # EVALSHA queued as a plain command: a Script queued on a pipeline makes
+                # redis-py ask SCRIPT EXISTS first, one more round trip on every run's end.
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                for ride in riders:
+                    ride(pipe)
+                replies = await pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], NoScriptError):  # Redis restarted since: load it, once
+                replies[0] = await script(keys=keys, args=args)
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            for reply in replies[1:]:  # a view (progress, metrics): not worth a second ending
+                if isinstance(reply, Exception):
+                    log.warning("run.notify_along_failed", run_id=run_id, error=str(reply))
+
         try:
-            async with asyncio.timeout(WRITE_TIMEOUT):
-                await script(keys=keys, args=args)
+            await send()
             return
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("run.notify_failed", run_id=run_id, error=str(exc) or type(exc).__name__)
@@ -201,8 +228,7 @@ class RunEnding:
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 try:
-                    async with asyncio.timeout(WRITE_TIMEOUT):
-                        await script(keys=keys, args=args)
+                    await send()
                     log.info("run.notified_late", run_id=run_id)
                     return
                 except (RedisError, OSError, TimeoutError):

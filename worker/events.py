@@ -157,6 +157,11 @@ class EventPublisher:
             await asyncio.wait({writer})  # (its cancellation is not ours: not raised here)
         return self.next_id
 
+    def take_along(self) -> list[Callable[[Pipeline], None]]:
+        """The commands of others still waiting for a batch (:meth:`along`), now the caller's."""
+        along, self._along = self._along, []
+        return along
+
     def along(self, queue: Callable[[Pipeline], None]) -> None:
         """Have ``queue`` add its commands to the pipeline of the next batch written.
 

@@ -20,12 +20,12 @@ crash. On resume the node runs again from its start, so nothing before
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, SystemMessage, ToolMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
@@ -67,12 +67,17 @@ def _unanswered(messages: list[AnyMessage]) -> list[dict[str, Any]]:
 def build_graph(
     *,
     model: BaseChatModel,
-    tools: list[BaseTool],
+    tools: Sequence[BaseTool] | Callable[[], Sequence[BaseTool]],
     system_prompt: Callable[[], str],
     checkpointer: BaseCheckpointSaver[Any],
     needs_approval: Callable[[str], bool] = lambda tool: False,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
+
+    ``tools`` is a list, or a function giving the tools now (``McpToolbox.current``):
+    it is read before every model call and every tools step, so a tool server that
+    comes back after start-up is offered again. The model is bound, and the tools
+    node built, again only when that function returns another object.
 
     ``needs_approval(tool_name)`` tells the tools whose calls wait for a decision.
 
@@ -80,11 +85,22 @@ def build_graph(
     apply to the next call) and its text is prepended to the messages sent to
     the model, never written to the thread.
     """
-    bound = model.bind_tools(tools) if tools else model
+    tools_now: Callable[[], Sequence[BaseTool]] = tools if callable(tools) else (lambda: tools)
+    # (the tools they were made for, the bound model, the tools node): replaced as one.
+    made: list[tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode]] = []
+
+    def for_tools() -> tuple[Runnable[Any, Any], ToolNode]:
+        current = tools_now()
+        if not made or made[0][0] is not current:
+            bound = model.bind_tools(list(current)) if current else model
+            # Errors of a tool go back to the model as a ToolMessage with status "error".
+            made[:] = [(current, bound, ToolNode(list(current), handle_tool_errors=True))]
+        return made[0][1], made[0][2]
 
     async def agent(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
         prompt = system_prompt()
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
+        bound, _ = for_tools()
         with timed(MODEL_CALL):
             response = await bound.ainvoke(messages, config)
         return {"messages": [response]}
@@ -133,10 +149,8 @@ def build_graph(
         goto = AGENT if len(rejections) == len(calls) else TOOLS
         return Command(update={"messages": [decided, *rejections]}, goto=goto)
 
-    # Errors of a tool go back to the model as a ToolMessage with status "error".
-    tool_node = ToolNode(tools, handle_tool_errors=True)
-
     async def run_tools(state: AgentState, config: RunnableConfig) -> Any:
+        _, tool_node = for_tools()
         messages = state["messages"]
         message = _last_ai(messages)
         if message is not None:

@@ -8,6 +8,14 @@ server's session is opened once, in a task of its own (anyio requires a
 session to be closed by the task that opened it), and reopened after it breaks.
 A server that cannot start costs only its own tools; a call that fails or
 times out comes back to the model as a tool error.
+
+The tools offered are never frozen at start-up: a server that is down or slower
+than ``MCP_START_TIMEOUT`` is tried again in the background, with a growing pause
+(:data:`RETRY_FIRST` doubling up to :data:`RETRY_MAX`), each try waiting as long as
+the pause before it, so a slow starter gets there too. Each session lists its
+tools when it opens; :meth:`McpToolbox.current` is read before every model call
+(worker/graph.py) and returns the same tuple until a listing changes it, so the
+model is bound again only then.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +38,11 @@ from worker.mcp_stdio import open_stdio_session
 from worker.metrics import timed
 
 log = structlog.get_logger(__name__)
+
+#: The first pause before a server that could not start is tried again, in seconds.
+RETRY_FIRST = 1.0
+#: The longest pause between two tries (each pause doubles the one before).
+RETRY_MAX = 60.0
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -123,11 +137,15 @@ class McpServer:
         self.call_timeout = call_timeout
         self.session: ClientSession | None = None
         self.error: str | None = None
+        #: The tools of the last session that opened (kept while it is reopened).
+        self.tools: tuple[BaseTool, ...] = ()
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._reopen = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        self._retry: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def up(self) -> bool:
@@ -141,6 +159,12 @@ class McpServer:
             # Its stderr goes to our log as events (worker/mcp_stdio.py).
             async with open_stdio_session(self.name, self.connection) as session:
                 await session.initialize()
+                # Listed before the session is offered: a server that is up has its tools.
+                listing = await asyncio.wait_for(session.list_tools(), self.call_timeout)
+                tools = tuple(self._wrap(t.name, t.description or "", t.inputSchema) for t in listing.tools)
+                if [t.name for t in tools] != [t.name for t in self.tools]:
+                    log.info("mcp.tools_listed", server=self.name, tools=[t.name for t in tools])
+                self.tools = tools
                 self.session = held = session
                 self.error = None
                 ready.set()
@@ -153,17 +177,38 @@ class McpServer:
                 self.session = None
             ready.set()
 
-    async def open(self) -> bool:
+    async def open(self, wait: float | None = None) -> bool:
+        """Start a session; wait for it up to ``wait`` seconds (``MCP_START_TIMEOUT`` by default).
+
+        A server not up by then is tried again in the background until it is.
+        """
+        timeout = self.start_timeout if wait is None else wait
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._hold_session(self._ready, self._stop), name=f"mcp:{self.name}")
         try:
-            await asyncio.wait_for(self._ready.wait(), self.start_timeout)
+            await asyncio.wait_for(self._ready.wait(), timeout)
         except TimeoutError:
-            self.error = f"did not start within {self.start_timeout:g}s"
-            log.warning("mcp.start_timeout", server=self.name)
+            self.error = f"did not start within {timeout:g}s"
+            log.warning("mcp.start_timeout", server=self.name, timeout=timeout)
             await self.close()
+        if not self.up:
+            self._retry_later()
         return self.up
+
+    def _retry_later(self) -> None:
+        if self._closed or (self._retry is not None and not self._retry.done()):
+            return  # stopping, or the retrying task is the one that failed
+        self._retry = asyncio.create_task(self._retry_until_up(), name=f"mcp-retry:{self.name}")
+
+    async def _retry_until_up(self) -> None:
+        pause = RETRY_FIRST
+        while not self.up and not self._closed:
+            log.info("mcp.retry_scheduled", server=self.name, seconds=pause, error=self.error)
+            await asyncio.sleep(pause)
+            # As long as the pause: a server slower than MCP_START_TIMEOUT gets there in the end.
+            await self.reopen(wait=max(self.start_timeout, pause))
+            pause = min(pause * 2, RETRY_MAX)
 
     async def close(self) -> None:
         self._stop.set()
@@ -175,14 +220,24 @@ class McpServer:
                 task.cancel()
         self.session = None
 
-    async def reopen(self, broken: ClientSession | None = None) -> None:
+    async def shutdown(self) -> None:
+        """Close the session for good: no retry after this."""
+        self._closed = True
+        retry, self._retry = self._retry, None
+        if retry is not None:
+            retry.cancel()
+            with suppress(asyncio.CancelledError):
+                await retry
+        await self.close()
+
+    async def reopen(self, broken: ClientSession | None = None, *, wait: float | None = None) -> None:
         """Replace ``broken`` (or a missing session) by a new one, once however many ask."""
         async with self._reopen:
-            if self.session is not None and self.session is not broken:
-                return  # someone else reopened it while we waited
+            if self._closed or (self.session is not None and self.session is not broken):
+                return  # stopping, or someone else reopened it while we waited
             await self.close()
-            if await self.open():
-                log.info("mcp.session_reopened", server=self.name)
+            if await self.open(wait):
+                log.info("mcp.session_reopened", server=self.name, tools=len(self.tools))
 
     def _discard(self, broken: ClientSession, why: str) -> None:
         """Stop using a session that failed a call; the next call waits for a new one."""
@@ -192,12 +247,6 @@ class McpServer:
         task = asyncio.create_task(self.reopen(broken))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def list_tools(self) -> list[BaseTool]:
-        if self.session is None:
-            return []
-        listing = await asyncio.wait_for(self.session.list_tools(), self.call_timeout)
-        return [self._wrap(t.name, t.description or "", t.inputSchema) for t in listing.tools]
 
     def _wrap(self, tool_name: str, description: str, schema: dict[str, Any]) -> BaseTool:
         async def call(**arguments: Any) -> str:
@@ -241,7 +290,8 @@ class McpToolbox:
 
     def __init__(self, servers: list[McpServer]) -> None:
         self.servers = servers
-        self.tools: list[BaseTool] = []
+        self._listings: tuple[tuple[BaseTool, ...], ...] = ()
+        self._tools: tuple[BaseTool, ...] = ()
 
     @classmethod
     def from_config(
@@ -253,23 +303,33 @@ class McpToolbox:
         ])
 
     async def open(self) -> None:
+        """Start every server, waiting up to ``MCP_START_TIMEOUT``; the others keep trying."""
         await asyncio.gather(*(s.open() for s in self.servers))
-        tools: list[BaseTool] = []
-        for server in self.servers:
-            try:
-                tools.extend(await server.list_tools())
-            except Exception as exc:
-                server.error = f"listing tools failed: {exc}"
-                log.warning("mcp.list_tools_failed", server=server.name, error=str(exc))
-        self.tools = tools
         log.info(
             "mcp.ready",
             servers={s.name: ("up" if s.up else s.error) for s in self.servers},
-            tools=[t.name for t in tools],
+            tools=[t.name for t in self.current()],
         )
 
+    def current(self) -> tuple[BaseTool, ...]:
+        """Every server's tools now; the same tuple as last time unless a listing changed.
+
+        Called before each model call: a comparison of a few tuples by identity.
+        """
+        listings = tuple(s.tools for s in self.servers)
+        if len(listings) != len(self._listings) or any(
+            a is not b for a, b in zip(listings, self._listings, strict=True)
+        ):
+            self._listings = listings
+            self._tools = tuple(t for listing in listings for t in listing)
+        return self._tools
+
+    @property
+    def tools(self) -> list[BaseTool]:
+        return list(self.current())
+
     async def close(self) -> None:
-        await asyncio.gather(*(s.close() for s in self.servers), return_exceptions=True)
+        await asyncio.gather(*(s.shutdown() for s in self.servers), return_exceptions=True)
 
     def status(self) -> dict[str, str]:
         return {s.name: "up" if s.up else (s.error or "down") for s in self.servers}

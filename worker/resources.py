@@ -141,7 +141,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
 
         graph = build_graph(
             model=build_model(settings),
-            tools=toolbox.tools,
+            tools=toolbox.current,
             system_prompt=read_system_prompt(settings.system_prompt_path),
             checkpointer=saver,
             needs_approval=load_approvals(settings.mcp_config_path),

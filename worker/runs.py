@@ -269,8 +269,6 @@ class RunService:
     ) -> None:
         """End the run through the one ending (worker/ending.py), with what the run knows."""
         duration = time.monotonic() - started
-        # With the events, so it lands after every progress write the run queued there.
-        events.along(lambda pipe: tracker.queue_close(pipe, duration))
         thread = None
         if final is not None:
             # The thread has nothing left to run (END, or a cut closed), or waits at its
@@ -280,6 +278,8 @@ class RunService:
         try:
             ended = await self.ending.end(
                 job.run_id, job.conversation_id, outcome, thread=thread, events=events, steps=tracker.steps,
+                # In the ending's round trip, after every progress write the run queued with its events.
+                along=lambda pipe: tracker.queue_close(pipe, duration),
             )
         except LeaseLost as exc:
             # Taken over while it ended: the new owner recorded it and told the client.
