@@ -196,16 +196,15 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
 local conversation = redis.call('HGET', KEYS[4], 'conversation')
-if conversation and redis.call('HGET', KEYS[5], conversation) == ARGV[1] then
-  redis.call('HDEL', KEYS[5], conversation)
-end
 redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
 redis.call('EXPIRE', KEYS[4], ARGV[3])
 redis.call('ZADD', KEYS[7], score, ARGV[1])
 if conversation == ARGV[6] then
   redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
 end
-end_run(nil, KEYS[6], KEYS[8], conversation or '', ARGV[1], 'cancelled', nil, nil, nil, 1, ARGV[4], ARGV[5])
+-- (end_run frees the conversation only if it is still this run's: compare-and-delete)
+end_run(KEYS[5], KEYS[6], KEYS[8], conversation or '', ARGV[1], 'cancelled', nil, nil, nil, 1,
+        ARGV[4], ARGV[5])
 return 'cancelled'
 """
 
