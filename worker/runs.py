@@ -363,8 +363,10 @@ class RunService:
         if live.input is not None:
             # New input over a pending interrupt would silently discard it (LangGraph starts
             # a new step): the decision comes first. Checked here, by the only writer.
-            state = await self.graph.aget_state(self.thread_config(job.conversation_id))
-            if any(task.interrupts for task in state.tasks):
+            state = None if job.new_conversation else await self.graph.aget_state(
+                self.thread_config(job.conversation_id)
+            )
+            if state is not None and any(task.interrupts for task in state.tasks):
                 raise NotResumable(
                     "the conversation waits for a decision on its tool calls; your message was not "
                     "recorded: send the decisions first, then the message again",
