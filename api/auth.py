@@ -1,9 +1,12 @@
 """Who may talk to the API: the optional bearer token, and where the API may listen without one.
 
 With ``API_TOKEN`` set, every ``/api/*`` route needs ``Authorization: Bearer
-<token>`` or ``?access_token=<token>``; routes marked ``opt={"public": True}``
-(healthz) stay open. The query form exists for EventSource, which cannot set
-headers; no log line of ours contains a query string (api/access_log.py).
+<token>``; routes marked ``opt={"public": True}`` (healthz) stay open. Routes
+marked ``opt={BROWSER_REQUESTED: True}`` (the event stream, the export) also take
+``?access_token=<token>``: a browser requests them by itself (EventSource, a
+download link) and cannot set a header. Nowhere else: a token in a URL is kept
+by browser histories and proxies' logs. No log line of ours contains a query
+string (api/access_log.py).
 
 Without a token, a web page in the local user's browser could still reach a
 loopback API: by a cross-origin "simple" POST (no preflight; the body is read
@@ -28,13 +31,20 @@ from litestar.types import Guard
 from shared.errors import Forbidden, Unauthorized
 from shared.settings import Settings
 
+#: ``opt={BROWSER_REQUESTED: True}`` marks a route that a browser requests by itself
+#: (EventSource, a link): it also takes ``?access_token=``
+BROWSER_REQUESTED = "browser_requested"
 
-def presented_token(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+
+def presented_token(connection: ASGIConnection[Any, Any, Any, Any], *, query: bool) -> str | None:
+    """The bearer token of the request; from ``?access_token=`` too when ``query``."""
     header = connection.headers.get("authorization")
     if header:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
+    if not query:
+        return None
     return connection.query_params.get("access_token") or None
 
 
@@ -51,8 +61,14 @@ def token_guard(token: str) -> Guard:
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         if handler.opt.get("public"):
             return
-        presented = presented_token(connection)
+        query = bool(handler.opt.get(BROWSER_REQUESTED))
+        presented = presented_token(connection, query=query)
         if presented is None:
+            if not query and "access_token" in connection.query_params:
+                raise Unauthorized(
+                    "a bearer token is required in the Authorization header: access_token in the "
+                    "query is accepted only by the event stream and the export"
+                )
             raise Unauthorized("a bearer token is required")
         if not hmac.compare_digest(_digest(presented), expected):
             raise Unauthorized("the bearer token is not valid")

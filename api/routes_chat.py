@@ -12,6 +12,7 @@ from litestar.params import Parameter
 from litestar.response import Response, Stream
 
 from api import metrics
+from api.auth import BROWSER_REQUESTED
 from api.ids import parse_id
 from api.limits import limit_submissions
 from api.openapi import errors
@@ -81,6 +82,7 @@ async def _once(chunk: bytes) -> AsyncIterator[bytes]:
     media_type="text/event-stream",
     response_description="An event stream: `id`, `event` and JSON `data` per event",
     responses=errors(400, 401, 404, 429, 503),
+    opt={BROWSER_REQUESTED: True},  # EventSource cannot set a header
 )
 async def stream_chat(
     resources: Resources,

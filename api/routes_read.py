@@ -12,6 +12,7 @@ from litestar.params import Parameter
 from msgspec import UNSET
 
 from api import readiness
+from api.auth import BROWSER_REQUESTED
 from api.deletion import Deleted, Deletions
 from api.ids import parse_id
 from api.openapi import errors
@@ -97,6 +98,7 @@ async def get_conversation(conversation_id: str, resources: Resources) -> Conver
     ),
     media_type=MARKDOWN,
     responses=errors(400, 401, 404, 503),
+    opt={BROWSER_REQUESTED: True},  # the page's download links
 )
 async def export_conversation(
     conversation_id: str,

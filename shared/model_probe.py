@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from shared.settings import redact_url
+
 #: a look at the model server must not hold anything up for long
 PROBE_SECONDS = 2.0
 
@@ -29,6 +31,7 @@ class ModelState(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class ModelCheck:
     state: ModelState
+    #: OLLAMA_HOST as it may be shown: without its password (it goes to logs and answers)
     host: str
     model: str
     #: what went wrong, in the library's words (empty when ready)
@@ -44,6 +47,7 @@ class ModelCheck:
 
 
 def describe(state: ModelState, host: str, model: str, detail: str = "") -> str:
+    host = redact_url(host)
     where = f"the model {model!r} at {host}"
     because = f" ({detail})" if detail else ""
     if state is ModelState.READY:
@@ -101,8 +105,8 @@ async def probe(
     try:
         response = await http.get(f"{host.rstrip('/')}/api/tags", timeout=seconds)
     except httpx.HTTPError as exc:
-        return _unreachable(host, model, exc)
-    return classify(response, host, model)
+        return _unreachable(redact_url(host), model, exc)
+    return classify(response, redact_url(host), model)
 
 
 def probe_sync(host: str, model: str, timeout: float = PROBE_SECONDS) -> ModelCheck:
@@ -111,6 +115,6 @@ def probe_sync(host: str, model: str, timeout: float = PROBE_SECONDS) -> ModelCh
         with httpx.Client(trust_env=False) as http:
             response = http.get(f"{host.rstrip('/')}/api/tags", timeout=timeout)
     except httpx.HTTPError as exc:
-        return _unreachable(host, model, exc)
-    return classify(response, host, model)
+        return _unreachable(redact_url(host), model, exc)
+    return classify(response, redact_url(host), model)
 

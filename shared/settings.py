@@ -16,6 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse, urlsplit
 
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown (logs, messages, answers): its password replaced by ``***``.
+
+    The password of the userinfo (``scheme://user:PASSWORD@host``) and a ``password``
+    query parameter (redis-py reads one) are hidden. A malformed URL is handled too: the
+    userinfo runs to the last ``@``, so a password with an unencoded ``/``, ``?`` or ``#``
+    is hidden whole (at worst a path holding an ``@`` shows less than it could).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # no scheme (a mistake): the password is hidden all the same
+        scheme, rest = "", url
+    userinfo, at, tail = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:***@{tail}"
+    return _PASSWORD_PARAM.sub(r"\1***", f"{scheme}{sep}{rest}")
+
 
 class SettingsError(ValueError):
     """A variable of the environment has a value the service cannot use."""
@@ -92,11 +111,11 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ..
     raw = env.get(name) or default
     parsed = urlparse(raw)
     if parsed.scheme not in schemes or not parsed.hostname:
-        raise SettingsError(name, f"expected a {'/'.join(schemes)} URL, got {raw!r}")
+        raise SettingsError(name, f"expected a {'/'.join(schemes)} URL, got {redact_url(raw)!r}")
     try:
         parsed.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise SettingsError(name, f"bad port in {raw!r}") from None
+        raise SettingsError(name, f"bad port in {redact_url(raw)!r}") from None
     return raw.rstrip("/")
 
 
@@ -107,9 +126,8 @@ def _database_url(env: Mapping[str, str], name: str) -> str | None:
         return None
     parsed = urlparse(raw)
     if parsed.scheme not in ("postgresql", "postgres"):
-        raise SettingsError(
-            name, f"expected a postgresql:// URL (or nothing, for SQLite), got {parsed.scheme or raw!r}"
-        )
+        got = parsed.scheme or redact_url(raw)
+        raise SettingsError(name, f"expected a postgresql:// URL (or nothing, for SQLite), got {got!r}")
     try:
         parsed.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
@@ -326,6 +344,18 @@ class Settings:
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
         )
 
+    def __repr__(self) -> str:
+        """Every field, secrets hidden: a repr ends up in logs and tracebacks."""
+        shown = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in _SECRET_FIELDS and value is not None:
+                value = "***"
+            elif field.name in _URL_FIELDS and value is not None:
+                value = redact_url(value)
+            shown.append(f"{field.name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
@@ -346,11 +376,14 @@ class Settings:
         """Where the state is, for logs and messages: the file, or the URL without its password."""
         if self.database_url is None:
             return str(self.database_path)
-        parsed = urlparse(self.database_url)
-        if parsed.password is None:
-            return self.database_url
-        return self.database_url.replace(f":{parsed.password}@", ":***@", 1)
+        return redact_url(self.database_url)
 
     @property
     def lock_path(self) -> Path:
         return self.database_path.with_name(self.database_path.name + ".lock")
+
+
+#: shown as ``***`` by ``repr(settings)``
+_SECRET_FIELDS = frozenset({"api_token"})
+#: shown without their passwords (:func:`redact_url`)
+_URL_FIELDS = frozenset({"database_url", "redis_url", "ollama_host"})

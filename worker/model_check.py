@@ -11,7 +11,7 @@ import ollama
 import structlog
 
 from shared.model_probe import ModelCheck, ModelState, describe, probe
-from shared.settings import Settings
+from shared.settings import Settings, redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -30,7 +30,7 @@ async def report_model(settings: Settings) -> ModelCheck:
 
 def unavailable_message(exc: BaseException, settings: Settings) -> str:
     """The message of a run failed with MODEL_UNAVAILABLE: what happened, and the fix."""
-    host, model = settings.ollama_host, settings.ollama_model
+    host, model = redact_url(settings.ollama_host), settings.ollama_model
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
