@@ -212,9 +212,12 @@ def test_compose_cli_accepts_the_files_without_a_token(tmp_path: Path) -> None:
     cli = _compose_cli()
     assert cli is not None
     env = {k: v for k, v in os.environ.items() if k not in ("API_TOKEN", "CORS_ORIGINS", "OLLAMA_MODEL")}
-    # An empty env file stands in for a .env the deployer may not have written yet.
+    # An empty env file stands in for a .env the deployer may not have written yet; the
+    # PostgreSQL variant needs its password in it (and refuses without: below), no token.
     empty = tmp_path / "empty.env"
     empty.write_text("")
+    with_password = tmp_path / "password.env"
+    with_password.write_text("POSTGRES_PASSWORD=chosen-by-the-deployer\n")
     combinations = (
         [COMPOSE],
         [COMPOSE, GPU_OVERRIDE],
@@ -222,7 +225,8 @@ def test_compose_cli_accepts_the_files_without_a_token(tmp_path: Path) -> None:
         [COMPOSE, POSTGRES_OVERRIDE, GPU_OVERRIDE],
     )
     for files in combinations:
-        argv = [*cli, "--project-directory", str(REPO), "--env-file", str(empty)]
+        env_file = with_password if POSTGRES_OVERRIDE in files else empty
+        argv = [*cli, "--project-directory", str(REPO), "--env-file", str(env_file)]
         for path in files:
             argv += ["-f", str(path)]
         if POSTGRES_OVERRIDE in files:
@@ -286,10 +290,11 @@ def test_postgres_runs_only_under_its_profile_with_a_health_check() -> None:
     assert postgres["restart"] == "unless-stopped"
     assert ("postgres-data", "/var/lib/postgresql/data", False) in mounts(postgres)
     assert "ports" not in postgres  # like Redis: on the compose network only
-    # Set from .env, with defaults; never ${VAR:?}, which fails every command while unset.
+    # Set from .env, with defaults; never ${VAR:?} here, which would fail every command (the
+    # SQLite deployment's too) while unset. The password has no default at all: the PostgreSQL
+    # variant requires it (deploy/postgres.yml), and without it the image refuses to initialise.
     assert postgres["environment"] == {
         "POSTGRES_USER": "${POSTGRES_USER:-sophos}",
-        "POSTGRES_PASSWORD": "${POSTGRES_PASSWORD:-sophos}",
         "POSTGRES_DB": "${POSTGRES_DB:-sophos}",
     }
 
@@ -310,24 +315,29 @@ def test_the_default_deployment_is_sqlite_without_postgres() -> None:
 
 def test_the_postgres_override_points_worker_and_api_at_postgres() -> None:
     override = compose(POSTGRES_OVERRIDE)
-    # Only the worker and the API change; postgres itself is the main file's, under the profile.
-    assert set(override["services"]) == {"worker", "api"}
+    # The worker and the API change; postgres itself is the main file's, under the profile, and
+    # gets only its password here, required: no default anyone could guess.
+    assert set(override["services"]) == {"worker", "api", "postgres"}
+    assert set(override["services"]["postgres"]) == {"environment"}
+    required = re.compile(r"\$\{POSTGRES_PASSWORD:\?[^}]*POSTGRES_PASSWORD[^}]*\}")
+    assert required.fullmatch(override["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"])
+    assert "POSTGRES_PASSWORD:-" not in POSTGRES_OVERRIDE.read_text()
     merged = compose()["services"]
     for name, change in override["services"].items():
         merged[name]["environment"].update(change["environment"])
-        merged[name]["depends_on"] = {**depends_on(merged[name]), **change["depends_on"]}
-    # Compose's defaults filled in, as it does with no .env (the CLI's own merge: below).
+        merged[name]["depends_on"] = {**depends_on(merged[name]), **change.get("depends_on", {})}
+    # Compose's defaults filled in and the password set, as with a .env naming only the password.
     for name in ("worker", "api", "postgres"):
         merged[name]["environment"] = {
-            key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+            key: required.sub("chosen", re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value)))
             for key, value in merged[name]["environment"].items()
         }
-    _postgres_url_checks(merged, "sophos")
+    _postgres_url_checks(merged, "chosen")
     # The app's own parser takes the URL compose gives it, defaults filled in.
     from shared.settings import Settings
 
     url = override["services"]["worker"]["environment"]["DATABASE_URL"]
-    filled = re.sub(r"\$\{\w+:-(\w+)\}", r"\1", url)
+    filled = required.sub("chosen", re.sub(r"\$\{\w+:-(\w+)\}", r"\1", url))
     assert Settings.from_env({"DATABASE_URL": filled}).database_url == filled
     # What the main file had stays: Redis and Ollama waited for, WORKER_CONCURRENCY per worker.
     assert set(depends_on(merged["worker"])) == {"redis", "ollama", "postgres"}
@@ -362,8 +372,17 @@ def test_compose_cli_merges_the_postgres_variant(tmp_path: Path) -> None:
         assert "postgres" not in depends_on(default[name]), name
     assert default["postgres"]["profiles"] == [POSTGRES_PROFILE]  # config lists it; up does not start it
 
-    merged = _merged(cli, [COMPOSE, POSTGRES_OVERRIDE], empty, (POSTGRES_PROFILE,))["services"]
-    _postgres_url_checks(merged, "sophos")
+    # No default password: the PostgreSQL variant refuses to run until POSTGRES_PASSWORD is set.
+    argv = [*cli, "--project-directory", str(REPO), "--env-file", str(empty),
+            "-f", str(COMPOSE), "-f", str(POSTGRES_OVERRIDE), "--profile", POSTGRES_PROFILE, "config"]
+    env = {k: v for k, v in os.environ.items() if k not in _POSTGRES_ENV}
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert refused.returncode != 0 and "POSTGRES_PASSWORD" in refused.stderr, refused.stderr
+
+    password = tmp_path / "password.env"
+    password.write_text("POSTGRES_PASSWORD=chosen-by-the-deployer\n")
+    merged = _merged(cli, [COMPOSE, POSTGRES_OVERRIDE], password, (POSTGRES_PROFILE,))["services"]
+    _postgres_url_checks(merged, "chosen-by-the-deployer")
     assert "container_name" not in merged["worker"] and "ports" not in merged["worker"]
     assert merged["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker", "--check"]
     assert merged["worker"]["environment"]["WORKER_CONCURRENCY"] == "1"
@@ -623,3 +642,54 @@ def test_nginx_drops_a_client_that_sends_its_headers_slowly(start_nginx) -> None
                 closed = True
     assert closed, f"connection still open after {time.monotonic() - started:.0f}s"
     assert time.monotonic() - started >= header_timeout - 1
+
+
+# --- the image's layers and its build context -------------------------------------------------
+
+
+def _final_stage() -> list[str]:
+    """The Dockerfile's last stage, one instruction per line (continuations joined)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    starts = [i for i, line in enumerate(lines) if line.startswith("FROM ")]
+    return lines[starts[-1]:]
+
+
+def test_the_image_installs_locked_dependencies_before_the_source() -> None:
+    """A code change rebuilds only the last layers: the dependencies come from the lock first."""
+    stage = _final_stage()
+    locked = [i for i, line in enumerate(stage)
+              if line.startswith("RUN ") and "-c /tmp/requirements.lock" in line]
+    assert len(locked) == 1, stage
+    # Before it, nothing of the service's sources: only the dependency list and the lock.
+    for line in stage[:locked[0]]:
+        if line.startswith(("COPY", "ADD")):
+            assert "requirements" in line, line
+    # The service arrives after it, as a wheel built in the first stage; never its source tree.
+    wheel = [i for i, line in enumerate(stage) if line.startswith("COPY --from=build /dist")]
+    assert wheel and wheel[0] > locked[0], stage
+    for package in ("api", "worker", "shared", "sophos_cli", "web"):
+        copies = [line for line in stage if line.startswith("COPY ") and line.split()[1] == package]
+        assert not copies, copies
+
+
+def test_the_image_has_a_default_command_and_a_health_check() -> None:
+    stage = _final_stage()
+    commands = [line for line in stage if line.startswith("CMD ")]
+    assert commands and json.loads(commands[-1][4:]) == ["sophos", "api"]
+    checks = [line for line in stage if line.startswith("HEALTHCHECK ")]
+    assert checks and "/api/healthz" in checks[-1], checks
+    # The console script it runs is the package's (pyproject.toml, [project.scripts]).
+    assert 'sophos = "sophos_cli.entry:main"' in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_build_context_leaves_out_secrets_environments_and_data() -> None:
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for entry in (".venv", "data/", ".env", ".git"):
+        assert entry in ignored, entry
+    # What the Dockerfile copies from the context stays in it.
+    copied = {line.split()[1] for line in DOCKERFILE.read_text().splitlines()
+              if line.startswith("COPY ") and not line.startswith("COPY --from")}
+    assert copied == {"pyproject.toml", "requirements.lock", "api", "worker", "shared", "sophos_cli", "web"}
+    assert not copied & {entry.rstrip("/") for entry in ignored}
