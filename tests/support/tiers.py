@@ -2,8 +2,8 @@
 
     python -m tests.support.tiers [pytest options]
 
-1. The fast tier, ``-m fast``: tests/fast/ and the pure tests of other files named in
-   :data:`FAST_ELSEWHERE` (tests/conftest.py marks them), only those files collected:
+1. The fast tier, ``-m fast``: tests/fast/, the pure tests of other files named in
+   :data:`FAST_ELSEWHERE` (tests/conftest.py marks them) and any test marked ``fast``:
    pure logic, no process, in one pytest process. If it fails, nothing else runs.
 2. Everything else, ``-m "not fast"``, spread over ``SOPHOS_TEST_WORKERS`` xdist workers
    (default :data:`DEFAULT_WORKERS`; ``0`` runs it in this one process) with
@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 FAST_DIR = ROOT / "tests" / "fast"
 
 #: Pure tests in files that are mostly real-process ones (file name -> test names): they
-#: join the fast tier (tests/conftest.py marks them). A new pure test goes to tests/fast/ or here.
+#: join the fast tier (tests/conftest.py marks them). A new pure test goes to tests/fast/, or is
+#: marked ``@pytest.mark.fast`` in its file.
 FAST_ELSEWHERE: dict[str, frozenset[str]] = {
     "test_arq_contract.py": frozenset({
         "test_arq_is_the_pinned_version",
@@ -125,12 +126,6 @@ def worker_options(args: Sequence[str], environ: dict[str, str] | os._Environ[st
     return ["-n", str(count), "--dist", "loadgroup"]
 
 
-def fast_paths() -> list[str]:
-    """What the fast tier collects: tests/fast/ and the files with pure tests elsewhere."""
-    files = [FAST_DIR.parent / name for name in sorted(FAST_ELSEWHERE)]
-    return [str(p.relative_to(ROOT)) for p in (FAST_DIR, *files) if p.exists()]
-
-
 def _pytest(args: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT)
 
@@ -138,7 +133,7 @@ def _pytest(args: Sequence[str]) -> int:
 def run_tiers(args: Sequence[str]) -> int:
     expression, rest = split_marker(args)
     tiers = [
-        ("fast tier (pure logic, no process)", ["-m", narrowed("fast", expression), *fast_paths()]),
+        ("fast tier (pure logic, no process)", ["-m", narrowed("fast", expression)]),
         ("real-process tiers", ["-m", narrowed("not fast", expression), *worker_options(rest, os.environ)]),
     ]
     for title, options in tiers:
