@@ -17,7 +17,6 @@ from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    arq_in_progress_key,
     cancel_key,
     cancelled_run_key,
     is_delete_claim,
@@ -56,8 +55,6 @@ class Progress:
 class QueueEntry:
     run_id: str
     enqueued_ms: float
-    #: arq has handed the job to the worker (its run row may not be written yet)
-    taken: bool
 
 
 def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
@@ -127,18 +124,13 @@ async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRu
 
 
 async def queue(redis: Redis) -> list[QueueEntry]:
-    """arq's queue in order, each entry marked when the worker has taken it."""
+    """arq's queue in order: one command, whatever its length.
+
+    (Whether the worker has taken a job is not asked here: one ``EXISTS`` per queued
+    run, whose answer no listing used. A taken run is queued until its row exists.)
+    """
     members: list[tuple[str, float]] = await redis.zrange(QUEUE_NAME, 0, -1, withscores=True)
-    if not members:
-        return []
-    async with redis.pipeline(transaction=False) as pipe:
-        for run_id, _ in members:
-            pipe.exists(arq_in_progress_key(run_id))
-        taken = await pipe.execute()
-    return [
-        QueueEntry(run_id=run_id, enqueued_ms=score, taken=bool(flag))
-        for (run_id, score), flag in zip(members, taken, strict=True)
-    ]
+    return [QueueEntry(run_id=run_id, enqueued_ms=score) for run_id, score in members]
 
 
 async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:

@@ -72,6 +72,7 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
         stack.push_async_callback(redis.aclose)
         store = open_store(settings)
         stack.push_async_callback(store.close)
+        store.open()
         http = await stack.enter_async_context(httpx.AsyncClient())
         feeds = Feeds(redis)
         stack.push_async_callback(feeds.aclose)

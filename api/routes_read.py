@@ -14,6 +14,7 @@ from msgspec import UNSET
 from api import readiness
 from api.auth import BROWSER_REQUESTED
 from api.deletion import Deleted, Deletions
+from api.disconnect import cancel_on_disconnect
 from api.ids import parse_id
 from api.openapi import errors
 from api.resources import Resources
@@ -81,6 +82,7 @@ async def delete_conversation(conversation_id: str, resources: Resources) -> Res
     "/conversations/{conversation_id:str}",
     summary="A conversation and the messages of its thread",
     responses=errors(400, 401, 404, 503),
+    middleware=[cancel_on_disconnect],  # its thread is read in a reader process
 )
 async def get_conversation(conversation_id: str, resources: Resources) -> ConversationDetail:
     conversation_id = parse_id(conversation_id, "conversation id")
@@ -99,6 +101,7 @@ async def get_conversation(conversation_id: str, resources: Resources) -> Conver
     media_type=MARKDOWN,
     responses=errors(400, 401, 404, 503),
     opt={BROWSER_REQUESTED: True},  # the page's download links
+    middleware=[cancel_on_disconnect],  # its thread is read in a reader process
 )
 async def export_conversation(
     conversation_id: str,

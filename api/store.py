@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
-import multiprocessing
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +49,7 @@ from langgraph.pregel import Pregel
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from api.readers import Readers
 from shared.contracts import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.rows import RUN_COLUMNS, RunRow
@@ -159,13 +160,24 @@ class Store:
     read in flight (which would fail with aiosqlite's "Connection closed").
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, readers: Readers, *, hang_read: str | None = None) -> None:
         self.path = path
         self._handle: _Handle | None = None
         self._schema_ready = False
         self._checkpoints_ready = False
         self._lock = asyncio.Lock()
-        self._readers: ProcessPoolExecutor | None = None
+        self.readers = readers
+        #: test-only (SOPHOS_FAULT_HANG_READ): reads of this conversation never end
+        self._hang_read = hang_read
+
+    def open(self) -> None:
+        """Start one reader process in the background, ahead of the first read.
+
+        Started on the first read instead, a reader made that read wait for the
+        process to import LangGraph: about a second on a quiet machine (measured:
+        1.6 to 2.7 s for the first detail or decision under load, 0.01 to 0.03 s after).
+        """
+        self.readers.warm()
 
     async def close(self) -> None:
         async with self._lock:
@@ -173,9 +185,7 @@ class Store:
             if handle is not None:
                 handle.retired = True
                 await _close(handle.conn)
-        if self._readers is not None:
-            self._readers.shutdown(wait=False, cancel_futures=True)
-            self._readers = None
+        await self.readers.aclose()
 
     # --- connection -------------------------------------------------------------
 
@@ -376,18 +386,27 @@ class Store:
         it holds the interpreter lock (measured: a 400-message export made other
         streams' events late by 27 ms at the median, 470 ms at p95). So it runs in a
         process of its own, on a read-only connection of its own; ``read`` must be
-        picklable (a module-level function, or a partial of one).
+        picklable (a module-level function, or a partial of one). A read that
+        outlasts READ_TIMEOUT, or whose request is cancelled, stops its reader
+        (api/readers.py): 503 READ_TIMEOUT.
         """
         async with self._checkpointer() as saver:
             if saver is None:
                 return None
-        if self._readers is None:
-            # spawn: a fork of a process with threads (aiosqlite, anyio) is unsafe.
-            self._readers = ProcessPoolExecutor(max_workers=READER_PROCESSES, mp_context=_SPAWN)
         uri = f"{self.path.as_uri()}?mode=ro"
-        loop = asyncio.get_running_loop()
+        return await self._read_in_reader(_read_thread, uri, conversation_id, read)
+
+    async def _read_in_reader(
+        self, reader: Callable[[str, str, ThreadRead[T]], T], source: str, conversation_id: str,
+        read: ThreadRead[T],
+    ) -> T:
+        """``reader(source, conversation_id, read)`` in a reader process, bounded by READ_TIMEOUT."""
+        if conversation_id == self._hang_read:
+            read = functools.partial(_hang, read)
         try:
-            return await loop.run_in_executor(self._readers, _read_thread, uri, conversation_id, read)
+            return await self.readers.run(
+                reader, source, conversation_id, read, what=f"conversation {conversation_id}"
+            )
         except DatabaseUnavailable as exc:
             log.warning("database.read_failed", error=exc.message)
             raise
@@ -395,7 +414,14 @@ class Store:
 
 #: processes reading threads for one API process: as many exports at once
 READER_PROCESSES = 2
-_SPAWN = multiprocessing.get_context("spawn")
+#: what a reader imports before its first read (the functions reads send it come from these)
+READER_MODULES = ("api.store", "api.transcript", "api.approvals")
+
+
+def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> T:
+    """Test-only (SOPHOS_FAULT_HANG_READ): a read that never ends, as one of a huge thread would not."""
+    while True:
+        time.sleep(3600)
 
 
 class _DecodedOnce(_DecodingSerializer):
@@ -478,8 +504,8 @@ class PostgresStore(Store):
     the first has, there is nothing to read (as with SQLite before the file exists).
     """
 
-    def __init__(self, url: str) -> None:
-        super().__init__(Path(os.devnull))
+    def __init__(self, url: str, readers: Readers, *, hang_read: str | None = None) -> None:
+        super().__init__(Path(os.devnull), readers, hang_read=hang_read)
         self.url = url
         self._pool: AsyncConnectionPool | None = None
 
@@ -532,23 +558,15 @@ class PostgresStore(Store):
             if not rows or not rows[0][0]:
                 return None
             self._checkpoints_ready = True
-        if self._readers is None:
-            self._readers = ProcessPoolExecutor(max_workers=READER_PROCESSES, mp_context=_SPAWN)
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._readers, _read_thread_postgres, self.url, conversation_id, read
-            )
-        except DatabaseUnavailable as exc:
-            log.warning("database.read_failed", error=exc.message)
-            raise
+        return await self._read_in_reader(_read_thread_postgres, self.url, conversation_id, read)
 
 
 def open_store(settings: Settings) -> Store:
-    """The API's store: the SQLite file read-only, or the PostgreSQL database."""
+    """The API's store: the SQLite file read-only, or the PostgreSQL database (call ``open`` next)."""
+    readers = Readers(size=READER_PROCESSES, timeout=settings.read_timeout, preload=READER_MODULES)
     if settings.database_url is not None:
-        return PostgresStore(settings.database_url)
-    return Store(settings.database_path)
+        return PostgresStore(settings.database_url, readers, hang_read=settings.fault_hang_read)
+    return Store(settings.database_path, readers, hang_read=settings.fault_hang_read)
 
 
 def _without_password(url: str) -> str:

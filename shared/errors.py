@@ -15,6 +15,7 @@
     ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
+    ├── ReadTimedOut            503 READ_TIMEOUT
     └── NotReady                503 NOT_READY
 """
 
@@ -108,6 +109,13 @@ class QueueUnavailable(SophosError):
 
 class DatabaseUnavailable(SophosError):
     code = "DATABASE_UNAVAILABLE"
+    status = 503
+
+
+class ReadTimedOut(SophosError):
+    """A thread read or export took longer than READ_TIMEOUT; its reader process was stopped."""
+
+    code = "READ_TIMEOUT"
     status = 503
 
 

@@ -272,6 +272,9 @@ class Settings:
     mcp_call_timeout: float = 60.0
     mcp_start_timeout: float = 30.0
     model_timeout: float = 300.0
+    # Seconds a thread read or export may take in the API's reader processes (api/readers.py),
+    # waiting for a free reader included; beyond it the read is stopped: 503 READ_TIMEOUT.
+    read_timeout: float = 30.0
     # The fast libraries a process runs on (shared/speedups.py): auto takes the fast one
     # when it is installed. Each measured on and off in bench figure 12: uvloop and hiredis
     # pay (README, Configuration), msgspec did not, so json is the default codec.
@@ -283,6 +286,8 @@ class Settings:
     fault_kill_after_checkpoint: int = 0
     # ... or right before its Nth checkpoint write (N=1: before the run's input is recorded).
     fault_kill_before_checkpoint: int = 0
+    # Test-only: the API's thread reads of this conversation never end (api/store.py).
+    fault_hang_read: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -337,11 +342,13 @@ class Settings:
             mcp_call_timeout=_float(env, "MCP_CALL_TIMEOUT", d.mcp_call_timeout, minimum=0.01),
             mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),
             model_timeout=_float(env, "MODEL_TIMEOUT", d.model_timeout, minimum=0.01),
+            read_timeout=_float(env, "READ_TIMEOUT", d.read_timeout, minimum=0.1),
             event_loop=_choice(env, "EVENT_LOOP", d.event_loop, ("auto", "uvloop", "asyncio")),
             redis_parser=_choice(env, "REDIS_PARSER", d.redis_parser, ("auto", "hiredis", "python")),
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
+            fault_hang_read=env.get("SOPHOS_FAULT_HANG_READ") or None,
         )
 
     def __repr__(self) -> str:

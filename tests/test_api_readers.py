@@ -1,0 +1,233 @@
+"""The API's reads of threads (issue 27): reader processes that end with the API, reads that
+are bounded and stop when their client leaves, reads that never wait on SQLite's writer, and a
+runs listing whose Redis commands do not grow with the queue but for each run's description.
+
+Real API, worker, Redis and SQLite; the API's descendants are found through /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_sync
+
+from api.store import READER_PROCESSES
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.client import chat, get_json, read_sse, wait_for
+from tests.support.env import SophosEnv, mcp_servers
+from tests.support.faults import DatabaseLock
+from tests.support.procs import ServiceProcess, descendant_pids, pid_alive
+
+#: SQLite's busy timeout on the API's read-only connections (api/store.py, ``timeout=5.0``):
+#: a read that waited on the writer would wait this long, then fail.
+BUSY_TIMEOUT_SECONDS = 5.0
+#: How long the processes of a stopped API may take to notice and end.
+ENDING_SECONDS = 15.0
+
+
+def _conversation(api_url: str, message: str) -> str:
+    conversation, _ = chat(api_url, message)
+    assert read_sse(api_url, conversation)[-1].event == "end"
+    return conversation
+
+
+def _readers_started(api: ServiceProcess) -> list[int]:
+    """The API's reader processes, once at least one has said it is ready."""
+    api.wait_for_log("reader.started", timeout=60)
+    return wait_for(lambda: api.descendants(), message="the API's reader processes")
+
+
+def _idle_readers(api: ServiceProcess) -> int:
+    """Readers started and not stopped since, by the API's log (once no read is in flight)."""
+    events = [r.get("event") for r in api.log_records()]
+    return events.count("reader.started") - events.count("reader.abandoned")
+
+
+def _ended(pids: list[int]) -> None:
+    wait_for(
+        lambda: not [pid for pid in pids if pid_alive(pid)], timeout=ENDING_SECONDS,
+        message=lambda: f"these processes to end: {[pid for pid in pids if pid_alive(pid)]}",
+    )
+
+
+def _error_code(response: httpx.Response) -> str:
+    return str(response.json()["error"]["code"])
+
+
+# --- every process the API starts ends with it ----------------------------------------------
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_the_api_s_processes_end_with_it(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, how: signal.Signals
+) -> None:
+    """Stopped gracefully (exit by the re-raised signal) or killed alone (not its group): no
+    reader and nothing of multiprocessing is left running."""
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    url = api.url or ""
+    model.script(Text("kept"))
+    conversation = _conversation(url, "hello")
+    # The detail and the export read the thread in a reader process.
+    detail = get_json(url, f"/api/conversations/{conversation}", timeout=60)
+    assert [m["content"] for m in detail["messages"]] == ["hello", "kept"]
+    assert "kept" in get_json(url, f"/api/conversations/{conversation}/export", timeout=60, raw=True)
+    started = wait_for(lambda: descendant_pids(api.pid), message="the API's reader processes")
+    api.descendants()  # remembered (with start times), as the API will be gone
+
+    api.signal(how)
+    api.wait(timeout=30)
+    _ended(started)
+    assert api.stray_descendants() == []
+
+
+# --- reads are bounded and stop when their client leaves ------------------------------------
+
+
+@pytest.fixture
+def two_conversations(sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama) -> tuple[str, str]:
+    """``(slow, other)``: two conversations, written by a worker through an API of their own."""
+    start_worker(sophos_env)
+    writer = start_api(sophos_env)
+    model.script(Text("first"), Text("second"))
+    return _conversation(writer.url or "", "slow one"), _conversation(writer.url or "", "other one")
+
+
+def test_a_read_past_read_timeout_answers_503_and_frees_its_reader(
+    sophos_env: SophosEnv, start_api, two_conversations: tuple[str, str]
+) -> None:
+    slow, other = two_conversations
+    api = start_api(sophos_env.with_(READ_TIMEOUT=2, SOPHOS_FAULT_HANG_READ=slow))
+    url = api.url or ""
+    first_readers = _readers_started(api)
+
+    # More reads of the slow thread than there are readers: each is answered within the bound
+    # (the one that waited for a free reader too), none holds a reader afterwards.
+    paths = [f"/api/conversations/{slow}"] * READER_PROCESSES + [f"/api/conversations/{slow}/export"]
+    with ThreadPoolExecutor(len(paths)) as pool, httpx.Client(base_url=url, timeout=60, trust_env=False) as h:
+        answers = list(pool.map(h.get, paths))
+    for answer in answers:
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "READ_TIMEOUT"
+        assert slow in error["message"] and "READ_TIMEOUT" in error["message"]
+    _ended(first_readers)  # stopped, not left reading
+
+    # Others are served: the pool is not held by the reads that were given up, whose readers are
+    # replaced (a start alone can take longer than this test's short READ_TIMEOUT).
+    wait_for(lambda: _idle_readers(api) > 0, timeout=60, message="a reader in place of those stopped")
+    detail = get_json(url, f"/api/conversations/{other}", timeout=60)
+    assert [m["content"] for m in detail["messages"]] == ["other one", "second"]
+    assert len(api.descendants()) <= READER_PROCESSES
+    assert any(r.get("event") == "reader.abandoned" for r in api.log_records())
+
+
+def test_a_read_whose_client_left_stops_and_frees_its_reader(
+    sophos_env: SophosEnv, start_api, two_conversations: tuple[str, str]
+) -> None:
+    slow, other = two_conversations
+    # A bound far away: what stops the read below is its client leaving.
+    api = start_api(sophos_env.with_(READ_TIMEOUT=600, SOPHOS_FAULT_HANG_READ=slow))
+    url = api.url or ""
+    [reader] = _readers_started(api)
+
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.get(f"{url}/api/conversations/{slow}/export", timeout=1.0, trust_env=False)
+    _ended([reader])
+
+    detail = get_json(url, f"/api/conversations/{other}", timeout=60)
+    assert [m["content"] for m in detail["messages"]] == ["other one", "second"]
+    records = api.log_records()
+    assert any(r.get("event") == "reader.abandoned" and r.get("pid") == reader for r in records)
+    assert any(r.get("event") == "request" and r.get("outcome") == "client_disconnected" for r in records)
+
+
+# --- reads never wait on SQLite's writer ------------------------------------------------------
+
+
+def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """Each answer arrives while the lock is still held and sooner than SQLite's busy timeout
+    (what a read waiting on the writer would wait), from a reader started with the API: no
+    request pays for starting one (that was the second a decision took)."""
+    empty = sophos_env.root / "empty"
+    config: dict[str, Any] = json.loads(json.dumps(mcp_servers(sophos_env.tools_log, empty)))
+    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
+    empty.mkdir(exist_ok=True)
+    sophos_env.write_mcp_config(config)
+    start_worker(sophos_env)
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("5"))
+    conversation = _conversation(start_api(sophos_env).url or "", "add 2 and 3")
+
+    api = start_api(sophos_env)  # a fresh API process: it has read nothing yet
+    readers = _readers_started(api)
+    timings: dict[str, float] = {}
+    with DatabaseLock(sophos_env.database_path) as lock, httpx.Client(
+        base_url=api.url or "", timeout=2 * BUSY_TIMEOUT_SECONDS, trust_env=False
+    ) as http:
+
+        def timed(name: str, method: str, path: str, body: Any = None) -> httpx.Response:
+            began = time.monotonic()
+            response = http.request(method, path, json=body)
+            timings[name] = time.monotonic() - began
+            assert lock.proc.poll() is None  # answered while the writer still holds the lock
+            return response
+
+        detail = timed("detail", "GET", f"/api/conversations/{conversation}")
+        assert detail.status_code == 200, detail.text
+        [request] = detail.json()["pendingApproval"]
+        export = timed("export", "GET", f"/api/conversations/{conversation}/export")
+        assert export.status_code == 200, export.text
+        message = timed("message", "POST", "/api/chat", {"conversation": conversation, "message": "and 4?"})
+        assert _error_code(message) == "APPROVAL_PENDING"
+        wrong = timed("wrong decision", "POST", "/api/chat",
+                      {"conversation": conversation, "decisions": [{"id": "nope", "action": "approve"}]})
+        assert wrong.status_code == 400, wrong.text
+        approve = [{"id": request["id"], "action": "approve"}]
+        decided = timed("decision", "POST", "/api/chat", {"conversation": conversation, "decisions": approve})
+        assert decided.status_code == 202, decided.text
+        assert max(timings.values()) < BUSY_TIMEOUT_SECONDS, timings
+        # No read started a process: the reader was there before the first request.
+        assert set(readers) <= set(api.descendants())
+    assert read_sse(api.url or "", conversation)[-1].data["status"] == "completed"
+
+
+# --- the runs listing --------------------------------------------------------------------------
+
+
+def _commands(client: redis_sync.Redis) -> dict[str, int]:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def _listing_commands(client: redis_sync.Redis, url: str, queued: int) -> dict[str, int]:
+    before = _commands(client)
+    listing = get_json(url, "/api/runs?limit=500")
+    after = _commands(client)
+    assert [r["status"] for r in listing["runs"]] == ["queued"] * queued
+    delta = {name: calls - before.get(name, 0) for name, calls in after.items()}
+    return {name: calls for name, calls in delta.items() if calls}
+
+
+def test_the_runs_listing_asks_redis_one_command_per_queued_run_at_most(
+    sophos_env: SophosEnv, start_api, redis_sync_client: redis_sync.Redis
+) -> None:
+    """No worker: every run stays queued. Each queued run costs its description (one HGETALL in
+    one pipeline) and nothing more; in particular no EXISTS per run."""
+    api = start_api(sophos_env.with_(RATE_LIMIT_PER_MINUTE=0))
+    url = api.url or ""
+    for _ in range(5):
+        chat(url, "queued")
+    few = _listing_commands(redis_sync_client, url, 5)
+    for _ in range(40):
+        chat(url, "queued")
+    many = _listing_commands(redis_sync_client, url, 45)
+    assert "exists" not in many, many
+    assert sum(many.values()) - sum(few.values()) <= 40, (few, many)
