@@ -1,4 +1,5 @@
-"""The web page: ``GET /`` and its files under ``/web/``; the ``/schema`` viewer served from them.
+"""The web page: ``GET /`` and its files under ``/web/``; the ``/schema`` viewer served from them;
+``GET /docs``, where people look for an API's documentation, leads to ``/schema``.
 
 The page is plain HTML, CSS and ES modules in the repository's ``web/`` folder (no
 build step). Third-party files are vendored in ``web/vendor/`` by
@@ -18,6 +19,7 @@ from typing import Any
 from litestar import Response, Router, get
 from litestar.enums import MediaType
 from litestar.openapi.plugins import OpenAPIRenderPlugin, SwaggerRenderPlugin
+from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 #: Model text is untrusted: even if a reply slipped past the renderer, the browser would
@@ -38,8 +40,8 @@ _VIEWER = "/web/vendor/swagger-ui-dist"
 
 def web_dir() -> Path:
     """The folder holding ``index.html``: ``web/`` beside the packages (a checkout, an
-    editable install), else the working directory's (the image installs the packages
-    into site-packages and copies ``web/`` to its workdir)."""
+    editable install, or the installed wheel, which holds it as package data: the image),
+    else the working directory's."""
     candidates = (Path(__file__).resolve().parent.parent / "web", Path.cwd() / "web")
     for candidate in candidates:
         if (candidate / "index.html").is_file():
@@ -53,8 +55,13 @@ def _with_page_headers(response: Response[Any]) -> Response[Any]:
 
 
 def routes() -> list[Any]:
-    """``GET /`` (the page) and ``/web/*`` (its files), left out of the OpenAPI document."""
+    """``GET /`` (the page), ``/web/*`` (its files) and ``/docs``, left out of the OpenAPI document."""
     folder = web_dir()
+
+    @get("/docs", include_in_schema=False, sync_to_thread=False)
+    def docs() -> Redirect:
+        # The manual is docs/ in the repository; the API's own document is /schema.
+        return Redirect("/schema")
 
     @get("/", include_in_schema=False, media_type=MediaType.HTML, sync_to_thread=False)
     def page() -> Response[bytes]:
@@ -65,7 +72,7 @@ def routes() -> list[Any]:
         path="/web", directories=[folder], name="web", include_in_schema=False,
         after_request=_with_page_headers,
     )
-    return [page, files]
+    return [page, docs, files]
 
 
 def schema_viewers() -> list[OpenAPIRenderPlugin]:
