@@ -35,29 +35,13 @@ _NORMAL = " or ".join(f"status == '{s.value}'" for s in ENDS_NORMALLY)
 #: event (when ``requests`` is a JSON list) and the terminal event of
 #: :func:`shared.events.terminal_event` to the run's stream, with ids after both the
 #: stream's last entry and ``first_id``, sets the stream's expiry and counts the outcome.
-#: It returns the terminal event's id. A stream that already ends with a terminal event is
-#: left as it is (the ending is safe to retry).
+#: It returns the terminal event's id. A stream that already ends with this very terminal
+#: event is left as it is (the ending is safe to retry).
 END_LUA = f"""
 local function end_run(active, stream, metrics, conversation, run, status, code, message,
                        requests, first_id, ttl, counter)
   if active and redis.call('HGET', active, conversation) == run then
     redis.call('HDEL', active, conversation)
-  end
-  local n = tonumber(first_id) or 1
-  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-  if last[1] then
-    local after = tonumber(string.match(last[1][1], '^(%d+)')) + 1
-    if after > n then n = after end
-    local kind = last[1][2][2]
-    if kind == '{EventType.END.value}' or kind == '{EventType.CHAT_ERROR.value}' then
-      return after - 1  -- ended already (a retry whose first try did reach Redis)
-    end
-  end
-  if requests and requests ~= '' then
-    redis.call('XADD', stream, n .. '-0', 'type', '{EventType.APPROVAL.value}', 'data',
-      '{{"conversation":' .. cjson.encode(conversation) .. ',"run":' .. cjson.encode(run)
-      .. ',"requests":' .. requests .. '}}')
-    n = n + 1
   end
   local event = '{EventType.END.value}'
   local body = {{conversation = conversation, run = run, status = status}}
@@ -66,7 +50,24 @@ local function end_run(active, stream, metrics, conversation, run, status, code,
     body.code = code
     body.message = message
   end
-  redis.call('XADD', stream, n .. '-0', 'type', event, 'data', cjson.encode(body))
+  local data = cjson.encode(body)
+  local n = tonumber(first_id) or 1
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+  if last[1] then
+    local after = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+    if after > n then n = after end
+    local fields = last[1][2]
+    if fields[2] == event and fields[4] == data then
+      return after - 1  -- this very ending is there already: a retry whose first try landed
+    end
+  end
+  if requests and requests ~= '' then
+    redis.call('XADD', stream, n .. '-0', 'type', '{EventType.APPROVAL.value}', 'data',
+      '{{"conversation":' .. cjson.encode(conversation) .. ',"run":' .. cjson.encode(run)
+      .. ',"requests":' .. requests .. '}}')
+    n = n + 1
+  end
+  redis.call('XADD', stream, n .. '-0', 'type', event, 'data', data)
   redis.call('EXPIRE', stream, ttl)
   redis.call('HINCRBY', metrics, counter, 1)
   return n

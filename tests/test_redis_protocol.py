@@ -20,8 +20,8 @@ import httpx
 from redis.asyncio import Redis
 
 from shared.contracts import JobKind, RunJob, arq_job_key, events_key, run_key
-from shared.queue import submit_run
 from shared.events import body, event_type, terminal_event
+from shared.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text
 from tests.support.client import chat, read_sse, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv

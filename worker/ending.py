@@ -125,7 +125,7 @@ class RunEnding:
         self.graph = graph
         self.unrecorded = unrecorded
 
-    async def read_thread(self, conversation_id: str) -> Thread:
+    async def read_thread(self, conversation_id: str, run_id: str | None = None) -> Thread:
         """The thread's shape; unknown (all None) when it cannot be read. Never raises."""
         config: RunnableConfig = {"configurable": {"thread_id": conversation_id}}
         try:
@@ -133,7 +133,10 @@ class RunEnding:
         except Exception as exc:
             # Database away, or a checkpoint it cannot read: the run ends all the same
             # (without the counts), or it would stay `running`.
-            log.warning("run.state_unreadable", error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "run.state_unreadable", error=f"{type(exc).__name__}: {exc}",
+                **({"run_id": run_id, "conversation_id": conversation_id} if run_id else {}),
+            )
             return Thread()
 
     async def end(
@@ -152,7 +155,7 @@ class RunEnding:
         worker owns the run now.
         """
         if thread is None:
-            thread = await self.read_thread(conversation_id)
+            thread = await self.read_thread(conversation_id, run_id)
         outcome = settle(cause, thread)
         if recorded:
             async def write() -> None:

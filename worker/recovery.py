@@ -29,8 +29,6 @@ from typing import Any
 import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from langgraph.checkpoint.sqlite.utils import search_where
 from redis.exceptions import RedisError
 
 from shared.contracts import (
@@ -44,6 +42,7 @@ from shared.contracts import (
     cancel_key,
     progress_key,
 )
+from shared.storage import checkpoints
 from worker.ending import Outcome
 from worker.runs import RunService
 from worker.store import RunRow, is_database_unavailable
@@ -76,16 +75,7 @@ async def _cancel_requested(service: RunService, run_id: str) -> bool:
 async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig, run_id: str) -> bool | None:
     """Whether a checkpoint of ``thread`` carries ``run_id``, decoding none; None if that cannot be read."""
     try:
-        if isinstance(saver, AsyncSqliteSaver):
-            # The saver's own filter (a json_extract on the metadata column), on its own
-            # connection and lock: a row is looked for, not decoded.
-            where, params = search_where(thread, {"run_id": run_id})
-            async with saver.lock, saver.conn.execute(
-                # `where` is built by the saver from fixed column names; values are bound.
-                f"SELECT 1 FROM checkpoints {where} LIMIT 1", params  # noqa: S608
-            ) as cursor:
-                return await cursor.fetchone() is not None
-        return bool([c async for c in saver.alist(thread, filter={"run_id": run_id}, limit=1)])
+        return await checkpoints.input_recorded(saver, thread, run_id)
     except Exception as exc:
         # Metadata that is not JSON makes the filter itself fail.
         log.warning("run.checkpoints_unreadable", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
@@ -97,7 +87,7 @@ async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: R
     recorded = await input_recorded(saver, service.thread_config(run.conversation_id), run.id)
     # A thread that cannot be read (a crafted or damaged checkpoint) must not keep the
     # worker from starting: the run ends all the same, without counts.
-    thread = await service.ending.read_thread(run.conversation_id)
+    thread = await service.ending.read_thread(run.conversation_id, run.id)
     if recorded is False and run.kind == JobKind.RUN.value:
         message = NOT_RECORDED
     elif thread.pending is None:

@@ -32,7 +32,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import aiosqlite
 import structlog
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -53,6 +52,7 @@ from shared.contracts import (
 )
 from shared.queue import release_conversation
 from shared.settings import Settings
+from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.postgres import CURRENT_LEASE, Lease, LeaseLost
 from worker.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.events import EventPublisher
@@ -63,7 +63,7 @@ from worker.model_check import unavailable_message
 from worker.outcomes import UnrecordedOutcomes
 from worker.progress import CancelSignals, RunTracker
 from worker.stopping import Closed, LiveRun, close_thread
-from worker.store import RunStore, end_failed_transaction, is_database_unavailable
+from worker.store import RunStore, is_database_unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -450,18 +450,7 @@ class RunService:
         await self.ending.end(job.run_id, job.conversation_id, outcome, thread=Thread(), recorded=False)
 
     async def _end_failed_checkpoint_write(self) -> None:
-        """Roll back what a failed checkpoint write left open on the saver's connection.
-
-        Left open, its transaction keeps an old snapshot: once the application tables
-        (another connection) commit, every later checkpoint write fails at once with
-        "database is locked" (SQLITE_BUSY_SNAPSHOT), long after the lock is gone.
-        """
-        saver = self.graph.checkpointer
-        conn, lock = getattr(saver, "conn", None), getattr(saver, "lock", None)
-        # (PostgreSQL's saver writes in a transaction block of its own, rolled back on failure.)
-        if isinstance(conn, aiosqlite.Connection) and lock is not None:
-            async with lock:
-                await end_failed_transaction(conn)
+        await end_failed_checkpoint_write(self.graph.checkpointer)  # type: ignore[arg-type]
 
 
 @dataclass(slots=True)
