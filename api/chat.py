@@ -36,8 +36,9 @@ from api.approvals import check_shape, match, pending_requests
 from api.idempotency import first_answer  # refuses an answer naming a deleted conversation
 from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
+from api.status import waits_for_decision
 from api.store import Store
-from shared.contracts import JobKind, RunJob, RunStatus
+from shared.contracts import JobKind, RunJob
 from shared.errors import (
     ApprovalPending,
     BadRequest,
@@ -141,7 +142,7 @@ class ChatService:
                 raise NotFound(f"conversation {conversation_id} not found")
             if holder is not None:
                 raise _busy(conversation_id, holder)
-            if row is not None and row.last_status == RunStatus.WAITING:
+            if waits_for_decision(row, holder):
                 raise ApprovalPending(
                     f"conversation {conversation_id} waits for a decision on its tool calls; "
                     "send the decisions first"
@@ -177,7 +178,7 @@ class ChatService:
             row = await self.store.conversation(conversation_id)
             if row is None and holder is None:
                 raise NotFound(f"conversation {conversation_id} not found")
-            if holder is not None or row is None or row.last_status != RunStatus.WAITING:
+            if row is None or not waits_for_decision(row, holder):
                 raise NoApprovalPending(f"conversation {conversation_id} has no approval pending")
             requests = await self.store.read_thread(conversation_id, pending_requests)
             if requests is None:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from api import live, transcript
 from api.approvals import pending_requests
-from api.runs import REDIS_DOWN, decode_cursor, encode_cursor, run_error
+from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
     CheckpointLine,
     ConversationDetail,
@@ -25,6 +25,7 @@ from api.schemas import (
     ConversationSummary,
     ToolCall,
 )
+from api.status import conversation_status, resumable, run_error
 from api.store import ConversationRow, RunRow, Store
 from api.timefmt import iso_from_timestamp
 from shared.contracts import ACTIVE_RUNS, RunStatus, is_delete_claim
@@ -33,19 +34,9 @@ from shared.errors import NotFound
 log = structlog.get_logger(__name__)
 
 
-def _status(row: ConversationRow, active: str | None, active_row: RunRow | None) -> RunStatus:
-    if active is not None:
-        # Claimed: queued until the worker records the run (then the row's status).
-        return RunStatus(active_row.status) if active_row is not None else RunStatus.QUEUED
-    try:
-        return RunStatus(row.last_status or RunStatus.COMPLETED)
-    except ValueError:
-        return RunStatus.COMPLETED
-
-
 def summary(row: ConversationRow, active: str | None, active_row: RunRow | None) -> ConversationInfo:
     """The conversation's fields; ``active`` is the run holding it (queued or running), if any."""
-    status = _status(row, active, active_row)
+    status = conversation_status(row, active, active_row)
     error = None
     if active is None and row.last_status is not None:
         error = run_error(row.last_status, row.last_error_code, row.last_error_message)
@@ -57,11 +48,7 @@ def summary(row: ConversationRow, active: str | None, active_row: RunRow | None)
         message_count=row.message_count,
         status=status,
         error=error if error is not None else UNSET,
-        # Decided by the checkpoint (pending tasks), never by the last run's status.
-        # Waiting for an approval: a decision is the way on, not a resume.
-        resumable=(
-            row.pending_tasks and active is None and status not in (RunStatus.RUNNING, RunStatus.WAITING)
-        ),
+        resumable=resumable(row, active, status),
     )
 
 

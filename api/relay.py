@@ -33,11 +33,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import live
 from api.feed import Entry, Feeds, entry_number
+from api.status import finished, run_error
 from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, parse_iso
-from shared.contracts import EventType, RunErrorCode, RunStatus, dumps, events_key
+from shared.contracts import EventType, RunStatus, dumps, events_key
 from shared.errors import BadRequest, NotFound, SophosError
-from shared.events import ENDS_NORMALLY, body, event_type, terminal_event
+from shared.events import body, event_type, terminal_event
 
 log = structlog.get_logger(__name__)
 
@@ -82,11 +83,8 @@ def missed(first: int, last: int | None, event_id: int) -> bytes:
 
 def terminal_from_row(run: RunRow, event_id: int) -> bytes:
     """The terminal event of a finished run, rebuilt from its row (same shape as the worker's)."""
-    code = message = None
-    if run.status not in ENDS_NORMALLY:
-        default_code = RunErrorCode.INTERRUPTED if run.status == RunStatus.INTERRUPTED else "AGENT_FAILURE"
-        code = run.error_code or default_code
-        message = run.error_message or f"the run {run.status}"
+    error = run_error(run.status, run.error_code, run.error_message)
+    code, message = (error.code, error.message) if error is not None else (None, None)
     event = terminal_event(run.conversation_id, run.id, run.status, code, message)
     return ServerSentEventMessage(
         id=str(event_id), event=event_type(event).value, data=dumps(body(event)).decode()
@@ -94,7 +92,7 @@ def terminal_from_row(run: RunRow, event_id: int) -> bytes:
 
 
 def _finished(run: RunRow) -> bool:
-    return run.status in {s.value for s in RunStatus if s.finished}
+    return finished(run.status)
 
 
 async def current_run(store: Store, redis: Redis, conversation_id: str) -> str:

@@ -32,9 +32,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from api import live
 from api.ids import parse_id
 from api.schemas import RunError, RunInfo, RunList, WorkerInfo
+from api.status import run_error
 from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, millis_between, parse_iso
-from shared.contracts import QUEUE_NAME, JobKind, RunErrorCode, RunStatus
+from shared.contracts import QUEUE_NAME, JobKind, RunStatus
 from shared.errors import BadRequest, NotFound, QueueUnavailable
 from shared.liveness import Liveness, read_liveness
 from shared.settings import Settings
@@ -44,14 +45,6 @@ log = structlog.get_logger(__name__)
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 
 Key = tuple[str, str]
-
-
-def run_error(status: str, code: str | None, message: str | None) -> RunError | None:
-    """The error shown for a run that failed or was interrupted."""
-    if status not in (RunStatus.FAILED, RunStatus.INTERRUPTED) and not code:
-        return None
-    default = RunErrorCode.INTERRUPTED if status == RunStatus.INTERRUPTED else RunErrorCode.AGENT_FAILURE
-    return RunError(code=code or default, message=message or f"the run {status}")
 
 
 def _kind(value: str) -> JobKind:

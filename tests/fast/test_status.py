@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.conversations import _status
-from api.runs import run_error
+from api.status import conversation_status as _status
+from api.status import run_error
 from api.store import ConversationRow
 from shared.contracts import RunErrorCode, RunStatus
 from shared.rows import RunRow
