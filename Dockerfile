@@ -13,7 +13,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml ./
 # The runtime dependencies as pyproject.toml names them (the test and docs extras left out).
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep=chr(10))" \
     > /requirements.txt
 COPY api api
 COPY worker worker
