@@ -6,8 +6,8 @@ pauses for an approval publishes ``approval`` just before its ``end``. The worke
 ending (worker/ending.py, through :data:`shared.redis_protocol.END_RUN_LUA`), the
 scripts that end a run that never started (the queued cancel, the sweep) and the
 relay that rebuilds an ending from a run's row (api/relay.py) all build these
-shapes from here: the Lua side is generated from :data:`TERMINAL_FIELDS`, and
-``tests/fast/test_events.py`` holds the two to each other.
+shapes from here; the Lua side (``END_LUA`` in shared/redis_protocol.py) builds the
+same fields, and tests/test_redis_protocol.py holds every producer to them.
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from shared.contracts import EventType, RunStatus
 
 #: A run with one of these outcomes stopped as it should: its stream ends with ``end``.
 ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
-
-#: The fields of a terminal event, in order (``code`` and ``message`` only on ``chat-error``).
-TERMINAL_FIELDS = ("conversation", "run", "status", "code", "message")
 
 
 class End(msgspec.Struct, frozen=True, kw_only=True):
