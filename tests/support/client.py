@@ -24,6 +24,11 @@ T = TypeVar("T")
 
 TERMINAL_EVENTS = frozenset({"end", "chat-error"})
 
+#: The default bound of a request or a wait: generous, because the real-process tiers share
+#: two cores between several xdist workers and their services (tests/support/tiers.py). Only
+#: a failing test ever waits this long; a test that means a shorter bound passes its own.
+DEFAULT_TIMEOUT = 30.0
+
 
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -49,7 +54,7 @@ def post_chat(
     resume: bool = False,
     *,
     token: str | None = None,
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> httpx.Response:
     """``POST /api/chat``; fields left as None are not sent. Returns the response as is."""
     with httpx.Client(base_url=api_url, timeout=timeout, trust_env=False) as http:
@@ -63,7 +68,7 @@ async def post_chat_async(
     resume: bool = False,
     *,
     token: str | None = None,
-    timeout: float = 10.0,  # noqa: ASYNC109 - same signature as post_chat
+    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - same signature as post_chat
 ) -> httpx.Response:
     async with httpx.AsyncClient(base_url=api_url, timeout=timeout, trust_env=False) as http:
         return await http.post(
@@ -106,7 +111,7 @@ def get_json(
     path: str,
     *,
     token: str | None = None,
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT,
     expect: int = 200,
     raw: bool = False,
     **params: Any,
@@ -426,7 +431,7 @@ async def read_sse_async(
 
 def wait_for(
     predicate: Callable[[], T],
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT,
     *,
     interval: float = 0.05,
     message: str | Callable[[], str] = "condition",
@@ -465,7 +470,7 @@ async def wait_for_async(
 
 async def wait_for_async(
     predicate: Callable[[], Any],
-    timeout: float = 10.0,  # noqa: ASYNC109 - same signature as wait_for
+    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - same signature as wait_for
     *,
     interval: float = 0.05,
     message: str | Callable[[], str] = "condition",

@@ -175,7 +175,7 @@ class ServiceProcess:
                     records.append(json.loads(line))
         return records
 
-    def wait_for_log(self, needle: str | Callable[[str], bool], timeout: float = 10.0) -> str:
+    def wait_for_log(self, needle: str | Callable[[str], bool], timeout: float = 30.0) -> str:
         """Wait until the log contains ``needle`` (or a line satisfies it); return that line."""
         deadline = time.monotonic() + timeout
         while True:
