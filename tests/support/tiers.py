@@ -151,7 +151,10 @@ def main(argv: Sequence[str]) -> int:
     if plain(argv):
         os.chdir(ROOT)
         os.execv(sys.executable, [sys.executable, "-m", "pytest", *argv])  # noqa: S606 - our own pytest
-    return run_tiers(argv)
+    try:
+        return run_tiers(argv)
+    except KeyboardInterrupt:  # Ctrl-C reached pytest too, which has reported and stopped
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""How ``./sophos test`` reads its arguments (tests/support/tiers.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import tiers
+
+
+@pytest.mark.parametrize(
+    ("args", "plain"),
+    [
+        ([], False),
+        (["-q", "--durations=25"], False),
+        (["-q", "--durations", "25"], False),  # an option's value is not a path
+        (["-x", "-m", "fault"], False),
+        (["--version"], True),
+        (["--collect-only", "-q"], True),
+        (["tests/test_chat.py", "-x"], True),
+        (["tests/fast/test_tiers.py::test_a_marker_expression_narrows_each_tier"], True),
+        (["tests"], True),
+    ],
+)
+def test_options_alone_run_the_tiers_and_a_path_or_a_no_run_option_runs_plain_pytest(
+    args: list[str], plain: bool
+) -> None:
+    assert tiers.plain(args) is plain
+
+
+def test_a_marker_expression_narrows_each_tier() -> None:
+    assert tiers.split_marker(["-q", "-m", "fault or slow", "-x"]) == ("fault or slow", ["-q", "-x"])
+    assert tiers.split_marker(["-mslow"]) == ("slow", [])
+    assert tiers.split_marker(["--markers"]) == (None, ["--markers"])
+    assert tiers.narrowed("not fast", "fault or slow") == "not fast and (fault or slow)"
+    assert tiers.narrowed("fast", None) == "fast"
+
+
+def test_the_workers_are_ours_unless_the_arguments_choose_them() -> None:
+    ours = ["-n", str(tiers.DEFAULT_WORKERS), "--dist", "loadgroup"]
+    assert tiers.worker_options(["-q"], {}) == ours
+    assert tiers.worker_options(["-q"], {tiers.WORKERS_VARIABLE: "5"})[:2] == ["-n", "5"]
+    assert tiers.worker_options(["-q"], {tiers.WORKERS_VARIABLE: "0"}) == []
+    for given in (["-n", "2"], ["-n2"], ["--numprocesses=2"], ["--dist", "load"]):
+        assert tiers.worker_options(given, {}) == []
+    with pytest.raises(SystemExit, match=tiers.WORKERS_VARIABLE):
+        tiers.worker_options([], {tiers.WORKERS_VARIABLE: "many"})
