@@ -124,3 +124,53 @@ def test_the_sophos_console_script_runs_the_commands_as_printed(installed: Path,
     assert checked.returncode == 2, checked.stdout + checked.stderr
     up = run_installed(installed, [sys.executable, str(script), "up"], cwd=tmp_path)
     assert up.returncode == 2 and "./sophos up" in up.stderr
+
+
+# --- the launcher's first run: runtime dependencies only, the test extras on the first `test` ----
+
+_STUB_PYTHON = """#!/usr/bin/env bash
+# Stands in for python3 and the venv's python: records each call, makes the venv's folder.
+echo "$(basename "$(dirname "$(dirname "$0")")")/$(basename "$0") $*" >> "$STUB_LOG"
+if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+if [ "$1" = -c ]; then case "$2" in *readabilipy*) echo "$STUB_JSDIR" ;; esac; fi
+exit 0
+"""
+
+
+def test_the_launcher_installs_the_test_extras_only_for_test(tmp_path: Path) -> None:
+    """``./sophos chat`` makes a lean .venv (``-e .``); the first ``./sophos test`` adds
+    ``.[test]``, once; each install says what it does on stderr. (pip itself is a stub here.)"""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(ROOT / "sophos", checkout / "sophos")
+    for name in ("pyproject.toml", "requirements.lock"):
+        shutil.copy(ROOT / name, checkout / name)
+    stub = tmp_path / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(_STUB_PYTHON)
+    stub.chmod(0o755)
+    jsdir = tmp_path / "readabilipy-js"
+    (jsdir / "node_modules").mkdir(parents=True)  # as if npm had run: nothing to install
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PYTHON": str(stub), "STUB_LOG": str(log), "STUB_JSDIR": str(jsdir)}
+
+    def launch(*args: str) -> tuple[str, list[str]]:
+        log.write_text("")
+        done = subprocess.run([str(checkout / "sophos"), *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        locked = [line for line in log.read_text().splitlines() if " -m pip install" in line
+                  and "-c requirements.lock " in line]
+        return done.stderr, [line.split("-c requirements.lock ", 1)[1] for line in locked]
+
+    said, installs = launch("chat", "--help")
+    assert "sophos: creating .venv: installing the runtime dependencies" in said
+    assert "sophos: .venv is ready" in said
+    assert installs == ["-e ."]
+    said, installs = launch("up", "--help")
+    assert said == "" and installs == []  # made once
+    said, installs = launch("test", "--version")
+    assert "sophos: updating .venv: installing the dependencies and the test extras" in said
+    assert installs == ["-e .[test]"]
+    said, installs = launch("test", "--version")
+    assert said == "" and installs == []
