@@ -7,6 +7,7 @@ Real API, worker, Redis and SQLite; the API's descendants are found through /pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -56,6 +57,12 @@ def _ended(pids: list[int]) -> None:
     )
 
 
+def _no_strays(api: ServiceProcess) -> None:
+    """Nothing the API was seen to start is left (a reader still starting notices a moment later)."""
+    wait_for(lambda: not api.stray_descendants(), timeout=ENDING_SECONDS,
+             message=lambda: f"the API's processes to end: {api.stray_descendants()}")
+
+
 def _error_code(response: httpx.Response) -> str:
     return str(response.json()["error"]["code"])
 
@@ -84,7 +91,34 @@ def test_the_api_s_processes_end_with_it(
     api.signal(how)
     api.wait(timeout=30)
     _ended(started)
-    assert api.stray_descendants() == []
+    _no_strays(api)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_reader_busy_when_the_api_stops_ends_with_it(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, how: signal.Signals
+) -> None:
+    """A read still in its reader when the API stops (a graceful stop gives up on it after its
+    grace period; a kill leaves it to notice alone)."""
+    start_worker(sophos_env)
+    model.script(Text("kept"))
+    conversation = _conversation(start_api(sophos_env).url or "", "hello")
+    api = start_api(sophos_env.with_(SOPHOS_FAULT_HANG_READ=conversation))
+    [reader] = _readers_started(api)
+
+    def read() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # cut when the API stops
+            httpx.get(f"{api.url}/api/conversations/{conversation}/export", timeout=60, trust_env=False)
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(read)
+        # Taking the reader starts a spare beside it: the read is in the reader now.
+        wait_for(lambda: len(api.descendants()) > 1, timeout=30, message="the read to take its reader")
+        assert pid_alive(reader)
+        api.signal(how)
+        api.wait(timeout=30)
+    _ended([reader])
+    _no_strays(api)  # the spare that was starting beside it too
 
 
 # --- reads are bounded and stop when their client leaves ------------------------------------
@@ -203,7 +237,7 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
 
 
 def _commands(client: redis_sync.Redis) -> dict[str, int]:
-    stats: dict[str, Any] = client.info("commandstats")
+    stats: Any = client.info("commandstats")  # the sync client: a dict
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
 
 
