@@ -29,7 +29,7 @@ from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
-from tests.support.tiers import FAST_DIR, FAST_ELSEWHERE
+from tests.support.tiers import ALONE, FAST_DIR, FAST_ELSEWHERE
 
 _PROCS_KEY = pytest.StashKey[ProcessGroup]()
 _REDIS_KEY = pytest.StashKey[list[RedisServer]]()
@@ -49,7 +49,8 @@ ONE_WORKER_MODULES = frozenset({"test_fuzz.py", "test_web.py"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the fast tier; keep each of :data:`ONE_WORKER_MODULES` in one xdist worker.
+    """Mark the fast tier and the timing-bound tests; keep each of :data:`ONE_WORKER_MODULES` in one
+    xdist worker.
 
     A test of tests/fast/ that asks for a process fixture is left out of the fast tier (it
     runs with the real-process tests), with a warning saying where it belongs.
@@ -67,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 ))
             else:
                 item.add_marker(pytest.mark.fast)
+        if in_tests and getattr(item, "originalname", item.name) in ALONE.get(path.name, frozenset()):
+            item.add_marker(pytest.mark.alone)
         if in_tests and path.name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(path.stem))
 

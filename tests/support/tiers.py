@@ -5,10 +5,12 @@
 1. The fast tier, ``-m fast``: tests/fast/, the pure tests of other files named in
    :data:`FAST_ELSEWHERE` (tests/conftest.py marks them) and any test marked ``fast``:
    pure logic, no process, in one pytest process. If it fails, nothing else runs.
-2. Everything else, ``-m "not fast"``, spread over ``SOPHOS_TEST_WORKERS`` xdist workers
-   (default :data:`DEFAULT_WORKERS`; ``0`` runs it in this one process) with
-   ``--dist loadgroup``: a module that shares a server or a browser between its tests
-   runs in one worker (``xdist_group``, tests/conftest.py).
+2. The real-process tests, ``-m "not fast and not alone"``, spread over
+   ``SOPHOS_TEST_WORKERS`` xdist workers (default :data:`DEFAULT_WORKERS`; ``0`` runs them
+   in one process) with ``--dist loadgroup``: a module that shares a server or a browser
+   between its tests runs in one worker (``xdist_group``, tests/conftest.py).
+3. The timing-bound tests, ``-m alone`` (:data:`ALONE`): they assert latencies, which the
+   other workers' load would distort, so they run last, one at a time, in one process.
 
 Options (``-q``, ``--durations=25``, ``-x``, ``-m EXPR``, …) go to both tiers; ``-m EXPR``
 narrows each (``fast and (EXPR)``, ``not fast and (EXPR)``). Pass ``-n`` to choose the
@@ -75,6 +77,21 @@ FAST_ELSEWHERE: dict[str, frozenset[str]] = {
 
 
 #: Options after which pytest runs no test: passed through as they are.
+#: Tests that assert how fast something answers (file name -> test names): the ``alone`` tier.
+ALONE: dict[str, frozenset[str]] = {
+    "test_events.py": frozenset({
+        "test_relay_latency_from_publish_to_sse_client",
+        "test_200_subscribers_on_one_process_all_receive_every_event",
+        "test_frozen_client_is_dropped_and_costs_no_one_anything",
+    }),
+    "test_storage.py": frozenset({
+        "test_exporting_a_long_conversation_does_not_hold_up_another_clients_events",
+    }),
+    "test_api_hardening.py": frozenset({
+        "test_reads_in_flight_survive_the_database_vanishing_and_coming_back",
+    }),
+}
+
 _NO_RUN = {"--version", "-V", "-h", "--help", "--co", "--collect-only", "--fixtures", "--funcargs",
            "--fixtures-per-test", "--markers", "--setup-plan"}
 _WORKER_OPTIONS = ("-n", "--numprocesses", "--dist", "-d", "--tx")
@@ -134,7 +151,9 @@ def run_tiers(args: Sequence[str]) -> int:
     expression, rest = split_marker(args)
     tiers = [
         ("fast tier (pure logic, no process)", ["-m", narrowed("fast", expression)]),
-        ("real-process tiers", ["-m", narrowed("not fast", expression), *worker_options(rest, os.environ)]),
+        ("real-process tiers", ["-m", narrowed("not fast and not alone", expression),
+                                *worker_options(rest, os.environ)]),
+        ("timing-bound tests, one at a time", ["-m", narrowed("alone", expression)]),
     ]
     for title, options in tiers:
         print(f"sophos test: {title}: pytest {' '.join([*options, *rest])}", file=sys.stderr, flush=True)
