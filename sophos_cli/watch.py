@@ -8,7 +8,7 @@ from typing import Any
 from sophos_cli.client import Api, EventStream
 from sophos_cli.printing import ChatPrinter
 
-#: exit statuses of every command (README, "The command-line client")
+#: exit statuses of every command (docs/cli.md)
 EXIT_OK = 0
 EXIT_FAILED = 1  # the API refused, or the run did not complete
 EXIT_USAGE = 2

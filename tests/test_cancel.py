@@ -24,9 +24,9 @@ from tests.support.client import get_json, read_sse, read_sse_async, tool_calls,
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock, accepted
 
-#: The contract (DESIGN.md, README "Cancelling"): from the cancel request to the run's
+#: The contract (DESIGN.md, docs/api.md "Cancelling"): from the cancel request to the run's
 #: ``end`` event, at most this long. A generous bound, not a speed figure: the cut
-#: itself takes a few milliseconds plus two SQLite commits (see the README).
+#: itself takes a few milliseconds plus two SQLite commits (see docs/api.md).
 CANCEL_BOUND_SECONDS = 1.0
 #: a 150-token answer streamed over 7.5 s: a run that is not cut completes
 LONG_ANSWER = Text(" ".join(f"word{i}" for i in range(150)), token_delay=0.05)
@@ -166,7 +166,7 @@ async def test_a_cancel_during_a_slow_tool_call_answers_the_calls_as_stopped(
     assert [m["toolCallId"] for m in messages[2:4]] == call_ids
     assert all("stopped" in m["content"] for m in messages[2:4])
     assert messages[4]["content"] == ""
-    # The tool server was not told: it finishes the call it had started (README, "Cancelling").
+    # The tool server was not told: it finishes the call it had started (docs/api.md, "Cancelling").
     wait_for(
         lambda: any(e.get("event") == "done" for e in tool_log(env.tools_log)),
         timeout=STREAM_TIMEOUT, message="the slow tool finished on its server",

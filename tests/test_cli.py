@@ -280,7 +280,7 @@ class Terminal:
 
 
 def test_ctrl_c_at_the_prompt_leaves_with_130_and_ctrl_d_with_0(api: SophosEnv, model: FakeOllama) -> None:
-    """The README's exit status for "left with Ctrl-C", at the prompt of a terminal (a real SIGINT)."""
+    """docs/cli.md's exit status for "left with Ctrl-C", at the prompt of a terminal (a real SIGINT)."""
     model.script(Text("One."))
     terminal = Terminal(api, "chat")
     try:

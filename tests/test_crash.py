@@ -1,4 +1,4 @@
-"""The README's crash semantics, with real processes killed by real signals."""
+"""The crash semantics (docs/crash-semantics.md), with real processes killed by real signals."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The deployment files: docker-compose.yml, deploy/*.yml, the Dockerfile, deploy/nginx.conf, .env.example.
 
 No Docker engine is needed. The compose file is read with a YAML parser and checked
-against what the README promises (services, health checks, volumes and who writes them,
+against what the manual (docs/deployment.md) promises (services, health checks, volumes and who writes them,
 the mounted config, the token from ``.env``), and validated by a compose CLI where one is
 installed (``apt-get install docker-compose`` validates without an engine). The nginx
 settings run in a real nginx where one is installed (Debian's ``nginx-light``), in front
@@ -387,7 +387,7 @@ def test_compose_cli_merges_the_postgres_variant(tmp_path: Path) -> None:
     assert merged["worker"]["healthcheck"]["test"] == ["CMD", "python", "-m", "worker", "--check"]
     assert merged["worker"]["environment"]["WORKER_CONCURRENCY"] == "1"
 
-    # The one-time alternative the README names: both switches and a password in .env.
+    # The one-time alternative docs/deployment.md names: both switches and a password in .env.
     env_file = tmp_path / "postgres.env"
     env_file.write_text(
         "COMPOSE_FILE=docker-compose.yml:deploy/postgres.yml\n"

@@ -3,8 +3,8 @@
 Each case runs the same script twice: once hit by the fault (then resumed), once
 uninterrupted on a fresh conversation. The two transcripts must be equal, and the
 executions counted at the model server and in the tools' log must be equal too,
-except for the one step that was in flight when the worker died (the README's crash
-semantics: the step in flight runs again; a checkpointed step never does).
+except for the one step that was in flight when the worker died (the crash
+semantics, docs/crash-semantics.md: the step in flight runs again; a checkpointed step never does).
 
 Checkpoint writes of a fresh run with two tool rounds, as the fault hooks count them
 (``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` / ``..._BEFORE_CHECKPOINT=N``, worker/faults.py):

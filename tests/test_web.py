@@ -7,7 +7,7 @@ system's (``/usr/bin/chromium``); Playwright's own download is never used. Witho
 it these tests fail, naming the install line, rather than skip.
 
 Screenshots of the chat and the runs view go to ``tmp_path`` (and, with
-``SOPHOS_SCREENSHOTS=DIR``, to DIR: that is how the README's one was made).
+``SOPHOS_SCREENSHOTS=DIR``, to DIR: that is how docs/screenshots/ was made).
 """
 
 from __future__ import annotations
