@@ -199,14 +199,16 @@ def build_graph(
         # every call of the last answer still without a result, one after another.
         messages = task["messages"]
         message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
-        results = [await run_call(c, (message.id if message else None) or "", config) for c in _unanswered(messages)]
+        message_id = (message.id if message is not None else None) or ""
+        results = [await run_call(c, message_id, config) for c in _unanswered(messages)]
         return {"messages": results}
 
     # Messages stored once per thread (DeltaChannel): see shared/thread.py.
     graph = StateGraph(AgentState)
     graph.add_node(AGENT, agent)
     graph.add_node(APPROVAL, approval, destinations=(TOOLS, AGENT))
-    graph.add_node(TOOLS, run_tools)
+    # Its input is a Send's payload, or the state: no one type the stubs accept.
+    graph.add_node(TOOLS, run_tools)  # type: ignore[arg-type]
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, route, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
