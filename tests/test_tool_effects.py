@@ -94,8 +94,9 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     assert events.text == "All three done."
 
     # Executed once each, whatever LangGraph had saved: the ledger answered the finished calls.
-    fast, done, running = executions(env, "echo", text="three"), executions(env, "slow", seconds=0.5), \
-        executions(env, "slow", seconds=3.0)
+    fast = executions(env, "echo", text="three")
+    done = executions(env, "slow", seconds=0.5)
+    running = executions(env, "slow", seconds=3.0)
     assert len(fast) == 1 and len(done) == 1
     # The call in flight was sent again (the known gap, closed by part 4), with the same key.
     assert len(running) == 2 and running[0] == running[1]
@@ -110,7 +111,8 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     assert rows[running[0]]["run_id"] == resumed
 
     detail = get_json(api, f"/api/conversations/{conversation}")
-    assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "tool", "tool", "assistant"]
+    roles = [m["role"] for m in detail["messages"]]
+    assert roles == ["user", "assistant", "tool", "tool", "tool", "assistant"]
     results = {m["toolCallId"]: m["content"] for m in detail["messages"] if m["role"] == "tool"}
     by_key = {r["tool_call_id"]: r["key"] for r in rows.values()}
     assert {by_key[c]: text for c, text in results.items()} == {
