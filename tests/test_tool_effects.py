@@ -45,11 +45,12 @@ def ledger_rows(env: SophosEnv, conversation: str) -> list[dict[str, Any]]:
     )
     columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id")
     url = env.get("DATABASE_URL")
+    rows: list[Any]
     if url:
         import psycopg
 
-        with psycopg.connect(url) as conn:
-            rows = conn.execute(sql.format("%s"), (conversation,)).fetchall()
+        with psycopg.connect(url) as pg:
+            rows = pg.execute(sql.format("%s"), (conversation,)).fetchall()
     else:
         conn = sqlite3.connect(f"{env.database_path.as_uri()}?mode=ro", uri=True)
         try:
@@ -136,8 +137,8 @@ def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation
     accepted(api, "the same call again", conversation)
     assert read_sse(api, conversation).text == "second"
 
-    sent = [e.get("key") for e in tool_calls(env.tools_log)]
-    assert len(sent) == 3 and None not in sent and len(set(sent)) == 3  # the same call twice: two keys
+    sent = [str(e.get("key")) for e in tool_calls(env.tools_log)]
+    assert len(sent) == 3 and "None" not in sent and len(set(sent)) == 3  # the same call twice: two keys
     rows = ledger_rows(env, conversation)
     assert sorted(r["key"] for r in rows) == sorted(sent)
     assert all(r["state"] == "done" and r["attempt"] == 1 and r["status"] == "success" for r in rows)
