@@ -110,3 +110,32 @@ async def test_each_call_of_a_turn_is_a_task_of_its_own_with_a_key_of_its_own(tm
         assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["a", "b", "c"]
     finally:
         await db.close()
+
+
+async def test_a_tools_step_checkpointed_before_one_task_per_call_still_runs_every_open_call() -> None:
+    """A thread whose pending ``tools`` task takes the whole state (the graph before ``Send``)."""
+    from langgraph.types import Command
+
+    from worker.graph import APPROVAL
+
+    async def echo(text: str) -> str:
+        return text
+
+    tool = StructuredTool.from_function(coroutine=echo, name="echo", description="echo")
+    calls = [{"name": "echo", "args": {"text": t}, "id": f"call-{t}", "type": "tool_call"} for t in "ab"]
+    graph = build_graph(
+        model=_Scripted(messages=iter([AIMessage("done")])), tools=[tool], system_prompt=lambda: "",
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "legacy"}}
+    await graph.aupdate_state(config, {"messages": [HumanMessage("hi", id="h")]}, as_node="__start__")
+    calling = AIMessage("", id="ai", tool_calls=calls)
+    await graph.aupdate_state(config, Command(update={"messages": [calling]}, goto=TOOLS), as_node=APPROVAL)
+    assert [t.name for t in (await graph.aget_state(config)).tasks] == [TOOLS]  # one task, the whole state
+
+    async for _ in graph.astream(None, config):
+        pass
+
+    messages = (await graph.aget_state(config)).values["messages"]
+    assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["a", "b"]
+    assert messages[-1].content == "done"
