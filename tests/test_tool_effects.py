@@ -21,7 +21,7 @@ from tests.support.client import get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, database_integrity, recorded_after_crash
 
-pytestmark = [pytest.mark.backends]
+pytestmark = [pytest.mark.fault, pytest.mark.backends]
 
 #: three calls of one turn: a fast one, one that finishes in half a second, one still running
 FAST = ("tools__echo", {"text": "three"})
