@@ -79,7 +79,7 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     assert doomed.wait(30) == -signal.SIGKILL
     assert executions(env, "slow", seconds=3.0) != []  # the third was in flight
 
-    start_worker(env)
+    survivor = start_worker(env)
     assert recorded_after_crash(api, run)["status"] == "interrupted"
     first = read_sse(api, conversation)
     # One LangGraph task per call: three "enter"s of the tools node in one step.
@@ -110,6 +110,11 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
         fast[0]: ("done", 1), done[0]: ("done", 1), running[0]: ("done", 2),
     }
     assert rows[running[0]]["run_id"] == resumed
+    # Killed right after its outcome commit, the half-second call's task had no writes saved:
+    # LangGraph ran it again, and the ledger answered it.
+    answered = {r.get("tool_call_id") for r in survivor.log_records()
+                if r.get("event") == "tool_call.answered_from_ledger"}
+    assert rows[done[0]]["tool_call_id"] in answered
 
     detail = get_json(api, f"/api/conversations/{conversation}")
     roles = [m["role"] for m in detail["messages"]]
