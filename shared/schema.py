@@ -62,6 +62,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
     CREATE UNIQUE INDEX runs_one_running ON runs(conversation_id) WHERE status = 'running';
     """,
+    # 5: the ledger of tool calls (worker/ledger.py): one row per call of an assistant message,
+    # its intent committed before the request leaves for the MCP server, its outcome committed
+    # before the call's task returns. ``state`` is 'intent' (sent, or about to be; no outcome
+    # known) or 'done' (``status`` and ``result`` are the outcome). ``attempt`` counts the
+    # intents committed; ``idempotency_key`` is the same on every attempt of the call.
+    """
+    CREATE TABLE tool_calls (
+        conversation_id TEXT NOT NULL REFERENCES conversations(id),
+        message_id      TEXT NOT NULL,
+        tool_call_id    TEXT NOT NULL,
+        run_id          TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        arguments       TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL UNIQUE,
+        attempt         INTEGER NOT NULL,
+        state           TEXT NOT NULL,
+        status          TEXT,
+        result          TEXT,
+        intent_at       TEXT NOT NULL,
+        outcome_at      TEXT,
+        PRIMARY KEY (conversation_id, message_id, tool_call_id)
+    );
+    """,
 )
 
 

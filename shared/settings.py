@@ -286,6 +286,8 @@ class Settings:
     fault_kill_after_checkpoint: int = 0
     # ... or right before its Nth checkpoint write (N=1: before the run's input is recorded).
     fault_kill_before_checkpoint: int = 0
+    # ... or right after its Nth commit of a tool call's outcome to the ledger (worker/ledger.py).
+    fault_kill_after_outcome: int = 0
     # Test-only: the API's thread reads of this conversation never end (api/store.py).
     fault_hang_read: str | None = None
 
@@ -348,6 +350,7 @@ class Settings:
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
+            fault_kill_after_outcome=_int(env, "SOPHOS_FAULT_KILL_AFTER_OUTCOME", 0),
             fault_hang_read=env.get("SOPHOS_FAULT_HANG_READ") or None,
         )
 

@@ -52,13 +52,20 @@ log = structlog.get_logger(__name__)
 USAGE = "usage: python -m worker --copy-to postgresql://user@host:5432/DATABASE"
 
 #: the tables that must hold no row for the copy to go ahead: the application's and the saver's
-TARGET_TABLES = ("conversations", "runs", "checkpoints", "checkpoint_blobs", "checkpoint_writes")
+TARGET_TABLES = (
+    "conversations", "runs", "tool_calls", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
+)
 
 CONVERSATION_COLUMNS = "id, title, created_at, updated_at, message_count, pending_tasks, last_run_id"
 # The lease columns are left out, so NULL: on SQLite they are always NULL.
 RUN_COLUMNS = (
     "id, conversation_id, kind, status, error_code, error_message, enqueued_at, started_at,"
     " finished_at, step_count"
+)
+#: the ledger of tool calls (worker/ledger.py): a call it records done is never sent again
+TOOL_CALL_COLUMNS = (
+    "conversation_id, message_id, tool_call_id, run_id, tool, arguments, idempotency_key, attempt,"
+    " state, status, result, intent_at, outcome_at"
 )
 #: rows sent to PostgreSQL per executemany
 BATCH = 500
@@ -198,6 +205,8 @@ async def _copy(
         runs = await _copy_rows(sqlite, conn, "runs", RUN_COLUMNS)
         rows = await sqlite.execute_fetchall("SELECT count(*) FROM runs WHERE status = 'running'")
         running = int(next(iter(rows))[0])
+    if "tool_calls" in tables:
+        await _copy_rows(sqlite, conn, "tool_calls", TOOL_CALL_COLUMNS)
     threads = checkpoints = writes = 0
     saver = AsyncPostgresSaver(conn)
     if "checkpoints" in tables:

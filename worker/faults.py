@@ -6,7 +6,10 @@ the input checkpoint). With ``SOPHOS_FAULT_KILL_AFTER_CHECKPOINT=N`` the worker
 SIGKILLs itself right after its Nth checkpoint write since start-up (all runs
 together), with
 ``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it (once the step's task
-results are saved): exactly what ``kill -9`` at that instant would do.
+results are saved): exactly what ``kill -9`` at that instant would do. With
+``SOPHOS_FAULT_KILL_AFTER_OUTCOME=N`` it dies right after its Nth commit of a tool
+call's outcome to the ledger (worker/ledger.py), before LangGraph saves the call's
+task writes: the window where only the ledger knows the call ran.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -54,3 +58,18 @@ class KillAtCheckpoint(_KillAtCheckpoint, AsyncSqliteSaver):
 
 class KillAtCheckpointPostgres(_KillAtCheckpoint, FencedPostgresSaver):
     pass
+
+
+def kill_after_outcome(number: int) -> Callable[[], None] | None:
+    """The ledger's ``after_outcome`` hook: SIGKILL at the ``number``-th outcome commit (0: none)."""
+    if number <= 0:
+        return None
+    committed = 0
+
+    def after_outcome() -> None:
+        nonlocal committed
+        committed += 1
+        if committed == number:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return after_outcome

@@ -14,8 +14,16 @@ crash. On resume the node runs again from its start, so nothing before
   ``response_metadata["approvals"]`` with each decision, so the transcript says
   what was proposed and what was decided;
 * each rejected call gets its ToolMessage at once ("the user rejected ..."),
-  and the tools node runs only the calls still without a result. A rejected
+  and only the calls still without a result go to the tools node. A rejected
   call is never executed.
+
+One task per call: each call of a turn goes to ``tools`` as a ``Send`` of its own
+(``{"tool_call", "message_id"}``, as LangGraph's prebuilt agent v2 does), from the
+agent's routing and from the approval node alike, so a crash or a cut re-runs only
+the calls without a result, never their finished siblings (LangGraph skips a task
+whose writes were saved; the ledger answers one whose writes were lost,
+worker/ledger.py). A ``tools`` task started with the whole state instead (a thread
+checkpointed before one task per call) runs every call still without a result.
 """
 
 from __future__ import annotations
@@ -31,11 +39,12 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from shared.contracts import APPROVALS_MARK, Decision, DecisionAction
 from shared.metrics import MODEL_CALL
 from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
+from worker.ledger import CallRef, Ledger
 from worker.metrics import timed
 
 __all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
@@ -64,6 +73,11 @@ def _unanswered(messages: list[AnyMessage]) -> list[dict[str, Any]]:
     return []
 
 
+def _sends(message: AIMessage, calls: Sequence[dict[str, Any]]) -> list[Send]:
+    """One ``tools`` task per call of ``message`` (plain data: it is stored in the checkpoint)."""
+    return [Send(TOOLS, {"tool_call": dict(call), "message_id": message.id or ""}) for call in calls]
+
+
 def build_graph(
     *,
     model: BaseChatModel,
@@ -71,6 +85,7 @@ def build_graph(
     system_prompt: Callable[[], str],
     checkpointer: BaseCheckpointSaver[Any],
     needs_approval: Callable[[str], bool] = lambda tool: False,
+    ledger: Ledger | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -80,6 +95,9 @@ def build_graph(
     node built, again only when that function returns another object.
 
     ``needs_approval(tool_name)`` tells the tools whose calls wait for a decision.
+
+    ``ledger`` records each call's intent and outcome and answers a call already done
+    (worker/ledger.py); without one (tests of the graph alone) calls are simply made.
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -105,11 +123,13 @@ def build_graph(
             response = await bound.ainvoke(messages, config)
         return {"messages": [response]}
 
-    def route(state: AgentState) -> str:
+    def route(state: AgentState) -> str | list[Send]:
         message = _last_ai(state["messages"])
         if message is None or not message.tool_calls:
             return END
-        return APPROVAL if any(needs_approval(c["name"]) for c in message.tool_calls) else TOOLS
+        if any(needs_approval(c["name"]) for c in message.tool_calls):
+            return APPROVAL
+        return _sends(message, [dict(c) for c in message.tool_calls])
 
     def approval(state: AgentState) -> Command[Any]:
         # Runs again from here on resume: nothing before interrupt() may act on the world.
@@ -125,10 +145,12 @@ def build_graph(
         calls: list[Any] = []
         record: dict[str, Any] = {}
         rejections: list[AnyMessage] = []
+        to_run: list[dict[str, Any]] = []
         for call in message.tool_calls:
             decision = decisions.get(str(call["id"]))
             if decision is None:  # needs no approval: runs with the others
                 calls.append(call)
+                to_run.append(dict(call))
                 continue
             record[str(call["id"])] = {"action": decision.action.value, "proposed": call["args"],
                                        **({"message": decision.message} if decision.message else {})}
@@ -139,31 +161,54 @@ def build_graph(
                 ))
             elif decision.action is DecisionAction.EDIT:
                 calls.append({**call, "args": decision.arguments or {}})
+                to_run.append(calls[-1])
             else:
                 calls.append(call)
+                to_run.append(dict(call))
         decided = message.model_copy(update={
             "tool_calls": calls,
             "response_metadata": {**message.response_metadata, APPROVALS_MARK: record},
         })
         # Nothing left to run: the model hears the rejections at once.
-        goto = AGENT if len(rejections) == len(calls) else TOOLS
+        goto: str | list[Send] = _sends(decided, to_run) if to_run else AGENT
         return Command(update={"messages": [decided, *rejections]}, goto=goto)
 
-    async def run_tools(state: AgentState, config: RunnableConfig) -> Any:
+    async def run_call(call: dict[str, Any], message_id: str, config: RunnableConfig) -> ToolMessage:
+        """One call's result, through the ledger when there is one."""
         _, tool_node = for_tools()
-        messages = state["messages"]
-        message = _last_ai(messages)
-        if message is not None:
-            return await tool_node.ainvoke(state, config)  # every call of the turn
-        # After a decision, rejected calls already have their result: run the others only.
-        calls = [{**c, "type": "tool_call"} for c in _unanswered(messages)]
-        return await tool_node.ainvoke(calls, config) if calls else {"messages": []}
+
+        async def send() -> ToolMessage:
+            # The prebuilt ToolNode for one call: its argument checks, and its errors as
+            # a ToolMessage with status "error" for the model.
+            output = await tool_node.ainvoke([{**call, "type": "tool_call"}], config)
+            result = output["messages"][0] if isinstance(output, dict) else output[0]
+            if not isinstance(result, ToolMessage):
+                raise TypeError(f"tool {call['name']} answered {type(result).__name__}, not a message")
+            return result
+
+        if ledger is None:
+            return await send()
+        conversation = str(config.get("configurable", {}).get("thread_id", ""))
+        run_id = str(config.get("metadata", {}).get("run_id", ""))
+        return await ledger.run(CallRef(conversation, message_id, str(call["id"])), run_id, call, send)
+
+    async def run_tools(task: Any, config: RunnableConfig) -> dict[str, Any]:
+        if isinstance(task, dict) and "tool_call" in task:  # a Send: one call
+            return {"messages": [await run_call(task["tool_call"], task["message_id"], config)]}
+        # Started with the whole state (a thread checkpointed before one task per call):
+        # every call of the last answer still without a result, one after another.
+        messages = task["messages"]
+        message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+        message_id = (message.id if message is not None else None) or ""
+        results = [await run_call(c, message_id, config) for c in _unanswered(messages)]
+        return {"messages": results}
 
     # Messages stored once per thread (DeltaChannel): see shared/thread.py.
     graph = StateGraph(AgentState)
     graph.add_node(AGENT, agent)
     graph.add_node(APPROVAL, approval, destinations=(TOOLS, AGENT))
-    graph.add_node(TOOLS, run_tools)
+    # Its input is a Send's payload, or the state: no one type the stubs accept.
+    graph.add_node(TOOLS, run_tools)  # type: ignore[arg-type]
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, route, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)

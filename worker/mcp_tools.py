@@ -34,6 +34,7 @@ from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent
 
 from shared.metrics import TOOL_CALL
+from worker.ledger import request_meta
 from worker.mcp_stdio import open_stdio_session
 from worker.metrics import timed
 
@@ -268,7 +269,10 @@ class McpServer:
                 raise ToolException(f"tool server {self.name!r} is not available: {self.error}")
         try:
             with timed(TOOL_CALL, {"tool": f"{self.name}__{tool_name}"}):
-                result = await asyncio.wait_for(session.call_tool(tool_name, arguments), self.call_timeout)
+                # ``_meta`` carries the call's idempotency key (worker/ledger.py): langchain-mcp-adapters
+                # 0.3 does not forward ``_meta`` (its issue #410), so the session is called directly.
+                request = session.call_tool(tool_name, arguments, meta=request_meta())
+                result = await asyncio.wait_for(request, self.call_timeout)
         except TimeoutError:
             # A hung server: answer the model now, and start afresh for the next call.
             message = f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"

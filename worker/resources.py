@@ -26,9 +26,10 @@ from shared.speedups import in_use
 from shared.storage.postgres import FencedPostgresSaver, open_pool
 from shared.storage.postgres import migrate as migrate_postgres
 from worker.deadlines import ApprovalDeadlines
-from worker.faults import KillAtCheckpoint, KillAtCheckpointPostgres
+from worker.faults import KillAtCheckpoint, KillAtCheckpointPostgres, kill_after_outcome
 from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
+from worker.ledger import Ledger
 from worker.mcp_tools import McpToolbox, load_approvals, load_config
 from worker.model import build_model
 from worker.model_check import report_model
@@ -145,6 +146,8 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             system_prompt=read_system_prompt(settings.system_prompt_path),
             checkpointer=saver,
             needs_approval=load_approvals(settings.mcp_config_path),
+            # The application tables' connection, not the saver's (worker/store.py says why).
+            ledger=Ledger(store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome)),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph)
         also: list[Callable[[], Awaitable[object]]] = []

@@ -346,8 +346,8 @@ class RunService:
                 "name": result.name, "result": text_of(result.content),
                 "tool_call_id": result.tool_call_id, "status": "stopped",
             })
-        if live.node is not None:
-            await events.trace(step, live.node, "leave", live.node, {"stopped": True})
+        for node in live.running.values():  # each task the cut ended (one per tool call)
+            await events.trace(step, node, "leave", node, {"stopped": True})
 
     async def _stream(
         self, job: RunJob, events: EventPublisher, live: LiveRun, tracker: RunTracker
@@ -408,13 +408,14 @@ class RunService:
             elif mode == "tasks":
                 node = payload["name"]
                 if "input" in payload:
-                    step += 1
-                    live.started(node)
-                    tracker.step_started(step, node, events)
+                    # A tools step has a task per call (worker/graph.py): one step, several enters.
+                    if live.started(node, payload.get("id") or ""):
+                        step += 1
+                        tracker.step_started(step, node, events)
                     await events.trace(step, node, "enter", node)
                     continue
                 result = None if payload.get("error") else payload.get("result")
-                live.finished(node, payload.get("id"), result)
+                live.finished(node, payload.get("id") or "", result)
                 if payload.get("interrupts"):
                     # One interrupt per turn (worker/graph.py): its requests are the approval's.
                     # (The tasks stream gives each interrupt as a dict: {"value", "id"}.)

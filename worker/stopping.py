@@ -18,10 +18,10 @@ checkpoint like any step's), one step at a time, until nothing is left to run:
   recorded, as the graph's input would have been;
 * a task that finished before the cut but whose step was not checkpointed: its
   result is applied as it came (it happened);
-* a tools step, running or about to run: every tool call of the last answer
-  without a result gets one saying the user stopped it (``status="error"``,
-  marked stopped), since a model may be called only with every tool call
-  answered;
+* a tools step, running or about to run (one task per call, worker/graph.py):
+  the calls that finished keep their results, and every other tool call of the
+  last answer gets one saying the user stopped it (``status="error"``, marked
+  stopped), since a model may be called only with every tool call answered;
 * the model's answer in flight, or about to start: what was streamed of it
   becomes the assistant's message (empty if nothing was), marked stopped, with
   no tool calls, so the graph goes to END.
@@ -29,7 +29,7 @@ checkpoint like any step's), one step at a time, until nothing is left to run:
 Stopped messages carry ``response_metadata={"stopped": True}``; the API shows
 them with ``status: "stopped"``. Afterwards the thread has no task left: the
 conversation is not resumable into the step that was cut. Anything else found
-(an interrupt, several tasks, a node this module does not know) is left as it
+(an interrupt, several tasks not all of ``tools``, a node this module does not know) is left as it
 is, as a crash would leave it: the conversation is then resumable.
 """
 
@@ -74,8 +74,9 @@ class LiveRun:
     stopping: bool = False
     #: another worker took the run over (PostgreSQL, worker/leases.py): cut, nothing recorded
     lease_lost: bool = False
-    #: the node whose task the stream has seen start and not finish
-    node: str | None = None
+    #: the tasks the stream has seen start and not finish (task id → node); a tools step
+    #: has one per tool call (worker/graph.py)
+    running: dict[str, str] = field(default_factory=dict)
     #: the run has ended (worker/ending.py): whatever happens to its task now records nothing
     ended: bool = False
     #: ends the run ``interrupted`` now, whatever its step does (SIGTERM past SHUTDOWN_TIMEOUT)
@@ -95,16 +96,29 @@ class LiveRun:
             self.task.cancel()
         return True
 
-    def started(self, node: str) -> None:
-        if self.node is None:  # a new step: the last one's results are its checkpoint's now
+    @property
+    def node(self) -> str | None:
+        """The node of a task in progress (the step's node), None between steps."""
+        return next(iter(self.running.values()), None)
+
+    def started(self, node: str, task_id: str = "") -> bool:
+        """A task started; True when it is the first of a new step.
+
+        A step's tasks all start before any of them finishes, and all finish before
+        the next step starts: no task in progress means a new step.
+        """
+        new_step = not self.running
+        if new_step:  # the last step's results are its checkpoint's now
             self.results = {}
-        self.node = node
+        self.running[task_id] = node
         if node == AGENT:
             self.partial = []
+        return new_step
 
-    def finished(self, node: str, task_id: str | None = None, result: Any = None) -> None:
-        self.node = None
-        if task_id is not None and isinstance(result, dict):
+    def finished(self, node: str, task_id: str = "", result: Any = None) -> None:
+        if self.running.pop(task_id, None) is None:  # started without its id: one of its node
+            self.running.pop(next((t for t, n in self.running.items() if n == node), ""), None)
+        if task_id and isinstance(result, dict):
             self.results[task_id] = result
         if node == AGENT:
             self.partial = []  # it is the task's result now, not a partial answer
@@ -147,7 +161,13 @@ async def close_thread(
         if not tasks:
             closed.finished = True
             return closed
-        if len(tasks) > 1 or tasks[0].interrupts:
+        if any(t.interrupts for t in tasks):
+            break
+        if all(t.name == TOOLS for t in tasks):
+            closed.tool_results += await _close_tools_step(graph, config, live, messages, tasks)
+            closed.stopped = closed.stopped or bool(closed.tool_results)
+            continue
+        if len(tasks) > 1:
             break
         task = tasks[0]
         # Finished before the cut, its writes saved, or seen in the stream while they
@@ -157,11 +177,6 @@ async def close_thread(
             await graph.aupdate_state(config, result, as_node=task.name)
         elif task.name == START and live.input is not None:
             await graph.aupdate_state(config, {"messages": [live.input]}, as_node=START)
-        elif task.name == TOOLS:
-            results = _stopped_results(messages)
-            await graph.aupdate_state(config, {"messages": results}, as_node=TOOLS)
-            closed.tool_results += results
-            closed.stopped = True
         elif task.name == AGENT:
             answer = AIMessage(partial, id=str(uuid.uuid4()), response_metadata=dict(STOPPED))
             await graph.aupdate_state(config, {"messages": [answer]}, as_node=AGENT)
@@ -173,6 +188,26 @@ async def close_thread(
     log.warning("run.cut_left_open", tasks=[t.name for t in state.tasks])
     closed.stopped = True
     return closed
+
+
+async def _close_tools_step(
+    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, live: LiveRun,
+    messages: list[BaseMessage], tasks: list[Any],
+) -> list[ToolMessage]:
+    """Close a tools step (one task per call): keep what finished, answer the rest "stopped".
+
+    A finished call's result is kept whether its writes were saved or were only seen in the
+    stream (``live.results``): it happened. One update for the whole step, as the step's
+    tasks together would have written; the stopped results it wrote are returned.
+    """
+    finished: list[BaseMessage] = []
+    for task in tasks:
+        result = task.result if task.result is not None else live.results.pop(task.id, None)
+        if result is not None:
+            finished += [m for m in result.get("messages", []) if isinstance(m, ToolMessage)]
+    stopped = _stopped_results([*messages, *finished])
+    await graph.aupdate_state(config, {"messages": [*finished, *stopped]}, as_node=TOOLS)
+    return stopped
 
 
 def _stopped_results(messages: list[BaseMessage]) -> list[ToolMessage]:

@@ -1,5 +1,8 @@
 """The worker's writes to the application tables (conversations, runs), on either engine.
 
+(The ledger of tool calls writes its own table, worker/ledger.py; its rows are deleted here
+with their conversation.)
+
 Written once against :class:`shared.storage.Database` (SQLite's writer connection, or a
 PostgreSQL pool); on SQLite a connection separate from the checkpointer's: the saver shares
 its connection's transaction, so mixing both on one connection would let one side commit the
@@ -169,10 +172,12 @@ class RunStore:
             )
 
     async def delete_conversation(self, conversation_id: str) -> list[str]:
-        """Delete the conversation's row and its runs' in one transaction; return those runs' ids."""
+        """Delete the conversation's row, its runs' and its tool calls' (the ledger, worker/ledger.py)
+        in one transaction; return those runs' ids."""
         async with self.db.transaction() as tx:
             rows = await tx.fetchall("SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,))
             run_ids = [str(row[0]) for row in rows]
+            await tx.execute("DELETE FROM tool_calls WHERE conversation_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         return run_ids

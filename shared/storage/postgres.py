@@ -169,6 +169,26 @@ LEASE_HELD_SQL = (
 )
 
 
+async def hold_lease(tx: Tx) -> None:
+    """In ``tx``: the running run's lease (:data:`CURRENT_LEASE`) is still this worker's, held
+    (``FOR SHARE``) until ``tx`` commits; else :class:`LeaseLost`. No lease set (SQLite, or no
+    run): nothing to check.
+
+    The ledger's intent commit (worker/ledger.py) runs it, so a worker that lost its run sends
+    no tool call.
+    """
+    lease = CURRENT_LEASE.get()
+    if lease is None:
+        return
+    rows = await tx.fetchall(
+        "SELECT 1 FROM runs WHERE id = ? AND lease_owner = ? AND status = 'running'"
+        f" AND lease_expires > {NOW} FOR SHARE",
+        (lease.run_id, lease.owner),
+    )
+    if not rows:
+        raise LeaseLost(lease.run_id)
+
+
 class FencedPostgresSaver(AsyncPostgresSaver):
     """``AsyncPostgresSaver`` whose writes check the running run's lease in their own transaction."""
 

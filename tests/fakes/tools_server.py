@@ -3,8 +3,9 @@
 Tools: ``echo``, ``add``, ``slow`` (sleeps, so a worker can be killed mid-tool) and
 ``fail`` (raises, so the client gets an MCP tool error).
 
-Every call appends one JSON line ``{"tool", "args", "pid"}`` to the file named by
-``TOOLS_LOG`` (when set) *before* doing its work, so tests can count executions
+Every call appends one JSON line ``{"tool", "args", "pid", "key"}`` to the file named by
+``TOOLS_LOG`` (when set) *before* doing its work (``key``: the idempotency key the
+worker sent in the request's ``_meta``, ``"sophos/idempotency-key"``, or null), so tests can count executions
 across worker restarts; ``slow`` appends ``{"tool": "slow", "event": "done"}``
 when it finishes. Lines are short single writes in append mode, so lines from
 several server processes do not interleave.
@@ -21,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 
 STARTED_LINE = "Tools MCP Server running on stdio"
 
@@ -43,37 +44,43 @@ def _log(entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _called(tool: str, **args: Any) -> None:
-    _log({"tool": tool, "args": args, "pid": os.getpid()})
+def idempotency_key(ctx: Context[Any, Any, Any]) -> str | None:
+    """The key Sophos sends with every call, the same on each attempt of one call (its ``_meta``)."""
+    meta = ctx.request_context.meta
+    return (meta.model_extra or {}).get("sophos/idempotency-key") if meta is not None else None
+
+
+def _called(tool: str, ctx: Context[Any, Any, Any], **args: Any) -> None:
+    _log({"tool": tool, "args": args, "pid": os.getpid(), "key": idempotency_key(ctx)})
 
 
 @mcp.tool()
-def echo(text: str) -> str:
+def echo(text: str, ctx: Context[Any, Any, Any]) -> str:
     """Return the text unchanged."""
-    _called("echo", text=text)
+    _called("echo", ctx, text=text)
     return text
 
 
 @mcp.tool()
-def add(a: int, b: int) -> int:
+def add(a: int, b: int, ctx: Context[Any, Any, Any]) -> int:
     """Add two integers."""
-    _called("add", a=a, b=b)
+    _called("add", ctx, a=a, b=b)
     return a + b
 
 
 @mcp.tool()
-async def slow(seconds: float) -> str:
+async def slow(seconds: float, ctx: Context[Any, Any, Any]) -> str:
     """Sleep for the given number of seconds, then say so."""
-    _called("slow", seconds=seconds)
+    _called("slow", ctx, seconds=seconds)
     await asyncio.sleep(seconds)
     _log({"tool": "slow", "event": "done", "pid": os.getpid()})
     return f"slept {seconds}s"
 
 
 @mcp.tool()
-def fail(message: str) -> str:
+def fail(message: str, ctx: Context[Any, Any, Any]) -> str:
     """Always fail with the given message."""
-    _called("fail", message=message)
+    _called("fail", ctx, message=message)
     raise RuntimeError(message)
 
 

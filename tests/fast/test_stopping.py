@@ -96,7 +96,8 @@ async def test_a_cut_in_the_tools_step_answers_every_open_call_then_stops_the_an
     graph, config = _graph(), _config()
     calling = _calling("fetch", "remember", "add")
     await graph.aupdate_state(config, {"messages": [_human(), calling]}, as_node=AGENT)
-    assert [t.name for t in (await graph.aget_state(config)).tasks] == [TOOLS]
+    # One task per call (worker/graph.py).
+    assert [t.name for t in (await graph.aget_state(config)).tasks] == [TOOLS] * 3
 
     closed = await close_thread(graph, config, _live())
 
@@ -109,6 +110,27 @@ async def test_a_cut_in_the_tools_step_answers_every_open_call_then_stops_the_an
     # The model may be called again on this thread: every call answered, the last answer ends it.
     assert _unanswered(messages) == []  # type: ignore[arg-type]
     assert isinstance(messages[-1], AIMessage) and messages[-1].content == "" and _stopped(messages[-1])
+
+
+async def test_a_cut_in_the_tools_step_keeps_the_calls_that_finished() -> None:
+    graph, config = _graph(), _config()
+    calling = _calling("fetch", "remember", "add")
+    await graph.aupdate_state(config, {"messages": [_human(), calling]}, as_node=AGENT)
+    tasks = (await graph.aget_state(config)).tasks
+    live = _live()
+    for task in tasks:
+        live.started(TOOLS, task.id)
+    # The second call finished (seen in the stream, its writes not saved yet): it happened.
+    finished = _result("call-1", "remembered")
+    live.finished(TOOLS, tasks[1].id, {"messages": [finished]})
+
+    closed = await close_thread(graph, config, live)
+
+    assert closed.finished and closed.stopped
+    assert [m.tool_call_id for m in closed.tool_results] == ["call-0", "call-2"]
+    results = {m.tool_call_id: m for m in await _messages(graph, config) if isinstance(m, ToolMessage)}
+    assert results["call-1"].content == "remembered" and not _stopped(results["call-1"])
+    assert [results[c].content for c in ("call-0", "call-2")] == [STOPPED_TOOL_RESULT] * 2
 
 
 async def test_a_task_that_finished_before_the_cut_is_kept_as_it_came() -> None:

@@ -1,0 +1,141 @@
+"""The ledger of tool effects (worker/ledger.py) on a real SQLite file, and the graph's one task per call.
+
+No process: the ledger runs on :class:`SqliteDatabase` in the test's directory, the graph on
+an in-memory saver with a scripted model and a local tool that notes the ``_meta`` it would send.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from shared.storage.sqlite import SqliteDatabase
+from worker.graph import TOOLS, build_graph
+from worker.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
+
+
+async def _ledger(tmp_path: Path) -> tuple[Ledger, SqliteDatabase, str]:
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    conversation = str(uuid.uuid4())
+    async with db.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (?, 't', 'x', 'x')",
+            (conversation,),
+        )
+    return Ledger(db), db, conversation
+
+
+async def test_an_intent_keeps_its_key_across_attempts_and_an_outcome_ends_them(tmp_path: Path) -> None:
+    ledger, db, conversation = await _ledger(tmp_path)
+    try:
+        ref, other = CallRef(conversation, "m1", "call-1"), CallRef(conversation, "m1", "call-2")
+        first = await ledger.record_intent(ref, "run-1", "tools__echo", {"text": "a"})
+        again = await ledger.record_intent(ref, "run-2", "tools__echo", {"text": "a"})
+        assert (first.state, first.attempt) == (INTENT, 1)
+        assert (again.state, again.attempt, again.key) == (INTENT, 2, first.key)
+        assert (await ledger.record_intent(other, "run-1", "tools__echo", {"text": "a"})).key != first.key
+
+        await ledger.record_outcome(ref, "success", "a")
+        await ledger.record_outcome(ref, "error", "late")  # the first outcome stays
+        done = await ledger.record_intent(ref, "run-3", "tools__echo", {"text": "a"})
+        assert (done.state, done.attempt, done.status, done.content) == (DONE, 2, "success", "a")
+    finally:
+        await db.close()
+
+
+async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_again(tmp_path: Path) -> None:
+    ledger, db, conversation = await _ledger(tmp_path)
+    sent: list[Any] = []
+
+    async def send() -> ToolMessage:
+        sent.append(request_meta())
+        return ToolMessage("boom", tool_call_id="call-1", name="tools__fail", status="error")
+
+    try:
+        ref = CallRef(conversation, "m1", "call-1")
+        call = {"name": "tools__fail", "args": {}, "id": "call-1"}
+        first = await ledger.run(ref, "run-1", call, send)
+        second = await ledger.run(ref, "run-2", call, send)
+        assert len(sent) == 1 and set(sent[0]) == {IDEMPOTENCY_META_KEY}
+        assert (second.content, second.status, second.tool_call_id) == (first.content, "error", "call-1")
+        assert request_meta() is None  # only around the request
+    finally:
+        await db.close()
+
+
+class _Scripted(GenericFakeChatModel):
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+async def test_each_call_of_a_turn_is_a_task_of_its_own_with_a_key_of_its_own(tmp_path: Path) -> None:
+    ledger, db, conversation = await _ledger(tmp_path)
+    metas: list[dict[str, Any] | None] = []
+
+    async def echo(text: str) -> str:
+        metas.append(request_meta())
+        return text
+
+    tool = StructuredTool.from_function(coroutine=echo, name="echo", description="echo")
+    calls = [{"name": "echo", "args": {"text": t}, "id": f"call-{t}", "type": "tool_call"} for t in "abc"]
+    model = _Scripted(messages=iter([AIMessage("", tool_calls=calls), AIMessage("done")]))
+    graph = build_graph(
+        model=model, tools=lambda: [tool], system_prompt=lambda: "", checkpointer=InMemorySaver(),
+        ledger=ledger,
+    )
+    config: Any = {"configurable": {"thread_id": conversation}, "metadata": {"run_id": "run-1"}}
+    started: list[str] = []
+    try:
+        payload: Any
+        async for payload in graph.astream(
+            {"messages": [HumanMessage("hi", id="h")]}, config, stream_mode="tasks", durability="sync",
+        ):
+            if "input" in payload:
+                started.append(payload["name"])
+        assert started.count(TOOLS) == 3
+        keys = [m[IDEMPOTENCY_META_KEY] for m in metas if m is not None]
+        assert len(keys) == 3 and len(set(keys)) == 3
+        rows = await db.fetchall(
+            "SELECT tool_call_id, state, attempt, run_id FROM tool_calls WHERE conversation_id = ?"
+            " ORDER BY tool_call_id", (conversation,),
+        )
+        assert rows == [(f"call-{t}", DONE, 1, "run-1") for t in "abc"]
+        messages = (await graph.aget_state(config)).values["messages"]
+        assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["a", "b", "c"]
+    finally:
+        await db.close()
+
+
+async def test_a_tools_step_checkpointed_before_one_task_per_call_still_runs_every_open_call() -> None:
+    """A thread whose pending ``tools`` task takes the whole state (the graph before ``Send``)."""
+    from langgraph.types import Command
+
+    from worker.graph import APPROVAL
+
+    async def echo(text: str) -> str:
+        return text
+
+    tool = StructuredTool.from_function(coroutine=echo, name="echo", description="echo")
+    calls = [{"name": "echo", "args": {"text": t}, "id": f"call-{t}", "type": "tool_call"} for t in "ab"]
+    graph = build_graph(
+        model=_Scripted(messages=iter([AIMessage("done")])), tools=[tool], system_prompt=lambda: "",
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "legacy"}}
+    await graph.aupdate_state(config, {"messages": [HumanMessage("hi", id="h")]}, as_node="__start__")
+    calling = AIMessage("", id="ai", tool_calls=calls)
+    await graph.aupdate_state(config, Command(update={"messages": [calling]}, goto=TOOLS), as_node=APPROVAL)
+    assert [t.name for t in (await graph.aget_state(config)).tasks] == [TOOLS]  # one task, the whole state
+
+    async for _ in graph.astream(None, config):
+        pass
+
+    messages = (await graph.aget_state(config)).values["messages"]
+    assert [m.content for m in messages if isinstance(m, ToolMessage)] == ["a", "b"]
+    assert messages[-1].content == "done"

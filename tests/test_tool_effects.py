@@ -1,0 +1,160 @@
+"""Tool calls and their effects (issue 29, parts 1-3): one task per call, the ledger, the key.
+
+Real worker, API, Redis and database (SQLite file, or PostgreSQL where marked
+``backends``); the fake tools server logs each execution with the idempotency key it
+received in the request's ``_meta`` (tests/fakes/tools_server.py), so executions are
+counted per key across worker processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.client import get_json, read_sse, tool_calls, wait_for
+from tests.support.env import SophosEnv, mcp_servers
+from tests.support.faults import accepted, database_integrity, recorded_after_crash
+
+pytestmark = [pytest.mark.fault, pytest.mark.backends]
+
+#: three calls of one turn: a fast one, one that finishes in half a second, one still running
+FAST = ("tools__echo", {"text": "three"})
+DONE = ("tools__slow", {"seconds": 0.5})
+RUNNING = ("tools__slow", {"seconds": 3.0})
+
+
+@pytest.fixture
+def env(sophos_env: SophosEnv) -> SophosEnv:
+    """Only the fake tools server (the fetch server would cost each worker start)."""
+    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
+    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
+    return sophos_env
+
+
+def ledger_rows(env: SophosEnv, conversation: str) -> list[dict[str, Any]]:
+    """The conversation's rows of the ledger (``tool_calls``), on whichever database the test uses."""
+    sql = (
+        "SELECT tool_call_id, tool, arguments, idempotency_key, attempt, state, status, result, run_id"
+        " FROM tool_calls WHERE conversation_id = {} ORDER BY intent_at"
+    )
+    columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id")
+    url = env.get("DATABASE_URL")
+    rows: list[Any]
+    if url:
+        import psycopg
+
+        with psycopg.connect(url) as pg:
+            rows = pg.execute(sql.format("%s"), (conversation,)).fetchall()
+    else:
+        conn = sqlite3.connect(f"{env.database_path.as_uri()}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(sql.format("?"), (conversation,)).fetchall()
+        finally:
+            conn.close()
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+def executions(env: SophosEnv, tool: str, **args: Any) -> list[str | None]:
+    """The keys the tools server received for each execution of ``tool`` with ``args``."""
+    return [e.get("key") for e in tool_calls(env.tools_log, tool) if e["args"] == args]
+
+
+def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """Three calls, three tasks; killed right after the second outcome commit (before LangGraph
+    saved that task's writes) while the third runs: the resume sends none of the finished calls
+    again, and the one in flight again with the same key."""
+    model.script(ToolCalls([FAST, DONE, RUNNING]), Text("All three done."))
+    # Outcome 1: the echo; outcome 2: the half-second sleep. Killed right after that commit.
+    doomed = start_worker(env.with_(SOPHOS_FAULT_KILL_AFTER_OUTCOME=2))
+    api = start_api(env).url
+    conversation, run = accepted(api, "three things at once")
+    assert doomed.wait(30) == -signal.SIGKILL
+    assert executions(env, "slow", seconds=3.0) != []  # the third was in flight
+
+    survivor = start_worker(env)
+    assert recorded_after_crash(api, run)["status"] == "interrupted"
+    first = read_sse(api, conversation)
+    # One LangGraph task per call: three "enter"s of the tools node in one step.
+    enters = [e.data for e in first.of("trace") if e.data["event"] == "enter" and e.data["node"] == "tools"]
+    assert len(enters) == 3 and len({e["step"] for e in enters}) == 1
+    assert get_json(api, f"/api/conversations/{conversation}")["resumable"] is True
+    before = {r["tool_call_id"]: r for r in ledger_rows(env, conversation)}
+    assert sorted(r["state"] for r in before.values()) == ["done", "done", "intent"]
+
+    _, resumed = accepted(api, conversation=conversation, resume=True)
+    events = read_sse(api, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == resumed
+    assert events.text == "All three done."
+
+    # Executed once each, whatever LangGraph had saved: the ledger answered the finished calls.
+    fast = executions(env, "echo", text="three")
+    done = executions(env, "slow", seconds=0.5)
+    running = executions(env, "slow", seconds=3.0)
+    assert len(fast) == 1 and len(done) == 1
+    # The call in flight was sent again (the known gap, closed by part 4), with the same key.
+    assert len(running) == 2 and running[0] == running[1]
+    keys = {fast[0], done[0], running[0]}
+    assert None not in keys and len(keys) == 3
+
+    rows = {r["key"]: r for r in ledger_rows(env, conversation)}
+    assert set(rows) == keys
+    assert {k: (r["state"], r["attempt"]) for k, r in rows.items()} == {
+        fast[0]: ("done", 1), done[0]: ("done", 1), running[0]: ("done", 2),
+    }
+    assert rows[running[0]]["run_id"] == resumed
+    # Killed right after its outcome commit, the half-second call's task had no writes saved:
+    # LangGraph ran it again, and the ledger answered it.
+    answered = {r.get("tool_call_id") for r in survivor.log_records()
+                if r.get("event") == "tool_call.answered_from_ledger"}
+    assert rows[done[0]]["tool_call_id"] in answered
+
+    detail = get_json(api, f"/api/conversations/{conversation}")
+    roles = [m["role"] for m in detail["messages"]]
+    assert roles == ["user", "assistant", "tool", "tool", "tool", "assistant"]
+    results = {m["toolCallId"]: m["content"] for m in detail["messages"] if m["role"] == "tool"}
+    by_key = {r["tool_call_id"]: r["key"] for r in rows.values()}
+    assert {by_key[c]: text for c, text in results.items()} == {
+        fast[0]: "three", done[0]: "slept 0.5s", running[0]: "slept 3.0s",
+    }
+    assert detail["resumable"] is False
+    assert database_integrity(env) == "ok"
+
+
+def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    model.script(
+        ToolCalls([("tools__echo", {"text": "a"}), ("tools__add", {"a": 1, "b": 2})]), Text("first"),
+        ToolCalls([("tools__echo", {"text": "a"})]), Text("second"),
+    )
+    start_worker(env)
+    api = start_api(env).url
+    conversation, _ = accepted(api, "two calls")
+    assert read_sse(api, conversation).text == "first"
+    accepted(api, "the same call again", conversation)
+    assert read_sse(api, conversation).text == "second"
+
+    sent = [str(e.get("key")) for e in tool_calls(env.tools_log)]
+    assert len(sent) == 3 and "None" not in sent and len(set(sent)) == 3  # the same call twice: two keys
+    rows = ledger_rows(env, conversation)
+    assert sorted(r["key"] for r in rows) == sorted(sent)
+    assert all(r["state"] == "done" and r["attempt"] == 1 and r["status"] == "success" for r in rows)
+    assert sorted(r["result"] for r in rows) == ['"3"', '"a"', '"a"']
+    assert Counter(r["tool"] for r in rows) == {"tools__echo": 2, "tools__add": 1}
+
+    model.script(Text("kept"))
+    other, _ = accepted(api, "another conversation")
+    read_sse(api, other)
+    with httpx.Client(base_url=api, timeout=15, trust_env=False) as http:
+        response = http.delete(f"/api/conversations/{conversation}")
+    assert response.status_code in (202, 204), response.text
+    wait_for(lambda: ledger_rows(env, conversation) == [], timeout=15, message="ledger rows deleted")
+    assert get_json(api, f"/api/conversations/{conversation}", expect=404) is not None
