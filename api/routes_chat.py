@@ -41,6 +41,7 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
 
 @post(
     "/chat",
+    tags=["chat"],
     status_code=202,
     before_request=require_json_object,
     guards=[limit_submissions],
@@ -73,6 +74,7 @@ async def _once(chunk: bytes) -> AsyncIterator[bytes]:
 
 @get(
     "/chat",
+    tags=["chat"],
     summary="Stream the events of a conversation's current run (Server-Sent Events)",
     description=(
         "Events `token`, `trace`, `end`, `chat-error` (and `missed` when events the client has not seen "
@@ -86,7 +88,9 @@ async def _once(chunk: bytes) -> AsyncIterator[bytes]:
 )
 async def stream_chat(
     resources: Resources,
-    conversation: str | None = None,
+    conversation: Annotated[
+        str | None, Parameter(description="The conversation whose current run to stream (a UUID)")
+    ] = None,
     run: Annotated[
         str | None,
         Parameter(
@@ -96,8 +100,17 @@ async def stream_chat(
             )
         ),
     ] = None,
-    last_event_id_query: Annotated[str | None, Parameter(query="lastEventId")] = None,
-    last_event_id_header: Annotated[str | None, Parameter(header="Last-Event-ID", required=False)] = None,
+    last_event_id_query: Annotated[
+        str | None,
+        Parameter(query="lastEventId", description="For clients that cannot set headers: as `Last-Event-ID`"),
+    ] = None,
+    last_event_id_header: Annotated[
+        str | None,
+        Parameter(
+            header="Last-Event-ID", required=False,
+            description="The id of the last event seen: the stream resumes right after it",
+        ),
+    ] = None,
 ) -> Response[Any]:
     conversation_id = parse_id(conversation, "conversation")
     after = parse_last_event_id(last_event_id_header, last_event_id_query)

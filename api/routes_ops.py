@@ -11,13 +11,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api import metrics
 from api.cancel import cancel_run
 from api.ids import parse_id
-from api.openapi import errors
+from api.openapi import RunId, errors
 from api.resources import Resources
 from api.schemas import RunInfo
 
 
 @post(
     "/runs/{run_id:str}/cancel",
+    tags=["runs"],
     summary="Cancel a run: a queued one leaves the queue, a running one is stopped at once",
     description=(
         "200 with the run, now `cancelled` (also when it already was: cancelling twice is harmless). "
@@ -29,7 +30,7 @@ from api.schemas import RunInfo
     status_code=200,
     responses=errors(400, 401, 404, 409, 503),
 )
-async def cancel(run_id: str, resources: Resources) -> Response[RunInfo]:
+async def cancel(run_id: RunId, resources: Resources) -> Response[RunInfo]:
     run_id = parse_id(run_id, "run id")
     structlog.contextvars.bind_contextvars(run_id=run_id, job_id=run_id)
     result = await cancel_run(resources.runs, run_id)
@@ -38,6 +39,7 @@ async def cancel(run_id: str, resources: Resources) -> Response[RunInfo]:
 
 @get(
     "/metrics",
+    tags=["operations"],
     summary="Prometheus metrics",
     description="Text exposition format. Queue and worker figures come from Redis, so every API "
     "process agrees; `sophos_sse_subscribers` and `process_*` are this process's own.",

@@ -16,7 +16,7 @@ from api.auth import BROWSER_REQUESTED
 from api.deletion import Deleted, Deletions
 from api.disconnect import cancel_on_disconnect
 from api.ids import parse_id
-from api.openapi import errors
+from api.openapi import ConversationId, RunId, errors
 from api.resources import Resources
 from api.schemas import (
     ConversationDetail,
@@ -39,6 +39,7 @@ CONVERSATIONS_MAX_LIMIT = 200
 
 @get(
     "/conversations",
+    tags=["conversations"],
     summary="Conversations, newest first, in pages",
     description=(
         "Newest created first (`createdAt`, then `id`: a key that never changes, so a conversation "
@@ -49,7 +50,9 @@ CONVERSATIONS_MAX_LIMIT = 200
 )
 async def list_conversations(
     resources: Resources,
-    limit: Annotated[int, Parameter(ge=1, le=CONVERSATIONS_MAX_LIMIT)] = CONVERSATIONS_DEFAULT_LIMIT,
+    limit: Annotated[
+        int, Parameter(ge=1, le=CONVERSATIONS_MAX_LIMIT, description="Conversations per page")
+    ] = CONVERSATIONS_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
 ) -> ConversationList:
     return await resources.conversations.page(limit=limit, cursor=cursor)
@@ -57,6 +60,7 @@ async def list_conversations(
 
 @delete(
     "/conversations/{conversation_id:str}",
+    tags=["conversations"],
     status_code=202,
     summary="Delete a conversation: its messages, checkpoints, runs and events",
     description=(
@@ -69,7 +73,9 @@ async def list_conversations(
         **errors(400, 401, 404, 409, 503),
     },
 )
-async def delete_conversation(conversation_id: str, resources: Resources) -> Response[DeleteAccepted | None]:
+async def delete_conversation(
+    conversation_id: ConversationId, resources: Resources
+) -> Response[DeleteAccepted | None]:
     conversation_id = parse_id(conversation_id, "conversation id")
     structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
     done = await Deletions(resources.store, resources.redis).delete(conversation_id)
@@ -80,11 +86,12 @@ async def delete_conversation(conversation_id: str, resources: Resources) -> Res
 
 @get(
     "/conversations/{conversation_id:str}",
+    tags=["conversations"],
     summary="A conversation and the messages of its thread",
     responses=errors(400, 401, 404, 503),
     middleware=[cancel_on_disconnect],  # its thread is read in a reader process
 )
-async def get_conversation(conversation_id: str, resources: Resources) -> ConversationDetail:
+async def get_conversation(conversation_id: ConversationId, resources: Resources) -> ConversationDetail:
     conversation_id = parse_id(conversation_id, "conversation id")
     structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
     return await resources.conversations.detail(conversation_id)
@@ -92,6 +99,7 @@ async def get_conversation(conversation_id: str, resources: Resources) -> Conver
 
 @get(
     "/conversations/{conversation_id:str}/export",
+    tags=["conversations"],
     summary="Export a conversation",
     description=(
         "Markdown transcript (`text/markdown`) by default. With `format=jsonl`: `application/x-ndjson`, "
@@ -104,7 +112,7 @@ async def get_conversation(conversation_id: str, resources: Resources) -> Conver
     middleware=[cancel_on_disconnect],  # its thread is read in a reader process
 )
 async def export_conversation(
-    conversation_id: str,
+    conversation_id: ConversationId,
     resources: Resources,
     format: Annotated[
         str | None, Parameter(description="`markdown` (default) or `jsonl`", required=False)
@@ -130,6 +138,7 @@ async def export_conversation(
 
 @get(
     "/runs",
+    tags=["runs"],
     summary="Runs across conversations, queued ones included, newest first",
     description=(
         "Queued runs come from the queue itself, with `position` (0: next) and `waitedMs`; running runs "
@@ -140,9 +149,11 @@ async def export_conversation(
 )
 async def list_runs(
     resources: Resources,
-    status: RunStatus | None = None,
-    conversation: str | None = None,
-    limit: Annotated[int, Parameter(ge=1, le=500)] = 50,
+    status: Annotated[RunStatus | None, Parameter(description="Only runs with this status")] = None,
+    conversation: Annotated[
+        str | None, Parameter(description="Only the runs of this conversation (a UUID)")
+    ] = None,
+    limit: Annotated[int, Parameter(ge=1, le=500, description="Runs per page")] = 50,
     cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
 ) -> RunList:
     conversation_id = parse_id(conversation, "conversation") if conversation is not None else None
@@ -151,21 +162,22 @@ async def list_runs(
     )
 
 
-@get("/runs/{run_id:str}", summary="One run: status, timings, error, place in queue",
+@get("/runs/{run_id:str}", tags=["runs"], summary="One run: status, timings, error, place in queue",
      responses=errors(400, 401, 404, 503))
-async def get_run(run_id: str, resources: Resources) -> RunInfo:
+async def get_run(run_id: RunId, resources: Resources) -> RunInfo:
     run_id = parse_id(run_id, "run id")
     structlog.contextvars.bind_contextvars(run_id=run_id)
     return await resources.runs.get(run_id)
 
 
-@get("/healthz", summary="The process is up", opt={"public": True})
+@get("/healthz", tags=["operations"], summary="The process is up", opt={"public": True})
 async def healthz() -> Health:
     return Health()
 
 
 @get(
     "/readyz",
+    tags=["operations"],
     summary="Redis, the database, a live worker and the model are all there",
     responses={503: ResponseSpec(data_container=NotReadyBody, description="Something is missing")},
 )
