@@ -283,7 +283,9 @@ async def test_tools_server_over_stdio(tmp_path: Path) -> None:
         ("fail", {"message": "nope"}, None),
     ]
     assert [e["tool"] for e in tool_calls(log)] == ["echo", "add", "slow", "fail"]
-    assert tool_calls(log, "slow") == [{"tool": "slow", "args": {"seconds": 0.05}, "pid": pids.pop()}]
+    # Each execution logs the idempotency key it was sent in `_meta` (none through the adapters).
+    slow = {"tool": "slow", "args": {"seconds": 0.05}, "pid": pids.pop(), "key": None}
+    assert tool_calls(log, "slow") == [slow]
 
 
 class _SiteHandler(BaseHTTPRequestHandler):
