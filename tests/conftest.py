@@ -48,6 +48,17 @@ PROCESS_FIXTURES = frozenset({
 ONE_WORKER_MODULES = frozenset({"test_fuzz.py", "test_web.py"})
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C tests send real SIGINTs to the CLI: its children must not inherit SIGINT ignored.
+
+    A suite started in the background of a non-interactive shell (``cmd &``, as a CI runner
+    may) has SIGINT ignored, every process below inherits that, and Python then installs no
+    KeyboardInterrupt handler in the CLI. A handler of ours resets to the default at exec.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the fast tier and the timing-bound tests; keep each of :data:`ONE_WORKER_MODULES` in one
     xdist worker.
