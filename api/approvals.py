@@ -16,19 +16,14 @@ from langgraph.pregel import Pregel
 from api.schemas import DecisionBody
 from shared.contracts import Decision, DecisionAction
 from shared.errors import BadRequest
+from shared.thread import interrupt_requests
 
 
 def pending_requests(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
 ) -> list[dict[str, Any]] | None:
     """The tool calls waiting for a decision, or None when none wait (picklable: a reader runs it)."""
-    state = graph.get_state(config)
-    for task in state.tasks:
-        for pending in task.interrupts:
-            value = pending.value
-            if isinstance(value, dict) and "requests" in value:
-                return [dict(r) for r in value["requests"]]
-    return None
+    return interrupt_requests(graph.get_state(config))
 
 
 def check_shape(decisions: list[DecisionBody]) -> None:

@@ -65,3 +65,17 @@ def reader_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[A
     graph.add_conditional_edges(AGENT, _never, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
     return graph.compile(checkpointer=checkpointer)
+
+
+def interrupt_requests(state: Any) -> list[dict[str, Any]] | None:
+    """The requests of a thread's pending approval interrupt (one per turn), or None.
+
+    ``state`` is LangGraph's ``StateSnapshot`` of the thread: the worker's ending, its
+    approval deadlines and the API's decision checks all read the approval through here.
+    """
+    for task in state.tasks:
+        for interrupt in task.interrupts:
+            value = interrupt.value
+            if isinstance(value, dict) and "requests" in value:
+                return [dict(r) for r in value["requests"]]
+    return None

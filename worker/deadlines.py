@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from shared.contracts import Decision, DecisionAction, JobKind, RunJob, RunStatus
 from shared.queue import submit
 from shared.schema import iso_from_timestamp
+from shared.thread import interrupt_requests
 from worker.runs import RunService
 
 log = structlog.get_logger(__name__)
@@ -97,9 +98,4 @@ class ApprovalDeadlines:
 
     async def _pending(self, conversation_id: str) -> list[dict[str, Any]]:
         state = await self.service.graph.aget_state(self.service.thread_config(conversation_id))
-        for task in state.tasks:
-            for pending in task.interrupts:
-                value = pending.value
-                if isinstance(value, dict) and "requests" in value:
-                    return [dict(r) for r in value["requests"]]
-        return []
+        return interrupt_requests(state) or []

@@ -45,6 +45,7 @@ from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.queue import record_ended
 from shared.redis_protocol import scripts
 from shared.settings import Settings
+from shared.thread import interrupt_requests
 from worker.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
 from worker.outcomes import UnrecordedOutcomes
 from worker.store import RunStore
@@ -79,21 +80,11 @@ class Thread:
     requests: list[dict[str, Any]] | None = None
 
 
-def pending_requests(state: StateSnapshot) -> list[dict[str, Any]] | None:
-    """The requests of the thread's pending interrupt (worker/graph.py raises one per turn), or None."""
-    for task in state.tasks:
-        for interrupt in task.interrupts:
-            value = interrupt.value
-            if isinstance(value, dict) and "requests" in value:
-                return [dict(r) for r in value["requests"]]
-    return None
-
-
 def thread_of(state: StateSnapshot) -> Thread:
     return Thread(
         message_count=len((state.values or {}).get("messages", [])),
         pending=bool(state.tasks),
-        requests=pending_requests(state),
+        requests=interrupt_requests(state),
     )
 
 
