@@ -29,6 +29,7 @@ import structlog
 from litestar.response import ServerSentEventMessage
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import live
@@ -38,7 +39,7 @@ from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, parse_iso
 from shared.contracts import EventType, RunStatus, dumps, events_key
 from shared.errors import BadRequest, NotFound, SophosError
-from shared.events import body, event_type, terminal_event
+from shared.events import ENDING_PUBLISHED_WITHIN, body, event_type, terminal_event
 
 log = structlog.get_logger(__name__)
 
@@ -93,6 +94,12 @@ def terminal_from_row(run: RunRow, event_id: int) -> bytes:
 
 def _finished(run: RunRow) -> bool:
     return finished(run.status)
+
+
+def _finished_for(run: RunRow) -> float:
+    """Seconds since the run's outcome was recorded, by the row's clock (inf if unknown)."""
+    at = parse_iso(run.finished_at)
+    return time.time() - at.timestamp() if at is not None else float("inf")
 
 
 async def current_run(store: Store, redis: Redis, conversation_id: str) -> str:
@@ -172,7 +179,9 @@ class Relay:
                 return Ending.SEEN
             return None
         run = await self._recorded()
-        if run is None or not _finished(run):
+        if run is None or not _finished(run) or _finished_for(run) < ENDING_PUBLISHED_WITHIN:
+            # Not finished, or finished so lately that its events may still be on their way
+            # (worker/ending.py records the outcome first): follow the stream.
             return None
         log.info("relay.expired", after=self.after)
         return missed(self.after + 1, None, self.after) + terminal_from_row(run, self.after + 1)
@@ -194,9 +203,9 @@ class Relay:
 
     async def _finished_meanwhile(self) -> RunRow | None:
         try:
-            run = await self.store.run(self.run_id)
-        except SophosError as exc:
-            log.warning("relay.run_lookup_failed", error=exc.message)
+            run = await self._recorded()
+        except (SophosError, RedisError) as exc:
+            log.warning("relay.run_lookup_failed", error=str(exc))
             return None
         return run if run is not None and _finished(run) else None
 
@@ -212,6 +221,8 @@ class Relay:
         sent = 0
         failures = 0
         idle_after_finish = False
+        #: when this relay first found the run's row finished (monotonic)
+        seen_finished: float | None = None
         last_write = time.monotonic()
         ping_s = self.ping_ms / 1000
         log.info("relay.opened", after=self.after)
@@ -250,13 +261,17 @@ class Relay:
                     await feed.wait(pos, min(_WAIT_MAX_SECONDS, ping_s - idle))
                     continue
                 # Idle for a ping interval. A run can end without a terminal entry
-                # when its worker died or Redis lost the entry: once its row says
-                # finished and a whole interval brought nothing (the worker publishes
-                # right after recording), rebuild the ending.
+                # when Redis lost it or was away for longer than the worker kept trying:
+                # once its row says finished, a whole interval brought nothing and the
+                # worker's bound for publishing after recording has passed, rebuild the ending.
                 run = await self._finished_meanwhile()
-                if run is not None and idle_after_finish:
-                    yield missed(pos + 1, None, pos) + terminal_from_row(run, pos + 1)
-                    return
+                if run is not None:
+                    now = time.monotonic()
+                    seen_finished = now if seen_finished is None else seen_finished
+                    waited = max(_finished_for(run), now - seen_finished)
+                    if idle_after_finish and waited >= ENDING_PUBLISHED_WITHIN:
+                        yield missed(pos + 1, None, pos) + terminal_from_row(run, pos + 1)
+                        return
                 idle_after_finish = run is not None
                 yield PING
                 last_write = time.monotonic()

@@ -21,6 +21,13 @@ from shared.contracts import EventType, RunStatus
 #: A run with one of these outcomes stopped as it should: its stream ends with ``end``.
 ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
 
+#: A run's events and its terminal event reach Redis within this many seconds of its
+#: outcome being recorded, unless Redis is away (worker/ending.py: the pre-commit flush, the
+#: publisher's close and the ending's script are each bounded, and their bounds add up to
+#: less). Until then a relay that finds the run finished and its stream short waits for the
+#: stream rather than taking it as expired (api/relay.py).
+ENDING_PUBLISHED_WITHIN = 10.0
+
 
 class End(msgspec.Struct, frozen=True, kw_only=True):
     """``end``: the run stopped as it should."""

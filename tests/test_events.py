@@ -279,6 +279,30 @@ async def test_expired_last_event_id_gets_missed_then_the_rest_and_the_terminal(
     assert gone[1].data == {"conversation": conversation, "run": run, "status": "completed"}
 
 
+async def test_events_that_reach_redis_after_the_outcome_are_relayed_not_taken_for_expired(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """The worker records a run's outcome after a bounded flush of its events: under load
+    they can reach Redis a few seconds after the row says finished. A client that joins in
+    between gets them, not ``missed`` and an ending rebuilt as if the stream had expired."""
+    model.script(Text("late but whole"))
+    start_worker(sophos_env)
+    api = start_api(sophos_env.with_(**NO_LIMITS))
+    conversation, run = await chat_async(api.url, "hello")
+    whole = await read_sse_async(api.url, conversation)
+    assert whole.ended and whole.text == "late but whole"
+    # The same run as the relay would find it mid-ending: row finished, stream not written yet.
+    entries = await redis.xrange(events_key(run))
+    await redis.delete(events_key(run))
+    opened = api.log_text().count('"relay.opened"')
+    joined = asyncio.create_task(read_sse_async(api.url, conversation))
+    await wait_for_async(lambda: joined.done() or api.log_text().count('"relay.opened"') > opened, 20)
+    for entry_id, fields in entries:  # the late flush, then the ending's script
+        await redis.xadd(events_key(run), fields, id=entry_id)
+    late = await joined
+    assert [e.event for e in late] == [e.event for e in whole] and key(late) == key(whole)
+
+
 async def test_retention_is_set_on_the_stream(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
 ) -> None:

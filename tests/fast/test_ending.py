@@ -82,3 +82,13 @@ def test_event_shapes_are_frozen() -> None:
     with pytest.raises(AttributeError):
         approval.run = "other"  # type: ignore[misc]
     assert msgspec.json.decode(msgspec.json.encode(approval), type=Approval) == approval
+
+
+def test_the_worker_publishes_an_ending_within_what_the_relay_waits_for() -> None:
+    """After the outcome is committed the ending waits for the publisher's close, then runs
+    its script, each bounded; a relay that finds the run finished and its stream short waits
+    ``ENDING_PUBLISHED_WITHIN`` before it takes the stream as expired (api/relay.py)."""
+    from shared.events import ENDING_PUBLISHED_WITHIN
+    from worker.events import FLUSH_TIMEOUT, WRITE_TIMEOUT
+
+    assert FLUSH_TIMEOUT + WRITE_TIMEOUT < ENDING_PUBLISHED_WITHIN
