@@ -45,6 +45,7 @@ def main() -> int:
     os.environ.setdefault("LANGGRAPH_STRICT_MSGPACK", "true")
 
     from shared.logging import configure_logging
+    from shared.storage.engines import single_writer
     from worker.lock import WorkerLockHeld, WriterLock
 
     configure_logging(settings.log_format)
@@ -55,7 +56,7 @@ def main() -> int:
     # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
-        if settings.database_url is None:
+        if single_writer(settings):
             lock.acquire()
     except WorkerLockHeld as exc:
         print(f"sophos-worker: {exc}", file=sys.stderr)

@@ -54,9 +54,7 @@ OUTCOME_TTL_SECONDS = 60
 
 async def delete_conversation_data(service: RunService, conversation_id: str) -> int:
     """Delete the conversation's thread, rows and run records; return how many runs it had."""
-    saver = service.graph.checkpointer
-    if saver is not None and not isinstance(saver, bool):
-        await saver.adelete_thread(conversation_id)
+    await service.saver.adelete_thread(conversation_id)
     run_ids = await service.store.delete_conversation(conversation_id)
     await _forget_runs(service.redis, conversation_id, run_ids)
     return len(run_ids)

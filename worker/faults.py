@@ -20,13 +20,10 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-from shared.storage.postgres import FencedPostgresSaver
-
 
 class _KillAtCheckpoint:
-    """The hook, over whichever saver the worker runs on (SQLite's, or PostgreSQL's)."""
+    """The hook, mixed in before whichever saver the worker runs on (SQLite's, or PostgreSQL's:
+    shared/storage/engines.py)."""
 
     kill_before: int = 0
     kill_after: int = 0
@@ -52,12 +49,12 @@ class _KillAtCheckpoint:
         return result
 
 
-class KillAtCheckpoint(_KillAtCheckpoint, AsyncSqliteSaver):
-    pass
-
-
-class KillAtCheckpointPostgres(_KillAtCheckpoint, FencedPostgresSaver):
-    pass
+def kill_at_checkpoint(before: int, after: int) -> type | None:
+    """The saver's hook that SIGKILLs right before the ``before``-th or right after the
+    ``after``-th checkpoint write (0: never); None when neither is asked for."""
+    if before <= 0 and after <= 0:
+        return None
+    return type("KillAtCheckpoint", (_KillAtCheckpoint,), {"kill_before": before, "kill_after": after})
 
 
 def kill_after_outcome(number: int) -> Callable[[], None] | None:

@@ -10,11 +10,8 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from typing import Any
 
 import structlog
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -23,10 +20,9 @@ from shared.liveness import new_worker_id
 from shared.redis_protocol import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
-from shared.storage.postgres import FencedPostgresSaver, open_pool
-from shared.storage.postgres import migrate as migrate_postgres
+from shared.storage.engines import open_checkpointer
 from worker.deadlines import ApprovalDeadlines
-from worker.faults import KillAtCheckpoint, KillAtCheckpointPostgres, kill_after_outcome
+from worker.faults import kill_after_outcome, kill_at_checkpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
 from worker.ledger import Ledger
@@ -36,67 +32,13 @@ from worker.model_check import report_model
 from worker.recovery import recover
 from worker.retention import Retention
 from worker.runs import RunService
-from worker.store import RunStore, connect
+from worker.store import RunStore
 from worker.sweep import ClaimSweep
 
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_INTERVAL = 2.0
 HEARTBEAT_TTL = 10
-
-
-@asynccontextmanager
-async def open_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpointSaver[Any]]:
-    """The saver: SQLite's on a connection of its own, or PostgreSQL's (migrating first)."""
-    if settings.database_url is not None:
-        async with _open_postgres_checkpointer(settings, settings.database_url) as fenced:
-            yield fenced
-        return
-    # Its own connection: the saver commits its own writes and must not share a
-    # transaction with the application tables.
-    conn = await connect(settings.database_path)
-    try:
-        saver: AsyncSqliteSaver
-        if settings.fault_kill_after_checkpoint or settings.fault_kill_before_checkpoint:
-            faulty = KillAtCheckpoint(conn)
-            faulty.kill_after = settings.fault_kill_after_checkpoint
-            faulty.kill_before = settings.fault_kill_before_checkpoint
-            saver = faulty
-            log.warning(
-                "faults.enabled",
-                kill_after_checkpoint=faulty.kill_after, kill_before_checkpoint=faulty.kill_before,
-            )
-        else:
-            saver = AsyncSqliteSaver(conn)
-        await saver.setup()
-        yield saver
-    finally:
-        await conn.close()
-
-
-@asynccontextmanager
-async def _open_postgres_checkpointer(settings: Settings, url: str) -> AsyncIterator[FencedPostgresSaver]:
-    # One connection per run in flight, and one for a cancel's or a takeover's read.
-    size = settings.worker_concurrency + 1
-    pool = await open_pool(url, max_size=size, dict_rows=True)
-    try:
-        saver: FencedPostgresSaver
-        if settings.fault_kill_after_checkpoint or settings.fault_kill_before_checkpoint:
-            faulty = KillAtCheckpointPostgres(pool, size=size)
-            faulty.kill_after = settings.fault_kill_after_checkpoint
-            faulty.kill_before = settings.fault_kill_before_checkpoint
-            saver = faulty
-            log.warning(
-                "faults.enabled",
-                kill_after_checkpoint=faulty.kill_after, kill_before_checkpoint=faulty.kill_before,
-            )
-        else:
-            saver = FencedPostgresSaver(pool, size=size)
-        # The application's migrations and LangGraph's, once, whoever starts first.
-        await migrate_postgres(url, also=saver.setup)
-        yield saver
-    finally:
-        await pool.close()
 
 
 async def _heartbeat(
@@ -127,7 +69,16 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
-        saver = await stack.enter_async_context(open_checkpointer(settings))
+        hook = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
+        if hook is not None:
+            log.warning(
+                "faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint,
+                kill_before_checkpoint=settings.fault_kill_before_checkpoint,
+            )
+        # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
+        saver = await stack.enter_async_context(
+            open_checkpointer(settings, size=settings.worker_concurrency + 1, hook=hook)
+        )
 
         variables = {
             **os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable,
@@ -163,7 +114,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # Stopped before the store closes (the stack unwinds in reverse).
         sweep.start()
         stack.push_async_callback(sweep.stop)
-        if store.owner is not None:
+        if store.db.leases:
             leases = Leases(service, saver)
             leases.start()
             stack.push_async_callback(leases.stop)

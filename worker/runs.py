@@ -35,6 +35,7 @@ from typing import Any, cast
 import structlog
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphDrained, GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
@@ -97,6 +98,11 @@ class RunService:
 
     def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
+
+    @property
+    def saver(self) -> BaseCheckpointSaver[Any]:
+        """The graph's checkpointer (worker/resources.py always builds it with one)."""
+        return cast("BaseCheckpointSaver[Any]", self.graph.checkpointer)
 
     def drain(self, reason: str = "shutdown") -> int:
         for live in self.live.values():
@@ -451,7 +457,7 @@ class RunService:
         await self.ending.end(job.run_id, job.conversation_id, outcome, thread=Thread(), recorded=False)
 
     async def _end_failed_checkpoint_write(self) -> None:
-        await end_failed_checkpoint_write(self.graph.checkpointer)  # type: ignore[arg-type]
+        await end_failed_checkpoint_write(self.saver)
 
 
 @dataclass(slots=True)

@@ -19,8 +19,9 @@ from shared.rows import RUN_COLUMNS, RunRow, title_of
 from shared.schema import iso_from_timestamp, now_iso
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
+from shared.storage.engines import open_database
 from shared.storage.postgres import NOW, LeaseLost
-from shared.storage.sqlite import SqliteDatabase, connect, end_failed_transaction
+from shared.storage.sqlite import connect, end_failed_transaction
 
 __all__ = ["RunRow", "RunStore", "connect", "end_failed_transaction", "is_database_unavailable"]
 
@@ -41,13 +42,11 @@ class RunStore:
 
     @classmethod
     async def open(cls, settings: Settings) -> RunStore:
-        """The SQLite file (migrated here), or PostgreSQL (migrated with the saver: worker/resources.py)."""
-        if settings.database_url is not None:
-            from shared.storage.postgres import PostgresDatabase
-
-            db = await PostgresDatabase.open(settings.database_url, max_size=settings.worker_concurrency + 2)
-            return cls(db, owner=new_worker_id(), lease_seconds=settings.run_lease_seconds)
-        return cls(await SqliteDatabase.open(settings.database_path))
+        """The database the settings name (shared/storage/engines.py); this worker leases its
+        runs if the engine has many writers."""
+        db = await open_database(settings, max_size=settings.worker_concurrency + 2)
+        owner = new_worker_id() if db.leases else None
+        return cls(db, owner=owner, lease_seconds=settings.run_lease_seconds)
 
     # --- leases (PostgreSQL) ------------------------------------------------------
 

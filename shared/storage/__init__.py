@@ -5,7 +5,9 @@ parameters, in the portable subset both engines run (``ON CONFLICT``, row values
 ``COALESCE``, partial indexes); :class:`Database` runs it on either. What only one engine
 has lives in its module: the SQLite file's connection settings (:mod:`.sqlite`), and the
 PostgreSQL pools, the saver's lock and the lease that fences every write of a run
-(:mod:`.postgres`). The checkpoints are LangGraph's savers on either side.
+(:mod:`.postgres`). The checkpoints are LangGraph's savers on either side. Which engine
+the settings name is asked in one place, :mod:`.engines`, which opens the worker's
+database and saver and the API's read-only :mod:`.reading` view.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class Database(Protocol):
     """The application tables' connection(s): reads, and transactions that commit or roll back whole."""
 
     dialect: Dialect
+    #: True when many workers write (PostgreSQL): each run is leased to one of them, and every
+    #: write of a run is fenced by its lease (shared/storage/postgres.py). False when one worker
+    #: writes (SQLite: the file's writer lock is the only owner).
+    leases: bool
 
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
 

@@ -84,6 +84,7 @@ class PostgresDatabase:
     """The application tables on a pool: each read and each transaction on a connection of its own."""
 
     dialect: Dialect = "postgresql"
+    leases = True
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool

@@ -76,6 +76,7 @@ class SqliteDatabase:
     """
 
     dialect: Dialect = "sqlite"
+    leases = False
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn

@@ -1,0 +1,86 @@
+"""Which engine the settings name, and everything opened on it: the one place that asks.
+
+``DATABASE_URL`` unset: the SQLite file at ``DATABASE_PATH``, one writer (the worker holding
+its lock file, worker/lock.py). Set to ``postgresql://…``: any number of workers, each run
+under a lease (worker/leases.py). The rest of the service asks what an engine guarantees
+(:func:`single_writer`, ``Database.leases``), never which one it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from shared.settings import Settings
+from shared.storage import Database
+from shared.storage.reading import PostgresReader, Reader, SqliteReader
+
+log = structlog.get_logger(__name__)
+
+
+def single_writer(settings: Settings) -> bool:
+    """True when one worker writes the database (SQLite): it must hold the file's writer lock,
+    and every run it finds ``running`` at start-up was left by a worker that is gone."""
+    return settings.database_url is None
+
+
+async def open_database(settings: Settings, *, max_size: int) -> Database:
+    """The application tables, for writing: the SQLite file (migrated here), or a pool of at
+    most ``max_size`` PostgreSQL connections (migrated with the saver: :func:`open_checkpointer`)."""
+    if settings.database_url is not None:
+        from shared.storage.postgres import PostgresDatabase
+
+        return await PostgresDatabase.open(settings.database_url, max_size=max_size)
+    from shared.storage.sqlite import SqliteDatabase
+
+    return await SqliteDatabase.open(settings.database_path)
+
+
+def open_reader(settings: Settings) -> Reader:
+    """The database, read-only, opened on first use (the API's)."""
+    if settings.database_url is not None:
+        return PostgresReader(settings.database_url, shown=settings.database_name)
+    return SqliteReader(settings.database_path)
+
+
+@asynccontextmanager
+async def open_checkpointer(
+    settings: Settings, *, size: int, hook: type | None = None
+) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    """LangGraph's saver for the engine, set up: SQLite's on a connection of its own (it commits
+    its own writes and must not share a transaction with the application tables), or
+    PostgreSQL's fenced one on a pool of ``size`` (migrating the application tables first, under
+    one lock, whoever starts first). ``hook``: a class mixed in before the saver's own
+    (worker/faults.py), so a test can stop the worker at a chosen write on either engine.
+    """
+    if settings.database_url is not None:
+        from shared.storage.postgres import FencedPostgresSaver, migrate, open_pool
+
+        pool = await open_pool(settings.database_url, max_size=size, dict_rows=True)
+        try:
+            cls = _hooked(FencedPostgresSaver, hook)
+            saver = cls(pool, size=size)
+            await migrate(settings.database_url, also=saver.setup)
+            yield saver
+        finally:
+            await pool.close()
+        return
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from shared.storage.sqlite import connect
+
+    conn = await connect(settings.database_path)
+    try:
+        sqlite_saver = _hooked(AsyncSqliteSaver, hook)(conn)
+        await sqlite_saver.setup()
+        yield sqlite_saver
+    finally:
+        await conn.close()
+
+
+def _hooked(base: type[Any], hook: type | None) -> type[Any]:
+    return base if hook is None else type(f"{hook.__name__}{base.__name__}", (hook, base), {})
