@@ -204,6 +204,19 @@ def test_each_alert_waits_has_a_severity_and_tells_the_operator_what_to_do() -> 
         assert "by (job)" in rule["expr"], f"{name}: keep the job label (several deployments)"
 
 
+@pytest.mark.fast
+def test_the_manual_lists_each_alert_as_the_file_has_it() -> None:
+    manual = (ROOT / "docs" / "metrics.md").read_text()
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(Sophos\w+)` \| (.*) \|$", manual, re.M)}
+    rules = alerting_rules()
+    assert set(rows) == set(rules)
+    for name, rule in rules.items():
+        condition, wait, severity = [cell.strip() for cell in rows[name].rsplit(" | ", 2)]
+        assert (wait, severity) == (rule["for"], rule["labels"]["severity"]), name
+        shown = re.match(r"`([^`]+)`", condition)
+        assert shown is None or shown[1] == rule["expr"], name
+
+
 # --- each alert, on a real stack -------------------------------------------------------
 
 
@@ -396,6 +409,18 @@ def test_metric_names_are_read_from_promql() -> None:
 def test_the_dashboard_is_grafana_json_with_queries_on_every_panel() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    assert dashboard["__inputs"] == []  # imported as it is: its variables choose the source
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == ("datasource", "prometheus")
+    assert variables["job"]["type"] == "query" and dashboard_variables_metrics() == {"sophos_worker_up"}
+    shown = {name for expr in dashboard_queries() for name in metric_names(expr)}
+    assert shown >= {  # what docs/metrics.md says it shows
+        "sophos_runs_queued", "sophos_runs_running", "sophos_conversations_waiting",
+        "sophos_queue_oldest_age_seconds", "sophos_workers", "sophos_worker_heartbeat_age_seconds",
+        "sophos_outcomes_deferred", "sophos_runs_finished_total", "sophos_run_duration_seconds_bucket",
+        "sophos_model_call_duration_seconds_bucket", "sophos_tool_call_duration_seconds_bucket",
+        "sophos_sse_subscribers", "process_cpu_seconds_total", "process_resident_memory_bytes",
+    }
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
