@@ -7,7 +7,7 @@ What every API process agrees on comes from shared state, read at scrape time:
   conversations waiting for an approval decision;
 * counters and histograms the worker keeps in Redis (shared/metrics.py): runs
   finished by status, run duration, model-call and tool-call latency;
-* the worker's heartbeat.
+* the worker's heartbeat (with the outcomes each live worker still keeps for a retry).
 
 What only this process knows (its open event streams, and prometheus-client's
 process and Python collectors) comes from the process's default registry.
@@ -163,6 +163,11 @@ class SharedStateCollector:
     def _worker(self, liveness: Liveness) -> Iterator[Metric]:
         yield _gauge("sophos_worker_up", "1 while a worker's heartbeat is fresh", liveness.alive)
         yield _gauge("sophos_workers", "Workers whose heartbeat is fresh", liveness.count)
+        yield _gauge(
+            "sophos_outcomes_deferred",
+            "Run outcomes the database refused, kept by the live workers for a retry",
+            sum(beat.deferred_outcomes for beat in liveness.workers),
+        )
         if liveness.beat is not None:
             yield _gauge(
                 "sophos_worker_heartbeat_age_seconds",

@@ -42,6 +42,8 @@ class Beat:
     host: str | None = None
     #: each MCP server of the worker: "up", or why it is not
     tool_servers: Mapping[str, str] = field(default_factory=dict)
+    #: run outcomes the database refused, kept by the worker for a retry (0 from a worker that did not say)
+    deferred_outcomes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
         pid = body.get("pid")
         concurrency = body.get("concurrency")
         worker_id, host, servers = body.get("id"), body.get("host"), body.get("mcp")
+        deferred = body.get("deferred")
         return Beat(
             pid=int(pid) if pid is not None else None,
             started_at=float(body["started_at"]),
@@ -84,6 +87,7 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
             id=str(worker_id) if worker_id is not None else None,
             host=str(host) if host is not None else None,
             tool_servers={str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {},
+            deferred_outcomes=int(deferred) if deferred is not None else 0,
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -43,7 +43,7 @@ HEARTBEAT_TTL = 10
 
 async def _heartbeat(
     redis: Redis, worker_id: str, started_at: float, concurrency: int,
-    tool_servers: Callable[[], dict[str, str]],
+    tool_servers: Callable[[], dict[str, str]], deferred_outcomes: Callable[[], int],
 ) -> None:
     body = {
         "id": worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at,
@@ -54,8 +54,11 @@ async def _heartbeat(
     keys = [worker_heartbeat_key(worker_id), WORKERS, WORKER_HEARTBEAT, WORKER_LAST_BEAT]
     while True:
         try:
-            # ``mcp``: each tool server's state ("up" or why not), for readyz.
-            beat = json.dumps({**body, "beat_at": time.time(), "mcp": tool_servers()})
+            # ``mcp``: each tool server's state ("up" or why not), for readyz; ``deferred``: the
+            # outcomes the database refused, still kept for a retry (only this process knows them).
+            beat = json.dumps({
+                **body, "beat_at": time.time(), "mcp": tool_servers(), "deferred": deferred_outcomes(),
+            })
             await scripts(redis).beat(keys=keys, args=[worker_id, beat, HEARTBEAT_TTL])
         except RedisError as exc:
             log.warning("worker.heartbeat_failed", error=str(exc))
@@ -129,7 +132,10 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # The lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
         worker_id = store.owner or new_worker_id()
         beat = asyncio.create_task(
-            _heartbeat(redis, worker_id, time.time(), settings.worker_concurrency, toolbox.status),
+            _heartbeat(
+                redis, worker_id, time.time(), settings.worker_concurrency, toolbox.status,
+                lambda: len(service.unrecorded),
+            ),
             name="heartbeat",
         )
 
