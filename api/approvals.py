@@ -12,8 +12,9 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
+from msgspec import UNSET
 
-from api.schemas import DecisionBody
+from api.schemas import DecisionBody, PendingCall
 from shared.contracts import Decision, DecisionAction
 from shared.errors import BadRequest
 from shared.thread import interrupt_requests
@@ -24,6 +25,15 @@ def pending_requests(
 ) -> list[dict[str, Any]] | None:
     """The tool calls waiting for a decision, or None when none wait (picklable: a reader runs it)."""
     return interrupt_requests(graph.get_state(config))
+
+
+def pending_call(request: dict[str, Any]) -> PendingCall:
+    """A pending request as the detail shows it (the ``approval`` event carries the same fields)."""
+    attempts = request.get("attempts")
+    return PendingCall(
+        id=str(request["id"]), name=str(request["name"]), arguments=dict(request["arguments"]),
+        kind=request.get("kind", "approval"), attempts=int(attempts) if attempts is not None else UNSET,
+    )
 
 
 def check_shape(decisions: list[DecisionBody]) -> None:

@@ -15,7 +15,7 @@ from msgspec import UNSET
 from redis.asyncio import Redis
 
 from api import live, transcript
-from api.approvals import pending_requests
+from api.approvals import pending_call, pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
     CheckpointLine,
@@ -23,7 +23,6 @@ from api.schemas import (
     ConversationInfo,
     ConversationList,
     ConversationSummary,
-    ToolCall,
 )
 from api.status import conversation_status, resumable, run_error
 from api.store import ConversationRow, RunRow, Store
@@ -159,7 +158,7 @@ class Conversations:
         if info.status is RunStatus.WAITING:
             requests = await self.store.read_thread(conversation_id, pending_requests)
             if requests is not None:
-                pending = [ToolCall(str(r["id"]), str(r["name"]), dict(r["arguments"])) for r in requests]
+                pending = [pending_call(r) for r in requests]
         return ConversationDetail(
             conversation=info, messages=messages or [], resumable=info.resumable, pending_approval=pending,
         )

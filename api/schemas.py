@@ -102,6 +102,19 @@ class ToolCall(msgspec.Struct, omit_defaults=True):
     approval: Approval | UnsetType = UNSET
 
 
+class PendingCall(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A tool call waiting for a decision. ``kind``: ``approval`` (its tool is configured to need
+    one) or ``uncertain`` (it may already have run: the worker stopped while it was being made;
+    ``attempts`` says how many times it was sent). Approve sends it (again, with the same
+    idempotency key), edit sends new arguments, reject never sends it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    kind: Literal["approval", "uncertain"]
+    attempts: int | UnsetType = UNSET
+
+
 class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     id: str
     role: Literal["user", "assistant", "tool"]
@@ -119,7 +132,7 @@ class ConversationDetail(msgspec.Struct, rename="camel"):
     messages: list[Message]
     resumable: bool
     #: the tool calls waiting for a decision while the conversation is ``waiting``, else null
-    pending_approval: list[ToolCall] | None = None
+    pending_approval: list[PendingCall] | None = None
 
 
 class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):

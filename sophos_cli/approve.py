@@ -54,6 +54,10 @@ def waiting_hint(conversation: str) -> str:
 
 def request_line(request: dict[str, Any]) -> str:
     call = f"{request.get('name')}({short(request.get('arguments') or {})})"
+    if request.get("kind") == "uncertain":
+        # A call the worker was making when it stopped: approving sends it again.
+        return (f"this call may already have run: {call} id {request.get('id')}"
+                " (approve sends it again with the same key; reject never sends it)")
     return f"approval needed: {call} id {request.get('id')}"
 
 

@@ -1,4 +1,5 @@
-"""Tool calls and their effects (issue 29, parts 1-3): one task per call, the ledger, the key.
+"""Tool calls and their effects (issue 29, parts 1-4): one task per call, the ledger, the key,
+and calls that may have run put to a person.
 
 Real worker, API, Redis and database (SQLite file, or PostgreSQL where marked
 ``backends``); the fake tools server logs each execution with the idempotency key it
@@ -8,6 +9,7 @@ counted per key across worker processes.
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 from collections import Counter
@@ -65,12 +67,10 @@ def executions(env: SophosEnv, tool: str, **args: Any) -> list[str | None]:
     return [e.get("key") for e in tool_calls(env.tools_log, tool) if e["args"] == args]
 
 
-def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
-    env: SophosEnv, start_worker, start_api, model: FakeOllama
-) -> None:
-    """Three calls, three tasks; killed right after the second outcome commit (before LangGraph
-    saved that task's writes) while the third runs: the resume sends none of the finished calls
-    again, and the one in flight again with the same key."""
+def _killed_mid_turn(env: SophosEnv, start_worker, start_api, model: FakeOllama) -> tuple[str, str, Any]:
+    """Three calls, three tasks; the worker killed right after the second outcome commit (before
+    LangGraph saved that task's writes) while the third runs. Returns the API, the conversation
+    and the worker started after it."""
     model.script(ToolCalls([FAST, DONE, RUNNING]), Text("All three done."))
     # Outcome 1: the echo; outcome 2: the half-second sleep. Killed right after that commit.
     doomed = start_worker(env.with_(SOPHOS_FAULT_KILL_AFTER_OUTCOME=2))
@@ -88,18 +88,18 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     assert get_json(api, f"/api/conversations/{conversation}")["resumable"] is True
     before = {r["tool_call_id"]: r for r in ledger_rows(env, conversation)}
     assert sorted(r["state"] for r in before.values()) == ["done", "done", "intent"]
+    return api, conversation, survivor
 
-    _, resumed = accepted(api, conversation=conversation, resume=True)
-    events = read_sse(api, conversation)
-    assert events[-1].event == "end" and events[-1].data["run"] == resumed
-    assert events.text == "All three done."
 
-    # Executed once each, whatever LangGraph had saved: the ledger answered the finished calls.
+def _executed_once_each_and_whole(
+    env: SophosEnv, api: str, conversation: str, survivor: Any, last_run: str
+) -> None:
+    """Executed once each, whatever LangGraph had saved (the ledger answered the finished
+    calls); the call in flight twice, with one key; the transcript whole."""
     fast = executions(env, "echo", text="three")
     done = executions(env, "slow", seconds=0.5)
     running = executions(env, "slow", seconds=3.0)
     assert len(fast) == 1 and len(done) == 1
-    # The call in flight was sent again (the known gap, closed by part 4), with the same key.
     assert len(running) == 2 and running[0] == running[1]
     keys = {fast[0], done[0], running[0]}
     assert None not in keys and len(keys) == 3
@@ -109,7 +109,7 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     assert {k: (r["state"], r["attempt"]) for k, r in rows.items()} == {
         fast[0]: ("done", 1), done[0]: ("done", 1), running[0]: ("done", 2),
     }
-    assert rows[running[0]]["run_id"] == resumed
+    assert rows[running[0]]["run_id"] == last_run
     # Killed right after its outcome commit, the half-second call's task had no writes saved:
     # LangGraph ran it again, and the ledger answered it.
     answered = {r.get("tool_call_id") for r in survivor.log_records()
@@ -126,6 +126,59 @@ def test_a_call_that_finished_is_answered_from_the_ledger_after_a_kill(
     }
     assert detail["resumable"] is False
     assert database_integrity(env) == "ok"
+
+
+def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_with_its_key(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """The finished calls are answered from the ledger; the one in flight (``slow``: not safe to
+    repeat) stops the resume: the run ends ``waiting`` with an ``uncertain`` request, and only
+    the decision sends it again, with the same key."""
+    api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model)
+
+    _, resumed = accepted(api, conversation=conversation, resume=True)
+    events = read_sse(api, conversation)
+    assert events.types[-2:] == ["approval", "end"] and events[-1].data == {
+        "conversation": conversation, "run": resumed, "status": "waiting",
+    }
+    running_call = next(r["tool_call_id"] for r in ledger_rows(env, conversation) if r["state"] == "intent")
+    requests = events.of("approval")[0].data["requests"]
+    assert requests == [{
+        "id": running_call, "name": "tools__slow", "arguments": {"seconds": 3.0}, "kind": "uncertain",
+        "attempts": 1,
+    }]
+    assert len(executions(env, "slow", seconds=3.0)) == 1  # not sent again before the decision
+    detail = get_json(api, f"/api/conversations/{conversation}")
+    assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == requests
+
+    with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
+        decided = http.post("/api/chat", json={
+            "conversation": conversation, "decisions": [{"id": running_call, "action": "approve"}],
+        })
+    assert decided.status_code == 202, decided.text
+    events = read_sse(api, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == decided.json()["run"]
+    assert events.text == "All three done."
+    _executed_once_each_and_whole(env, api, conversation, survivor, decided.json()["run"])
+
+
+def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """``safeToRepeat`` in mcp.json (as the tool's own ``idempotentHint`` would): the resume sends
+    the call in flight again, with the same key, and asks no one."""
+    config = json.loads((env.config_dir / "mcp.json").read_text())
+    config["mcpServers"]["tools"]["safeToRepeat"] = ["slow"]
+    env.write_mcp_config(config)
+    api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model)
+
+    _, resumed = accepted(api, conversation=conversation, resume=True)
+    events = read_sse(api, conversation)
+    assert events[-1].event == "end" and events[-1].data["run"] == resumed
+    assert "approval" not in events.types and events.text == "All three done."
+    again = [r for r in survivor.log_records() if r.get("event") == "tool_call.sent_again"]
+    assert [(r["tool"], r["reason"]) for r in again] == [("tools__slow", "safe_to_repeat")]
+    _executed_once_each_and_whole(env, api, conversation, survivor, resumed)
 
 
 def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation(

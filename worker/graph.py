@@ -44,8 +44,9 @@ from langgraph.types import Command, Send, interrupt
 from shared.contracts import APPROVALS_MARK, Decision, DecisionAction
 from shared.metrics import MODEL_CALL
 from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
-from worker.ledger import CallRef, Ledger
+from worker.ledger import APPROVAL_KIND, CallRef, Ledger
 from worker.metrics import timed
+from worker.tool_policy import safe_to_repeat
 
 __all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
 
@@ -137,7 +138,7 @@ def build_graph(
         if message is None:  # routed here only after an answer with tool calls
             raise RuntimeError("approval step without a tool-calling answer")
         requests = [
-            {"id": c["id"], "name": c["name"], "arguments": c["args"]}
+            {"id": c["id"], "name": c["name"], "arguments": c["args"], "kind": APPROVAL_KIND}
             for c in message.tool_calls if needs_approval(c["name"])
         ]
         answer = interrupt({"requests": requests})
@@ -177,20 +178,24 @@ def build_graph(
         """One call's result, through the ledger when there is one."""
         _, tool_node = for_tools()
 
-        async def send() -> ToolMessage:
+        async def send(arguments: dict[str, Any]) -> ToolMessage:
             # The prebuilt ToolNode for one call: its argument checks, and its errors as
             # a ToolMessage with status "error" for the model.
-            output = await tool_node.ainvoke([{**call, "type": "tool_call"}], config)
+            output = await tool_node.ainvoke([{**call, "args": arguments, "type": "tool_call"}], config)
             result = output["messages"][0] if isinstance(output, dict) else output[0]
             if not isinstance(result, ToolMessage):
                 raise TypeError(f"tool {call['name']} answered {type(result).__name__}, not a message")
             return result
 
         if ledger is None:
-            return await send()
+            return await send(call.get("args") or {})
         conversation = str(config.get("configurable", {}).get("thread_id", ""))
         run_id = str(config.get("metadata", {}).get("run_id", ""))
-        return await ledger.run(CallRef(conversation, message_id, str(call["id"])), run_id, call, send)
+        tool = tool_node.tools_by_name.get(call["name"])
+        return await ledger.run(
+            CallRef(conversation, message_id, str(call["id"])), run_id, call, send,
+            safe_to_repeat=tool is not None and safe_to_repeat(tool),
+        )
 
     async def run_tools(task: Any, config: RunnableConfig) -> dict[str, Any]:
         if isinstance(task, dict) and "tool_call" in task:  # a Send: one call

@@ -22,12 +22,16 @@ never sent again, whatever LangGraph's writes say.
 The key is made once per call (a random UUID, on its first intent) and kept on every attempt;
 every other call gets another. A tool server can deduplicate with it (docs: tool authors).
 
-Known gap, closed by part 4 of issue 29: a call with an intent and no outcome (the worker
-died while it was sent, or between its result and the outcome's commit) is *uncertain*. For
-now it is sent again with the same key and the next attempt number, whatever the tool; it
-should instead be sent again only when the tool is safe to repeat, and otherwise be put to
-the user as an approval of ``"kind": "uncertain"``. ``attempt`` is stored so that decision
-can tell a first send from a repeat.
+A call with an intent and no outcome (the worker died while it was sent, or between its
+result and the outcome's commit) is *uncertain*: it may have acted. On the next attempt it
+is sent again, with the same key, only when its tool is safe to repeat (the MCP tool's
+``readOnlyHint`` or ``idempotentHint``, or ``safeToRepeat`` in ``mcp.json``:
+worker/mcp_tools.py). Any other uncertain call is put to a person: its task raises an
+interrupt whose request has ``"kind": "uncertain"`` (one per call, each task its own, so the
+run ends ``waiting`` with every such call listed and the finished siblings kept), and the
+decision decides: approve sends it again with the same key, edit sends new arguments under a
+new key, reject never sends it (the model is told it may or may not have taken effect). Nothing
+before ``interrupt()`` acts: on resume the task runs again from its start and reads the same row.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from typing import Any
 
 import structlog
 from langchain_core.messages import ToolMessage
+from langgraph.types import interrupt
 
+from shared.contracts import Decision, DecisionAction
 from shared.schema import now_iso
 from shared.storage import Database
 from shared.storage.postgres import hold_lease
@@ -55,6 +61,21 @@ IDEMPOTENCY_META_KEY = "sophos/idempotency-key"
 #: the states of a ledger row
 INTENT = "intent"
 DONE = "done"
+
+#: the ``kind`` of an approval request: a configured approval, or a call that may have run
+APPROVAL_KIND = "approval"
+UNCERTAIN_KIND = "uncertain"
+#: ``response_metadata`` key of the result of an uncertain call: what was decided, and why
+UNCERTAIN_MARK = "sophos_uncertain"
+
+
+def uncertain_rejection_text(decision: Decision) -> str:
+    """What the model is told of an uncertain call the user chose not to send again."""
+    text = (
+        "This tool call may or may not have taken effect: the worker stopped while it was being "
+        "made. The user chose not to repeat it, so it was not sent again."
+    )
+    return f"{text} Their message: {decision.message}" if decision.message else text
 
 #: the ``_meta`` of the ``tools/call`` request being made in this context (set by :meth:`Ledger.run`)
 _REQUEST_META: ContextVar[dict[str, Any] | None] = ContextVar("sophos_request_meta", default=None)
@@ -123,32 +144,41 @@ class Ledger:
         )
         return _entry(rows[0]) if rows else None
 
-    async def record_intent(self, ref: CallRef, run_id: str, tool: str, arguments: dict[str, Any]) -> Entry:
-        """Commit the intent to send the call now; the row as it stands after.
-
-        A first attempt inserts the row with a new key; a later one (intent without outcome)
-        counts the attempt and keeps the key. A call already done is left as it is: the
-        returned entry is ``DONE`` and the caller answers from it. Raises ``LeaseLost`` on
-        PostgreSQL when the run is no longer this worker's.
-        """
-        now = now_iso()
+    async def begin(self, ref: CallRef, run_id: str, tool: str, arguments: dict[str, Any]) -> Entry | None:
+        """Commit the intent of the call's first attempt, with a new key; None (nothing written)
+        when the call has a row already: done, or uncertain. Raises ``LeaseLost`` on PostgreSQL
+        when the run is no longer this worker's."""
         async with self.db.transaction() as tx:
             await hold_lease(tx)
             rows = await tx.fetchall(
                 "INSERT INTO tool_calls (conversation_id, message_id, tool_call_id, run_id, tool, arguments,"
                 " idempotency_key, attempt, state, intent_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?)"
-                " ON CONFLICT (conversation_id, message_id, tool_call_id) DO UPDATE SET"
-                " attempt = tool_calls.attempt + 1, run_id = excluded.run_id, intent_at = excluded.intent_at"
-                f" WHERE tool_calls.state = ? RETURNING {_ENTRY_COLUMNS}",
+                " ON CONFLICT (conversation_id, message_id, tool_call_id) DO NOTHING"
+                f" RETURNING {_ENTRY_COLUMNS}",
                 (ref.conversation_id, ref.message_id, ref.tool_call_id, run_id, tool,
-                 json.dumps(arguments, ensure_ascii=False), str(uuid.uuid4()), INTENT, now, INTENT),
+                 json.dumps(arguments, ensure_ascii=False), str(uuid.uuid4()), INTENT, now_iso()),
             )
-            if not rows:  # done already: not updated
-                rows = await tx.fetchall(
-                    f"SELECT {_ENTRY_COLUMNS} FROM tool_calls WHERE {_WHERE}",
-                    (ref.conversation_id, ref.message_id, ref.tool_call_id),
-                )
-        return _entry(rows[0])
+        return _entry(rows[0]) if rows else None
+
+    async def again(
+        self, ref: CallRef, run_id: str, arguments: dict[str, Any] | None = None
+    ) -> Entry | None:
+        """Commit the intent of another attempt of an uncertain call: the same key, or with
+        ``arguments`` (an edit) a new key and those arguments. None when the call is done
+        meanwhile (nothing written). Fenced like :meth:`begin`."""
+        edit = ""
+        params: list[Any] = [run_id, now_iso()]
+        if arguments is not None:
+            edit = ", arguments = ?, idempotency_key = ?"
+            params += [json.dumps(arguments, ensure_ascii=False), str(uuid.uuid4())]
+        async with self.db.transaction() as tx:
+            await hold_lease(tx)
+            rows = await tx.fetchall(
+                f"UPDATE tool_calls SET attempt = attempt + 1, run_id = ?, intent_at = ?{edit}"
+                f" WHERE {_WHERE} AND state = ? RETURNING {_ENTRY_COLUMNS}",
+                (*params, ref.conversation_id, ref.message_id, ref.tool_call_id, INTENT),
+            )
+        return _entry(rows[0]) if rows else None
 
     async def record_outcome(self, ref: CallRef, status: str, content: Any) -> None:
         """Commit the call's outcome (the first one recorded stays)."""
@@ -167,27 +197,82 @@ class Ledger:
         ref: CallRef,
         run_id: str,
         call: dict[str, Any],
-        send: Callable[[], Awaitable[ToolMessage]],
+        send: Callable[[dict[str, Any]], Awaitable[ToolMessage]],
+        *,
+        safe_to_repeat: bool = False,
     ) -> ToolMessage:
-        """The call's result: from the ledger if it is done, else by ``send()`` between intent and outcome.
+        """The call's result: from the ledger if it is done, else by ``send(arguments)`` between
+        intent and outcome; an uncertain call is sent again only if ``safe_to_repeat`` or a
+        person decides so (module docstring).
 
         ``send`` makes the request (its ``_meta`` carries the key, :func:`request_meta`) and
         returns the ToolMessage the model gets, an error included. A cancellation or a crash
         inside it leaves the intent without outcome.
         """
-        entry = await self.record_intent(ref, run_id, call["name"], call.get("args") or {})
-        if entry.state == DONE:
-            log.info("tool_call.answered_from_ledger", tool=call["name"], tool_call_id=ref.tool_call_id,
-                     attempts=entry.attempt)
-            return ToolMessage(
-                entry.content if entry.content is not None else "", tool_call_id=ref.tool_call_id,
-                name=call["name"], status=entry.status or "success", id=str(uuid.uuid4()),
-            )
-        if entry.attempt > 1:
-            # The known gap (module docstring): sent again without asking, same key.
-            log.warning("tool_call.sent_again", tool=call["name"], tool_call_id=ref.tool_call_id,
-                        attempt=entry.attempt)
+        name, arguments = call["name"], call.get("args") or {}
+        entry = await self.begin(ref, run_id, name, arguments)
+        decided: dict[str, Any] | None = None
+        if entry is None:
+            known = await self.entry(ref)
+            if known is None:  # deleted meanwhile (its conversation was): nothing to answer from
+                raise RuntimeError(f"tool call {ref.tool_call_id} vanished from the ledger")
+            if known.state == DONE:
+                return self._answer(ref, name, known)
+            if safe_to_repeat:
+                log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
+                            attempt=known.attempt + 1, reason="safe_to_repeat")
+                entry = await self.again(ref, run_id)
+            else:
+                # Nothing above acted: on resume this task runs again from its start to here.
+                answer = interrupt({"requests": [{
+                    "id": ref.tool_call_id, "name": name, "arguments": arguments,
+                    "kind": UNCERTAIN_KIND, "attempts": known.attempt,
+                }]})
+                decision = _decision_for(ref.tool_call_id, answer)
+                decided = {"action": decision.action.value, "attempts": known.attempt,
+                           **({"message": decision.message} if decision.message else {})}
+                if decision.action is DecisionAction.REJECT:
+                    result = ToolMessage(
+                        uncertain_rejection_text(decision), tool_call_id=ref.tool_call_id, name=name,
+                        status="error", id=str(uuid.uuid4()), response_metadata={UNCERTAIN_MARK: decided},
+                    )
+                    await self.record_outcome(ref, "error", result.content)
+                    return result
+                if decision.action is DecisionAction.EDIT:
+                    decided["proposed"] = arguments
+                    arguments = decision.arguments or {}
+                    entry = await self.again(ref, run_id, arguments)
+                else:
+                    entry = await self.again(ref, run_id)
+                log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
+                            attempt=known.attempt + 1, reason=f"decided_{decision.action.value}")
+            if entry is None:  # done meanwhile
+                done = await self.entry(ref)
+                if done is not None and done.state == DONE:
+                    return self._answer(ref, name, done)
+                raise RuntimeError(f"tool call {ref.tool_call_id} changed under its attempt")
         with _meta(entry.key):
-            result = await send()
+            result = await send(arguments)
+        if decided is not None:
+            result.response_metadata = {**result.response_metadata, UNCERTAIN_MARK: decided}
         await self.record_outcome(ref, result.status, result.content)
         return result
+
+    @staticmethod
+    def _answer(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
+        log.info("tool_call.answered_from_ledger", tool=name, tool_call_id=ref.tool_call_id,
+                 attempts=entry.attempt)
+        return ToolMessage(
+            entry.content if entry.content is not None else "", tool_call_id=ref.tool_call_id,
+            name=name, status=entry.status or "success", id=str(uuid.uuid4()),
+        )
+
+
+def _decision_for(tool_call_id: str, answer: Any) -> Decision:
+    """The decision about this call in a resume value (a list of decisions, as for approvals)."""
+    decisions = answer if isinstance(answer, list) else [answer]
+    for raw in decisions:
+        decision = raw if isinstance(raw, Decision) else Decision.from_dict(raw)
+        if decision.id == tool_call_id:
+            return decision
+    raise ValueError(f"the decision for tool call {tool_call_id} is missing from {answer!r}")

@@ -31,12 +31,13 @@ from typing import Any
 import structlog
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from mcp import ClientSession
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, Tool
 
 from shared.metrics import TOOL_CALL
 from worker.ledger import request_meta
 from worker.mcp_stdio import open_stdio_session
 from worker.metrics import timed
+from worker.tool_policy import SAFE_TO_REPEAT, McpConfigError, RepeatPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -46,10 +47,6 @@ RETRY_FIRST = 1.0
 RETRY_MAX = 60.0
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class McpConfigError(ValueError):
-    pass
 
 
 def load_config(path: Path, variables: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -80,42 +77,6 @@ def load_config(path: Path, variables: Mapping[str, str]) -> dict[str, dict[str,
     return config
 
 
-class ApprovalPolicy:
-    """Which tools need the user's approval before they run (``requireApproval`` per server).
-
-    ``true`` covers every tool of the server; a list names some of them, without the
-    ``server__`` prefix. Nothing needs approval unless configured.
-    """
-
-    def __init__(self, whole_servers: frozenset[str] = frozenset(), tools: frozenset[str] = frozenset()):
-        self.whole_servers = whole_servers
-        self.tools = tools
-
-    def __call__(self, tool: str) -> bool:
-        server, sep, _ = tool.partition("__")
-        return tool in self.tools or (bool(sep) and server in self.whole_servers)
-
-
-def load_approvals(path: Path) -> ApprovalPolicy:
-    """The ``requireApproval`` entries of ``mcp.json`` (read after :func:`load_config` accepted it)."""
-    if not path.exists():
-        return ApprovalPolicy()
-    servers = json.loads(path.read_text())["mcpServers"]
-    whole: set[str] = set()
-    tools: set[str] = set()
-    for name, spec in servers.items():
-        required = spec.get("requireApproval", False)
-        if required is True:
-            whole.add(name)
-        elif isinstance(required, list) and all(isinstance(t, str) and t for t in required):
-            tools.update(f"{name}__{t}" for t in required)
-        elif required is not False:
-            raise McpConfigError(
-                f"{path}: server {name!r}: requireApproval must be true, false or a list of tool names"
-            )
-    return ApprovalPolicy(frozenset(whole), frozenset(tools))
-
-
 def _result_text(result: CallToolResult) -> str:
     parts: list[str] = []
     for item in result.content:
@@ -131,9 +92,13 @@ def _result_text(result: CallToolResult) -> str:
 class McpServer:
     """One MCP server: its session's lifetime, its tools, and calls to them."""
 
-    def __init__(self, name: str, connection: dict[str, Any], *, start_timeout: float, call_timeout: float):
+    def __init__(
+        self, name: str, connection: dict[str, Any], *, start_timeout: float, call_timeout: float,
+        repeat: RepeatPolicy | None = None,
+    ):
         self.name = name
         self.connection = connection
+        self.repeat = repeat or RepeatPolicy()
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
         self.session: ClientSession | None = None
@@ -162,7 +127,7 @@ class McpServer:
                 await session.initialize()
                 # Listed before the session is offered: a server that is up has its tools.
                 listing = await asyncio.wait_for(session.list_tools(), self.call_timeout)
-                tools = tuple(self._wrap(t.name, t.description or "", t.inputSchema) for t in listing.tools)
+                tools = tuple(self._wrap(t) for t in listing.tools)
                 if [t.name for t in tools] != [t.name for t in self.tools]:
                     log.info("mcp.tools_listed", server=self.name, tools=[t.name for t in tools])
                 self.tools = tools
@@ -249,15 +214,20 @@ class McpServer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _wrap(self, tool_name: str, description: str, schema: dict[str, Any]) -> BaseTool:
+    def _wrap(self, listed: Tool) -> BaseTool:
+        tool_name = listed.name
+
         async def call(**arguments: Any) -> str:
             return await self.call(tool_name, arguments)
 
+        hints = listed.annotations
+        hinted = hints is not None and bool(hints.readOnlyHint or hints.idempotentHint)
         return StructuredTool(
             name=f"{self.name}__{tool_name}",
-            description=description,
-            args_schema=schema,
+            description=listed.description or "",
+            args_schema=listed.inputSchema,
             coroutine=call,
+            metadata={SAFE_TO_REPEAT: self.repeat(self.name, tool_name, hinted=hinted)},
         )
 
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
@@ -299,10 +269,11 @@ class McpToolbox:
 
     @classmethod
     def from_config(
-        cls, config: dict[str, dict[str, Any]], *, start_timeout: float, call_timeout: float
+        cls, config: dict[str, dict[str, Any]], *, start_timeout: float, call_timeout: float,
+        repeat: RepeatPolicy | None = None,
     ) -> McpToolbox:
         return cls([
-            McpServer(name, conn, start_timeout=start_timeout, call_timeout=call_timeout)
+            McpServer(name, conn, start_timeout=start_timeout, call_timeout=call_timeout, repeat=repeat)
             for name, conn in config.items()
         ])
 

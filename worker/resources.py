@@ -26,7 +26,7 @@ from worker.faults import kill_after_outcome, kill_at_checkpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
 from worker.ledger import Ledger
-from worker.mcp_tools import McpToolbox, load_approvals, load_config
+from worker.mcp_tools import McpToolbox, load_config
 from worker.model import build_model
 from worker.model_check import report_model
 from worker.recovery import recover
@@ -34,6 +34,7 @@ from worker.retention import Retention
 from worker.runs import RunService
 from worker.store import RunStore
 from worker.sweep import ClaimSweep
+from worker.tool_policy import load_approvals, load_repeat
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +91,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         toolbox = McpToolbox.from_config(
             load_config(settings.mcp_config_path, variables),
             start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
+            repeat=load_repeat(settings.mcp_config_path),
         )
         stack.push_async_callback(toolbox.close)
         await toolbox.open()

@@ -55,6 +55,7 @@ from shared.queue import release_conversation
 from shared.settings import Settings
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.postgres import CURRENT_LEASE, Lease, LeaseLost
+from shared.thread import resume_value
 from worker.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
@@ -389,7 +390,7 @@ class RunService:
                 # accepted twice, finds the interrupt answered and does nothing.
                 if not waiting:
                     raise NotResumable("the conversation has no approval pending")
-                graph_input = Command(resume=list(job.decisions or ()))
+                graph_input = Command(resume=resume_value(state, list(job.decisions or ())))
             elif waiting:
                 raise NotResumable("the conversation waits for an approval; decide it instead")
 

@@ -35,15 +35,21 @@ async def test_an_intent_keeps_its_key_across_attempts_and_an_outcome_ends_them(
     ledger, db, conversation = await _ledger(tmp_path)
     try:
         ref, other = CallRef(conversation, "m1", "call-1"), CallRef(conversation, "m1", "call-2")
-        first = await ledger.record_intent(ref, "run-1", "tools__echo", {"text": "a"})
-        again = await ledger.record_intent(ref, "run-2", "tools__echo", {"text": "a"})
-        assert (first.state, first.attempt) == (INTENT, 1)
-        assert (again.state, again.attempt, again.key) == (INTENT, 2, first.key)
-        assert (await ledger.record_intent(other, "run-1", "tools__echo", {"text": "a"})).key != first.key
+        first = await ledger.begin(ref, "run-1", "tools__echo", {"text": "a"})
+        assert first is not None and (first.state, first.attempt) == (INTENT, 1)
+        assert await ledger.begin(ref, "run-2", "tools__echo", {"text": "a"}) is None  # it has a row
+        again = await ledger.again(ref, "run-2")
+        assert again is not None and (again.state, again.attempt, again.key) == (INTENT, 2, first.key)
+        started = await ledger.begin(other, "run-1", "tools__echo", {"text": "a"})
+        assert started is not None and started.key != first.key
+        edited = await ledger.again(other, "run-2", {"text": "b"})  # an edit: a new key
+        assert edited is not None and edited.key not in (started.key, first.key) and edited.attempt == 2
 
         await ledger.record_outcome(ref, "success", "a")
         await ledger.record_outcome(ref, "error", "late")  # the first outcome stays
-        done = await ledger.record_intent(ref, "run-3", "tools__echo", {"text": "a"})
+        assert await ledger.again(ref, "run-3") is None  # done: no more attempts
+        done = await ledger.entry(ref)
+        assert done is not None
         assert (done.state, done.attempt, done.status, done.content) == (DONE, 2, "success", "a")
     finally:
         await db.close()
@@ -53,7 +59,7 @@ async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_aga
     ledger, db, conversation = await _ledger(tmp_path)
     sent: list[Any] = []
 
-    async def send() -> ToolMessage:
+    async def send(arguments: dict[str, Any]) -> ToolMessage:
         sent.append(request_meta())
         return ToolMessage("boom", tool_call_id="call-1", name="tools__fail", status="error")
 

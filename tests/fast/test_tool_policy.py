@@ -1,0 +1,57 @@
+"""What mcp.json and the tools themselves say about repeating a call that may have run
+(worker/tool_policy.py), and how an uncertain call is put to a person on the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mcp.types import Tool, ToolAnnotations
+
+from sophos_cli.approve import request_line
+from worker.mcp_tools import McpServer
+from worker.tool_policy import McpConfigError, RepeatPolicy, load_repeat, safe_to_repeat
+
+
+def _config(tmp_path: Path, **servers: dict[str, object]) -> Path:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {n: {"command": "x", **s} for n, s in servers.items()}}))
+    return path
+
+
+def test_safe_to_repeat_takes_every_form_and_names_a_bad_one(tmp_path: Path) -> None:
+    policy = load_repeat(_config(
+        tmp_path, all={"safeToRepeat": True}, none={"safeToRepeat": False},
+        some={"safeToRepeat": ["get"]}, each={"safeToRepeat": {"get": True, "put": False}}, plain={},
+    ))
+    assert policy("all", "put", hinted=False) and not policy("none", "get", hinted=True)
+    assert policy("some", "get", hinted=False) and not policy("some", "put", hinted=False)
+    assert policy("some", "put", hinted=True)  # not named: the tool's own annotations decide
+    assert policy("each", "get", hinted=False) and not policy("each", "put", hinted=True)
+    assert policy("plain", "x", hinted=True) and not policy("plain", "x", hinted=False)
+    with pytest.raises(McpConfigError, match="server 'bad': safeToRepeat must be"):
+        load_repeat(_config(tmp_path, bad={"safeToRepeat": "yes"}))
+
+
+@pytest.mark.parametrize(("annotations", "safe"), [
+    (None, False),
+    (ToolAnnotations(readOnlyHint=True), True),
+    (ToolAnnotations(idempotentHint=True), True),
+    (ToolAnnotations(destructiveHint=True, idempotentHint=False), False),
+])
+def test_a_listed_tool_is_safe_to_repeat_when_its_annotations_say_so(
+    annotations: ToolAnnotations | None, safe: bool
+) -> None:
+    server = McpServer("srv", {}, start_timeout=1, call_timeout=1)
+    listed = Tool(name="t", description="d", inputSchema={"type": "object"}, annotations=annotations)
+    assert safe_to_repeat(server._wrap(listed)) is safe
+    overridden = McpServer("srv", {}, start_timeout=1, call_timeout=1, repeat=RepeatPolicy({"srv": False}))
+    assert safe_to_repeat(overridden._wrap(listed)) is False
+
+
+def test_the_cli_says_an_uncertain_call_may_already_have_run() -> None:
+    request = {"id": "c1", "name": "tools__slow", "arguments": {"seconds": 3}}
+    assert request_line({**request, "kind": "approval"}).startswith("approval needed: tools__slow(")
+    line = request_line({**request, "kind": "uncertain", "attempts": 1})
+    assert line.startswith("this call may already have run: tools__slow(") and "same key" in line

@@ -1,0 +1,181 @@
+"""Uncertain tool calls go to a person (issue 29, part 4): worker/ledger.py inside the real graph.
+
+No process: the ledger on a SQLite file in the test's directory, the graph on an in-memory
+saver with a scripted model. A call is made uncertain as a crash leaves it: its intent is
+committed and no outcome follows. Kills of real workers prove the same in tests/test_tool_effects.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from shared.storage.sqlite import SqliteDatabase
+from shared.thread import interrupt_requests, resume_value
+from worker.graph import build_graph
+from worker.ledger import DONE, IDEMPOTENCY_META_KEY, UNCERTAIN_MARK, CallRef, Ledger, request_meta
+from worker.tool_policy import SAFE_TO_REPEAT
+
+
+class _Scripted(GenericFakeChatModel):
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+class Turn:
+    """A turn of three calls: ``send`` twice (not safe to repeat), ``look`` once (safe)."""
+
+    def __init__(self, ledger: Ledger, conversation: str) -> None:
+        self.ledger = ledger
+        self.conversation = conversation
+        #: (tool, arguments, idempotency key) of every request made
+        self.sent: list[tuple[str, dict[str, Any], str]] = []
+
+        async def send(text: str) -> str:
+            self.sent.append(("send", {"text": text}, (request_meta() or {})[IDEMPOTENCY_META_KEY]))
+            return f"sent {text}"
+
+        async def look(text: str) -> str:
+            self.sent.append(("look", {"text": text}, (request_meta() or {})[IDEMPOTENCY_META_KEY]))
+            return f"saw {text}"
+
+        tools = [
+            StructuredTool.from_function(coroutine=send, name="send", description="acts"),
+            StructuredTool.from_function(
+                coroutine=look, name="look", description="reads", metadata={SAFE_TO_REPEAT: True},
+            ),
+        ]
+        self.calls = [
+            {"name": "send", "args": {"text": "a"}, "id": "call-a", "type": "tool_call"},
+            {"name": "look", "args": {"text": "b"}, "id": "call-b", "type": "tool_call"},
+            {"name": "send", "args": {"text": "c"}, "id": "call-c", "type": "tool_call"},
+        ]
+        model = _Scripted(messages=iter([AIMessage("", id="ai", tool_calls=self.calls), AIMessage("done")]))
+        self.graph = build_graph(
+            model=model, tools=lambda: tools, system_prompt=lambda: "", checkpointer=InMemorySaver(),
+            ledger=ledger,
+        )
+        self.config: Any = {"configurable": {"thread_id": conversation}, "metadata": {"run_id": "run-2"}}
+
+    def ref(self, call_id: str) -> CallRef:
+        return CallRef(self.conversation, "ai", call_id)
+
+    async def crash_left_uncertain(self, *call_ids: str) -> dict[str, str]:
+        """Intents committed by a worker that died before their outcomes: their keys."""
+        keys = {}
+        for call in self.calls:
+            if call["id"] in call_ids:
+                entry = await self.ledger.begin(self.ref(call["id"]), "run-1", call["name"], call["args"])
+                assert entry is not None
+                keys[call["id"]] = entry.key
+        return keys
+
+    async def run(self, graph_input: Any) -> None:
+        async for _ in self.graph.astream(graph_input, self.config, durability="sync"):
+            pass
+
+    async def state(self) -> Any:
+        return await self.graph.aget_state(self.config)
+
+    async def results(self) -> dict[str, ToolMessage]:
+        messages = (await self.state()).values["messages"]
+        return {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+
+
+@pytest.fixture
+async def turn(tmp_path: Path) -> Any:
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    conversation = str(uuid.uuid4())
+    async with db.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (?, 't', 'x', 'x')",
+            (conversation,),
+        )
+    yield Turn(Ledger(db), conversation)
+    await db.close()
+
+
+async def test_an_uncertain_call_stops_for_a_person_while_a_safe_one_is_sent_again(turn: Turn) -> None:
+    keys = await turn.crash_left_uncertain("call-a", "call-b")
+    await turn.run({"messages": [HumanMessage("hi", id="h")]})
+
+    # The safe call went again with its key, the new one went once; the uncertain one did not.
+    new = await turn.ledger.entry(turn.ref("call-c"))
+    assert new is not None
+    assert sorted(turn.sent) == [("look", {"text": "b"}, keys["call-b"]), ("send", {"text": "c"}, new.key)]
+    assert "call-a" not in {c for c in (await turn.results())}
+    requests = interrupt_requests(await turn.state())
+    assert requests == [{"id": "call-a", "name": "send", "arguments": {"text": "a"}, "kind": "uncertain",
+                         "attempts": 1}]
+    entry = await turn.ledger.entry(turn.ref("call-b"))
+    assert entry is not None and (entry.state, entry.attempt) == (DONE, 2)
+
+
+async def test_approve_sends_it_again_with_the_same_key(turn: Turn) -> None:
+    keys = await turn.crash_left_uncertain("call-a")
+    await turn.run({"messages": [HumanMessage("hi", id="h")]})
+    decisions = [{"id": "call-a", "action": "approve"}]
+    await turn.run(Command(resume=resume_value(await turn.state(), decisions)))
+
+    again = [s for s in turn.sent if s[1] == {"text": "a"}]
+    assert again == [("send", {"text": "a"}, keys["call-a"])]
+    result = (await turn.results())["call-a"]
+    assert result.content == "sent a" and result.response_metadata[UNCERTAIN_MARK]["action"] == "approve"
+    assert (await turn.state()).values["messages"][-1].content == "done"
+    entry = await turn.ledger.entry(turn.ref("call-a"))
+    assert entry is not None and (entry.state, entry.attempt, entry.key) == (DONE, 2, keys["call-a"])
+
+
+async def test_reject_never_sends_it_and_tells_the_model_it_may_have_run(turn: Turn) -> None:
+    await turn.crash_left_uncertain("call-a")
+    await turn.run({"messages": [HumanMessage("hi", id="h")]})
+    decisions = [{"id": "call-a", "action": "reject", "message": "I will check by hand"}]
+    await turn.run(Command(resume=resume_value(await turn.state(), decisions)))
+
+    assert all(s[1] != {"text": "a"} for s in turn.sent)
+    result = (await turn.results())["call-a"]
+    assert result.status == "error" and "may or may not have taken effect" in str(result.content)
+    assert "I will check by hand" in str(result.content)
+    entry = await turn.ledger.entry(turn.ref("call-a"))
+    assert entry is not None and (entry.state, entry.attempt) == (DONE, 1)  # never sent again
+    # A later attempt (another resume) answers from the ledger: still not sent.
+    assert (await turn.state()).values["messages"][-1].content == "done"
+
+
+async def test_edit_sends_the_new_arguments_under_a_new_key(turn: Turn) -> None:
+    keys = await turn.crash_left_uncertain("call-a")
+    await turn.run({"messages": [HumanMessage("hi", id="h")]})
+    decisions = [{"id": "call-a", "action": "edit", "arguments": {"text": "A"}}]
+    await turn.run(Command(resume=resume_value(await turn.state(), decisions)))
+
+    edited = [s for s in turn.sent if s[1] == {"text": "A"}]
+    assert len(edited) == 1 and edited[0][2] != keys["call-a"]
+    result = (await turn.results())["call-a"]
+    assert result.content == "sent A"
+    assert result.response_metadata[UNCERTAIN_MARK] == {
+        "action": "edit", "attempts": 1, "proposed": {"text": "a"},
+    }
+
+
+async def test_several_uncertain_calls_are_listed_together_and_decided_each_on_its_own(turn: Turn) -> None:
+    keys = await turn.crash_left_uncertain("call-a", "call-c")
+    await turn.run({"messages": [HumanMessage("hi", id="h")]})
+    requests = interrupt_requests(await turn.state()) or []
+    assert sorted(r["id"] for r in requests) == ["call-a", "call-c"]
+    assert {r["kind"] for r in requests} == {"uncertain"}
+
+    decisions = [{"id": "call-a", "action": "reject"}, {"id": "call-c", "action": "approve"}]
+    await turn.run(Command(resume=resume_value(await turn.state(), decisions)))
+    sends = [s for s in turn.sent if s[0] == "send"]
+    assert sends == [("send", {"text": "c"}, keys["call-c"])]
+    results = await turn.results()
+    assert results["call-a"].status == "error" and results["call-c"].content == "sent c"
+    assert interrupt_requests(await turn.state()) is None
