@@ -10,7 +10,7 @@ from shared.contracts import EventType, RunErrorCode, RunStatus
 from shared.events import Approval, ChatError, End, body, event_type, terminal_event
 from worker.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
 
-REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}}]
+REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}]
 WAITING = Thread(message_count=2, pending=True, requests=REQUESTS)
 RESUMABLE = Thread(message_count=3, pending=True)
 FINISHED = Thread(message_count=4, pending=False)
@@ -53,6 +53,15 @@ def test_the_thread_is_read_from_its_state_snapshot() -> None:
     interrupt = Interrupt(value={"requests": REQUESTS}, id="i1")
     approval = PregelTask("t1", "approval", (), interrupts=(interrupt,))
     assert thread_of(_snapshot(approval)) == WAITING
+    # Written before requests had a kind: an approval.
+    kindless = [{k: v for k, v in r.items() if k != "kind"} for r in REQUESTS]
+    older = PregelTask("t1", "approval", (), interrupts=(Interrupt(value={"requests": kindless}, id="i1"),))
+    assert thread_of(_snapshot(older)).requests == REQUESTS
+    # A call that may have run, raised by its own task; decided with the approval's.
+    uncertain = {"id": "call-2", "name": "tools__send", "arguments": {}, "kind": "uncertain", "attempts": 1}
+    tools = PregelTask("t4", "tools", (), interrupts=(Interrupt(value={"requests": [uncertain]}, id="i3"),))
+    both = thread_of(_snapshot(approval, tools))
+    assert both.requests == [*interrupt.value["requests"], uncertain]
     assert thread_of(_snapshot(PregelTask("t2", "tools", ()), messages=3)) == RESUMABLE
     assert thread_of(_snapshot(messages=4)) == FINISHED
     # An interrupt of another shape is not an approval: the thread is only resumable.
