@@ -317,7 +317,7 @@ def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "after the crash"}]
 
 
-def test_sigkill_during_the_approved_tool_is_an_ordinary_interrupted_run(
+def test_sigkill_during_the_approved_tool_asks_again_before_it_is_sent_again(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
     _require_approval(sophos_env, ["slow"])
@@ -343,12 +343,20 @@ def test_sigkill_during_the_approved_tool_is_an_ordinary_interrupted_run(
         "NO_APPROVAL_PENDING",
     )
 
-    _, resumed = chat(sophos_env.api_url, conversation=conversation, resume=True)
+    # The approved call may have run: approving it once was not approving it twice.
+    chat(sophos_env.api_url, conversation=conversation, resume=True)
+    [uncertain] = wait_approval(sophos_env.api_url, conversation)
+    assert uncertain == {**request, "kind": "uncertain", "attempts": 1}
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 1
+    again = decide(sophos_env.api_url, conversation, [{"id": request["id"], "action": "approve"}])
+    assert again.status_code == 202, again.text
     events = read_sse(sophos_env.api_url, conversation)
-    assert events[-1].data == {"conversation": conversation, "run": resumed, "status": "completed"}
-    assert "approval" not in events.types  # not asked again
+    assert events[-1].data == {
+        "conversation": conversation, "run": again.json()["run"], "status": "completed",
+    }
     assert events.text == "All done."
-    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight ran once more
+    sent = tool_calls(sophos_env.tools_log, "slow")
+    assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # sent once more, with its key
 
 
 def test_approval_timeout_rejects_overdue_calls_after_a_restart_and_leaves_the_others(
