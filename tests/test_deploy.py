@@ -402,13 +402,25 @@ def test_compose_cli_merges_the_postgres_variant(tmp_path: Path) -> None:
 # --- the API's read-only mount ----------------------------------------------------------------
 
 
+#: Reads as the API does (shared/storage/reading.py): a read that fails (under load a reader of
+#: a read-only -shm can find the WAL index mid-change: "attempt to write a readonly database")
+#: retires the connection, and the next read opens another. One that cannot read at all fails.
 _READER = """
 import sqlite3, sys, time
-conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+uri = f"file:{sys.argv[1]}?mode=ro"
+conn = sqlite3.connect(uri, uri=True)
 seen = []
 deadline = time.monotonic() + 30
 while time.monotonic() < deadline:
-    seen.append(conn.execute("select count(*) from t").fetchone()[0])
+    try:
+        seen.append(conn.execute("select count(*) from t").fetchone()[0])
+    except sqlite3.OperationalError as exc:
+        if not seen:
+            raise  # it cannot be read at all
+        print("retried:", exc, file=sys.stderr)
+        conn.close()
+        conn = sqlite3.connect(uri, uri=True)
+        continue
     if seen[-1] >= int(sys.argv[2]):
         break
     time.sleep(0.01)
