@@ -4,8 +4,11 @@
 // `<img onerror=…>`) is escaped and shown as text rather than passed through, and
 // DOMPurify then keeps only plain formatting elements and safe link targets
 // (no `javascript:` URLs, no images that could carry data elsewhere, no styles).
+// Code blocks are coloured by highlight.js after that, on the sanitised DOM: it reads
+// each block's text and writes it back escaped, inside its own `<span class>`es.
 import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
+import hljs from "../vendor/highlightjs/highlight.min.js";
 
 const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
@@ -50,4 +53,28 @@ export function renderMarkdown(text) {
     ALLOWED_TAGS,
     ALLOWED_ATTR: [...ALLOWED_ATTR, "target", "rel"],
   });
+}
+
+/** `markdown` as plain text on one line, markers gone: "**Plan** my `trip`" is "Plan my trip". */
+export function plainText(markdown) {
+  const template = document.createElement("template"); // inert: nothing in it loads or runs
+  template.innerHTML = renderMarkdown(markdown);
+  return template.content.textContent.replace(/\s+/g, " ").trim();
+}
+
+/**
+ * Colour the code blocks under `root` (sanitised HTML already in the page): by the
+ * block's language when it names one highlight.js knows, else by its best guess.
+ */
+export function highlightCode(root) {
+  for (const code of root.querySelectorAll("pre > code")) {
+    const named = /(?:^|\s)language-(\S+)/.exec(code.className);
+    const language = named && hljs.getLanguage(named[1]) ? named[1] : null;
+    const result = language
+      ? hljs.highlight(code.textContent, { language, ignoreIllegals: true })
+      : hljs.highlightAuto(code.textContent);
+    code.innerHTML = result.value; // the text, escaped, in highlight.js's spans
+    code.classList.add("hljs");
+    if (result.language) code.dataset.language = result.language;
+  }
 }
