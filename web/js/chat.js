@@ -82,19 +82,21 @@ function copyButton(title, text) {
   return button;
 }
 
-/** Highlighted code blocks, each with a Copy button for its text. */
+/** Highlighted code blocks, each with a bar naming its language and a Copy button for its text. */
 function decorateCode(body) {
-  highlightCode(body);
   for (const pre of body.querySelectorAll("pre")) {
     const code = pre.querySelector("code") || pre;
-    const head = el(
-      "div", { class: "code-head" },
-      el("span", { class: "code-language", text: code.dataset.language || "" }),
-      copyButton("Copy this code", () => code.textContent),
-    );
+    const language = el("span", { class: "code-language" });
+    const head = el("div", { class: "code-head" }, language, copyButton("Copy this code", () => code.textContent));
     const block = el("div", { class: "code-block" });
     pre.replaceWith(block);
     block.append(head, pre);
+    highlightCode(code).then(
+      (name) => {
+        language.textContent = name;
+      },
+      (error) => console.warn("code is shown plain: highlight.js did not load", error),
+    );
   }
 }
 

@@ -8,7 +8,6 @@
 // each block's text and writes it back escaped, inside its own `<span class>`es.
 import { Marked } from "../vendor/marked/marked.esm.js";
 import DOMPurify from "../vendor/dompurify/purify.es.mjs";
-import hljs from "../vendor/highlightjs/highlight.min.js";
 
 const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 
@@ -62,19 +61,29 @@ export function plainText(markdown) {
   return template.content.textContent.replace(/\s+/g, " ").trim();
 }
 
+let highlighter = null;
+
+// highlight.js is most of the page's script by size: it loads with the first code block,
+// not before the page can show anything.
+function loadHighlighter() {
+  highlighter ??= import("../vendor/highlightjs/highlight.min.js").then((module) => module.default);
+  return highlighter;
+}
+
 /**
- * Colour the code blocks under `root` (sanitised HTML already in the page): by the
- * block's language when it names one highlight.js knows, else by its best guess.
+ * Colour `code` (a sanitised block already in the page): in the language its class names
+ * when highlight.js knows it, else in highlight.js's best guess. Resolves with the
+ * language's name ("" when none fits).
  */
-export function highlightCode(root) {
-  for (const code of root.querySelectorAll("pre > code")) {
-    const named = /(?:^|\s)language-(\S+)/.exec(code.className);
-    const language = named && hljs.getLanguage(named[1]) ? named[1] : null;
-    const result = language
-      ? hljs.highlight(code.textContent, { language, ignoreIllegals: true })
-      : hljs.highlightAuto(code.textContent);
-    code.innerHTML = result.value; // the text, escaped, in highlight.js's spans
-    code.classList.add("hljs");
-    if (result.language) code.dataset.language = result.language;
-  }
+export async function highlightCode(code) {
+  const hljs = await loadHighlighter();
+  const named = /(?:^|\s)language-(\S+)/.exec(code.className);
+  const language = named && hljs.getLanguage(named[1]) ? named[1] : null;
+  const result = language
+    ? hljs.highlight(code.textContent, { language, ignoreIllegals: true })
+    : hljs.highlightAuto(code.textContent);
+  code.innerHTML = result.value; // the text, escaped, in highlight.js's spans
+  code.classList.add("hljs");
+  if (result.language) code.dataset.language = result.language;
+  return result.language || "";
 }
