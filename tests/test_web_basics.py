@@ -63,6 +63,7 @@ def test_a_message_and_a_code_block_are_copied_and_the_code_is_highlighted(
     expect(answer.locator(".code-language")).to_have_text("python")
     keyword = code.locator(".hljs-keyword").first.evaluate("node => getComputedStyle(node).color")
     assert keyword != code.evaluate("node => getComputedStyle(node).color")  # coloured, not just tagged
+    expect(page.locator("#conversation-status")).to_have_text("completed")
     screenshot(page, tmp_path, "code")
 
     copy_code = answer.locator(".code-block button.copy")
@@ -102,6 +103,7 @@ def test_the_dark_theme_follows_the_system(
     assert background(page, "html") == "rgb(247, 247, 245)"
     assert background(page, ".composer") == "rgb(255, 255, 255)"
     light_keyword = page.locator(".hljs-keyword").first.evaluate("node => getComputedStyle(node).color")
+    expect(page.locator("#conversation-status")).to_have_text("completed")
 
     page.emulate_media(color_scheme="dark")
     assert background(page, "html") == "rgb(23, 24, 27)"

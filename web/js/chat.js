@@ -520,6 +520,7 @@ export class ChatView {
 
   ended(data) {
     this.closeSegment();
+    this.setStatus(data.status); // at once; the conversation read in finish() confirms it
     if (data.status === "cancelled") this.note("Stopped.");
     else if (data.status === "waiting" && this.pending) this.showApprovals(this.pending);
     this.finish();
