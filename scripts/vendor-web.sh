@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Refresh web/vendor/ from npm: the page's Markdown renderer and sanitizer, and the
-# /schema viewer. Nothing is fetched at run time; the files are committed.
+# Refresh web/vendor/ from npm: the page's Markdown renderer, sanitizer and code
+# highlighter, and the /schema viewer. Nothing is fetched at run time; the files are committed.
 #   scripts/vendor-web.sh        (needs npm; change a version below, run, commit)
 # `npm pack` downloads the published tarball and checks it against the registry's
 # integrity hash; no package scripts run. Only the files the page loads are kept,
@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 MARKED=18.3.0
 DOMPURIFY=3.5.0
 SWAGGER_UI_DIST=5.35.0
+# highlight.js's own minified builds; es/highlight.min.js is its "common" set of ~37
+# languages as one ES module (129 kB, 43 kB gzipped).
+HIGHLIGHTJS=11.12.0
 
 out=web/vendor
 work="$(mktemp -d)"
@@ -24,20 +27,23 @@ fetch() {  # fetch NAME VERSION -> $work/NAME/package
 fetch marked "$MARKED"
 fetch dompurify "$DOMPURIFY"
 fetch swagger-ui-dist "$SWAGGER_UI_DIST"
+fetch @highlightjs/cdn-assets "$HIGHLIGHTJS"
 
-rm -rf "$out/marked" "$out/dompurify" "$out/swagger-ui-dist"
-mkdir -p "$out/marked" "$out/dompurify" "$out/swagger-ui-dist"
+rm -rf "$out/marked" "$out/dompurify" "$out/swagger-ui-dist" "$out/highlightjs"
+mkdir -p "$out/marked" "$out/dompurify" "$out/swagger-ui-dist" "$out/highlightjs"
 cp "$work/marked/package/lib/marked.esm.js" "$work/marked/package/LICENSE" "$out/marked/"
 cp "$work/dompurify/package/dist/purify.es.mjs" "$work/dompurify/package/LICENSE" "$out/dompurify/"
 for f in swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt swagger-ui-standalone-preset.js \
          swagger-ui-standalone-preset.js.LICENSE.txt swagger-ui.css LICENSE NOTICE; do
     cp "$work/swagger-ui-dist/package/$f" "$out/swagger-ui-dist/"
 done
+cp "$work/@highlightjs/cdn-assets/package/es/highlight.min.js" "$work/@highlightjs/cdn-assets/package/LICENSE" "$out/highlightjs/"
 
 cat > "$out/VERSIONS" <<VERSIONS
 # package          version   licence                 files (from the npm tarball)
 marked             $MARKED    MIT                     lib/marked.esm.js, LICENSE
 dompurify          $DOMPURIFY     MPL-2.0 OR Apache-2.0   dist/purify.es.mjs, LICENSE
 swagger-ui-dist    $SWAGGER_UI_DIST    Apache-2.0              swagger-ui-bundle.js, swagger-ui-standalone-preset.js, swagger-ui.css (+ LICENSE, NOTICE, *.LICENSE.txt)
+@highlightjs/cdn-assets $HIGHLIGHTJS BSD-3-Clause      es/highlight.min.js (highlight.js, "common" languages), LICENSE
 VERSIONS
-echo "web/vendor: marked $MARKED, dompurify $DOMPURIFY, swagger-ui-dist $SWAGGER_UI_DIST"
+echo "web/vendor: marked $MARKED, dompurify $DOMPURIFY, swagger-ui-dist $SWAGGER_UI_DIST, highlight.js $HIGHLIGHTJS"

@@ -94,7 +94,7 @@ def test_the_wheel_holds_the_page_beside_the_packages(installed: Path, tmp_path:
     """api/web.py finds web/ beside its package: the installed API serves the page from anywhere."""
     assert (installed / "web" / "index.html").is_file()
     for name in ("style.css", "js/chat.js", "vendor/marked/marked.esm.js",
-                 "vendor/swagger-ui-dist/swagger-ui-bundle.js"):
+                 "vendor/highlightjs/highlight.min.js", "vendor/swagger-ui-dist/swagger-ui-bundle.js"):
         assert (installed / "web" / name).is_file(), name
     script = "from api.web import web_dir; print(web_dir())"
     done = run_installed(installed, [sys.executable, "-c", script], cwd=tmp_path)

@@ -9,7 +9,7 @@
 // model's, however often the page is reloaded.
 import { api, ApiError, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
-import { renderMarkdown } from "./markdown.js";
+import { highlightCode, plainText, renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
 const STATUS_LABELS = {
@@ -44,6 +44,59 @@ function pretty(value) {
     return JSON.stringify(value, null, 2);
   } catch {
     return String(value);
+  }
+}
+
+async function toClipboard(text) {
+  if (navigator.clipboard && window.isSecureContext) {
+    await navigator.clipboard.writeText(text);
+    return;
+  }
+  // Served over plain http to another host, the Clipboard API is missing: the older way
+  // still works within a click.
+  const area = el("textarea", { class: "visually-hidden", readonly: true });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  const copied = document.execCommand("copy");
+  area.remove();
+  if (!copied) throw new Error("the browser refused to copy");
+}
+
+/** A Copy button for `text()`; it says "Copied" (or why not) for a moment after a click. */
+function copyButton(title, text) {
+  const button = el("button", { type: "button", class: "copy", title, "aria-live": "polite", text: "Copy" });
+  let timer = null;
+  button.addEventListener("click", async () => {
+    try {
+      await toClipboard(text());
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      button.textContent = "Copy";
+    }, 2000);
+  });
+  return button;
+}
+
+/** Highlighted code blocks, each with a bar naming its language and a Copy button for its text. */
+function decorateCode(body) {
+  for (const pre of body.querySelectorAll("pre")) {
+    const code = pre.querySelector("code") || pre;
+    const language = el("span", { class: "code-language" });
+    const head = el("div", { class: "code-head" }, language, copyButton("Copy this code", () => code.textContent));
+    const block = el("div", { class: "code-block" });
+    pre.replaceWith(block);
+    block.append(head, pre);
+    highlightCode(code).then(
+      (name) => {
+        language.textContent = name;
+      },
+      (error) => console.warn("code is shown plain: highlight.js did not load", error),
+    );
   }
 }
 
@@ -129,6 +182,9 @@ export class ChatView {
     this.exportMd = document.getElementById("export-md");
     this.exportJsonl = document.getElementById("export-jsonl");
     this.deleteButton = document.getElementById("delete");
+    this.view = document.getElementById("chat-view");
+    this.notFound = document.getElementById("not-found");
+    this.runActions = document.getElementById("run-actions");
 
     this.conversation = null;
     this.run = null; // the run being streamed
@@ -149,6 +205,13 @@ export class ChatView {
     this.stopButton.addEventListener("click", () => this.stop());
     this.resumeButton.addEventListener("click", () => this.resume());
     this.deleteButton.addEventListener("click", () => this.remove());
+    document.addEventListener("keydown", (event) => {
+      // Esc stops the answer, as Stop does (not while a dialog or another view is in front).
+      if (event.key !== "Escape" || event.isComposing || event.defaultPrevented) return;
+      if (this.stopButton.hidden || this.view.hidden || document.querySelector("dialog[open]")) return;
+      event.preventDefault();
+      this.stop();
+    });
   }
 
   // --- showing a conversation ------------------------------------------------------
@@ -165,6 +228,18 @@ export class ChatView {
     this.panel = null;
     this.resumeButton.hidden = true;
     this.setActive(false);
+    this.showNotFound(null);
+  }
+
+  /** Instead of the chat, say that conversation `id` does not exist (null: show the chat). */
+  showNotFound(id) {
+    const missing = id !== null;
+    this.notFound.hidden = !missing;
+    for (const part of [this.messages, this.runActions, this.form]) part.hidden = missing;
+    if (missing) {
+      this.bar.hidden = true;
+      document.getElementById("not-found-id").textContent = id;
+    }
   }
 
   /** Show conversation `id` (null: a new chat). */
@@ -192,7 +267,9 @@ export class ChatView {
       if (active) this.attach(active, 0, latest.status);
       else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval);
     } catch (error) {
-      if (generation === this.generation) this.banners.show(error);
+      if (generation !== this.generation) return;
+      if (error.status === 404) this.showNotFound(id);
+      else this.banners.show(error);
     }
   }
 
@@ -209,7 +286,7 @@ export class ChatView {
   }
 
   setHeader(conversation) {
-    this.title.textContent = conversation.title || "Conversation";
+    this.title.textContent = plainText(conversation.title || "") || "Conversation";
     this.setStatus(conversation.status);
     const base = `/api/conversations/${encodeURIComponent(conversation.id)}/export`;
     this.exportMd.href = withToken(base);
@@ -265,20 +342,30 @@ export class ChatView {
     const segment = this.segment;
     this.segment = null;
     if (!segment) return;
+    segment.closed = true;
     segment.body.innerHTML = renderMarkdown(segment.text);
+    decorateCode(segment.body);
     segment.node.classList.remove("streaming");
   }
 
   appendUser(text) {
     this.closeSegment();
-    return this.place(el("div", { class: "message user" }, el("div", { class: "bubble", text })));
+    return this.place(el(
+      "div", { class: "message user" },
+      el("div", { class: "bubble", text }),
+      el("div", { class: "message-actions" }, copyButton("Copy this message", () => text)),
+    ));
   }
 
   appendAssistant(text) {
     this.closeSegment();
     const body = el("div", { class: "bubble markdown" });
-    const node = this.place(el("div", { class: "message assistant" }, body));
-    this.segment = { node, body, text, scheduled: false };
+    const segment = { body, text, scheduled: false, closed: false };
+    // The answer's Markdown as the model wrote it, however far it has come.
+    const actions = el("div", { class: "message-actions" }, copyButton("Copy this answer (Markdown)", () => segment.text));
+    segment.node = this.place(el("div", { class: "message assistant" }, body, actions));
+    this.segment = segment;
+    const node = segment.node;
     body.innerHTML = renderMarkdown(text);
     return node;
   }
@@ -293,6 +380,7 @@ export class ChatView {
       segment.scheduled = true;
       setTimeout(() => {
         segment.scheduled = false;
+        if (segment.closed) return; // closeSegment rendered it for good
         segment.body.innerHTML = renderMarkdown(segment.text);
         segment.node.scrollIntoView({ block: "end" });
       }, 16);
@@ -316,6 +404,9 @@ export class ChatView {
   setActive(active) {
     this.stopButton.hidden = !active;
     this.sendButton.disabled = active;
+    // The API refuses (409) to delete a conversation whose run is queued or running.
+    this.deleteButton.disabled = active;
+    this.deleteButton.title = active ? "Stop the answer first (Stop or Esc) to delete this conversation" : "";
     if (active) this.resumeButton.hidden = true;
   }
 
@@ -429,6 +520,7 @@ export class ChatView {
 
   ended(data) {
     this.closeSegment();
+    this.setStatus(data.status); // at once; the conversation read in finish() confirms it
     if (data.status === "cancelled") this.note("Stopped.");
     else if (data.status === "waiting" && this.pending) this.showApprovals(this.pending);
     this.finish();

@@ -17,7 +17,7 @@ const chat = new ChatView({
     sidebar.highlight(id);
   },
 });
-const runs = new RunsView();
+const runs = new RunsView({ titleOf: (id) => sidebar.title(id) });
 
 function route() {
   const hash = location.hash || "#/";

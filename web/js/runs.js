@@ -1,5 +1,6 @@
 // For operators: queued, running and recently finished runs, and whether a worker is
-// alive; refreshed every 2 s while shown.
+// alive; refreshed every 2 s while shown. A run names its conversation by the title the
+// sidebar lists (GET /api/runs carries only the id), else by the id's first 8 characters.
 import { api, ApiError } from "./api.js";
 import { Banners, statusLabel } from "./chat.js";
 import { when } from "./sidebar.js";
@@ -19,16 +20,19 @@ function cell(text, className) {
   return td;
 }
 
-function conversationLink(id) {
+function conversationLink(id, title) {
   const a = document.createElement("a");
   a.href = `#/c/${id}`;
-  a.textContent = id.slice(0, 8);
+  a.className = "conversation";
+  a.textContent = title || id.slice(0, 8);
   a.title = id;
   return a;
 }
 
 export class RunsView {
-  constructor() {
+  /** `titleOf(id)`: the title of conversation `id` as the page knows it, or undefined. */
+  constructor({ titleOf }) {
+    this.titleOf = titleOf;
     this.banners = new Banners(document.getElementById("runs-banners"));
     this.timer = null;
     this.shown = false;
@@ -118,7 +122,7 @@ export class RunsView {
     this.fill("runs-queued", queued, (r) => [
       cell(String((r.position ?? 0) + 1), "position"),
       cell(seconds(r.waitedMs), "waited"),
-      cell(conversationLink(r.conversation)),
+      cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
       cell(r.kind),
       cell(this.cancelButton(r)),
     ], "No run is waiting.");
@@ -126,7 +130,7 @@ export class RunsView {
       cell(r.node || "starting", "node"),
       cell(String(r.stepCount ?? 0), "step"),
       cell(seconds(r.elapsedMs), "elapsed"),
-      cell(conversationLink(r.conversation)),
+      cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
       cell(this.cancelButton(r)),
     ], "Nothing is running.");
     this.fill("runs-finished", finished, (r) => {
@@ -139,7 +143,7 @@ export class RunsView {
         cell(seconds(r.durationMs)),
         cell(String(r.stepCount ?? 0)),
         cell(r.finishedAt ? when(r.finishedAt) : ""),
-        cell(conversationLink(r.conversation)),
+        cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
       ];
     }, "No run has finished yet.");
   }

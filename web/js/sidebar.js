@@ -1,6 +1,7 @@
 // The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`).
 import { api } from "./api.js";
 import { statusLabel } from "./chat.js";
+import { plainText } from "./markdown.js";
 
 const PAGE = 30;
 const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
@@ -24,6 +25,7 @@ export class Sidebar {
     this.more = document.getElementById("more-conversations");
     this.onError = onError;
     this.current = null;
+    this.titles = new Map(); // id -> title as shown, of every conversation listed so far
     this.cursor = null;
     this.pages = 1;
     this.more.addEventListener("click", () => this.loadMore());
@@ -67,6 +69,17 @@ export class Sidebar {
     }
   }
 
+  titleOf(conversation) {
+    const title = plainText(conversation.title || "") || "New conversation";
+    this.titles.set(conversation.id, title);
+    return title;
+  }
+
+  /** The title shown for conversation `id`, if it was listed; else undefined. */
+  title(id) {
+    return this.titles.get(id);
+  }
+
   render(conversations, append) {
     const seen = new Set(append ? [...this.list.children].map((li) => li.dataset.id) : []);
     if (!append) this.list.replaceChildren();
@@ -78,7 +91,7 @@ export class Sidebar {
       link.href = `#/c/${c.id}`;
       const title = document.createElement("span");
       title.className = "title";
-      title.textContent = c.title || "New conversation";
+      title.textContent = this.titleOf(c);
       const meta = document.createElement("span");
       meta.className = "meta";
       const time = document.createElement("time");
