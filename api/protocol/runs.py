@@ -18,6 +18,7 @@ import msgspec
 import structlog
 from redis.asyncio import Redis
 
+from api import live
 from api.cancel import cancel_run
 from api.chat import ChatService
 from api.ids import parse_id
@@ -25,7 +26,7 @@ from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import DEFAULT_STREAM_MODES, GRAPH_ID, stream_modes
 from api.relay import run_of_conversation
-from api.runs import Runs
+from api.runs import Runs, from_queued
 from api.schemas import RunInfo
 from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, text_of
 from shared.errors import BadRequest, NotFound
@@ -200,7 +201,18 @@ class ProtocolRuns:
 
     async def get(self, thread_id: str, run_id: str) -> dict[str, Any]:
         run_id = await self.check(thread_id, run_id)
-        return run_shape(await self.runs.get(run_id), await self.options(run_id))
+        return run_shape(await self._info(run_id), await self.options(run_id))
+
+    async def _info(self, run_id: str) -> RunInfo:
+        try:
+            return await self.runs.get(run_id)
+        except NotFound:
+            # Taken from the queue by the worker and not yet recorded (``Runs.get`` knows
+            # neither state): still described in Redis, so still to start.
+            described = (await live.described_runs(self.redis, [run_id])).get(run_id)
+            if described is None:
+                raise
+            return from_queued(described, 0)
 
     async def list(
         self, thread_id: str, *, limit: int, offset: int, status: str | None

@@ -36,8 +36,9 @@ class Native:
 
 
 def native_events(chunk: bytes) -> Iterator[Native | None]:
-    """The events of a chunk of the relay's output; None for a ping (a comment)."""
-    for block in chunk.split(b"\n\n"):
+    """The events of a chunk of the relay's output (whole events, lines ending CRLF as Litestar
+    writes them); None for a ping (a comment)."""
+    for block in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
         if not block.strip(b"\r\n"):
             continue
         if block.startswith(b":"):
