@@ -21,6 +21,17 @@ from tests.support.client import get_json, wait_for_async
 from tests.support.env import SophosEnv
 
 
+def said(text: str, role: str = "user") -> dict[str, Any]:
+    """A run's input: one new message."""
+    return {"messages": [{"role": role, "content": text}]}
+
+
+def messages_of(thread: Any) -> list[dict[str, Any]]:
+    values = thread["values"]
+    assert isinstance(values, dict)
+    return list(values["messages"])
+
+
 def text_of(message: dict[str, Any]) -> str:
     content = message["content"]
     return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
@@ -35,9 +46,18 @@ async def client(sophos_env: SophosEnv, start_worker, start_api) -> AsyncIterato
         yield sdk
 
 
-async def run_status(client: LangGraphClient, thread_id: str, run_id: str, *statuses: str) -> dict[str, Any]:
+async def wait(client: LangGraphClient, thread_id: str, text: str, **options: Any) -> dict[str, Any]:
+    """``runs.wait`` with one user message: the thread's values at the run's end."""
+    values = await client.runs.wait(thread_id, "agent", input=said(text), **options)
+    assert isinstance(values, dict)
+    return values
+
+
+async def run_status(
+    client: LangGraphClient, thread_id: str, run_id: str, *statuses: str
+) -> dict[str, Any]:
     async def reached() -> dict[str, Any] | None:
-        run = await client.runs.get(thread_id, run_id)
+        run = dict(await client.runs.get(thread_id, run_id))
         return run if run["status"] in statuses else None
 
     return await wait_for_async(reached, timeout=30, message=f"run {run_id} {' or '.join(statuses)}")
@@ -71,13 +91,14 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
 
     # Its first run creates its conversation under the same id.
     model.script(Text("Hello Ada."))
-    values = await client.runs.wait(thread_id, "agent", input={"messages": [{"role": "user", "content": "hi"}]})
+    values = await wait(client, thread_id, "hi")
     assert [text_of(m) for m in values["messages"]] == ["hi", "Hello Ada."]
     conversation = get_json(str(client.http.client.base_url), f"/api/conversations/{thread_id}")
+    assert conversation is not None
     assert [m["content"] for m in conversation["messages"]] == ["hi", "Hello Ada."]
     got = await client.threads.get(thread_id)
     assert got["status"] == "idle" and got["metadata"] == {"user": "ada"}
-    assert [m["type"] for m in got["values"]["messages"]] == ["human", "ai"]
+    assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
 
     # Search: both kinds of thread, newest first, by metadata, by status, by ids.
     found = [t["thread_id"] for t in await client.threads.search(limit=10)]
@@ -99,7 +120,7 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
 async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model: FakeOllama) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(Text("First answer."))
-    run = await client.runs.create(thread_id, "agent", input={"messages": [{"role": "human", "content": "one"}]})
+    run = await client.runs.create(thread_id, "agent", input=said("one", "human"))
     assert run["status"] in ("pending", "running") and run["thread_id"] == thread_id
     values = await client.runs.join(thread_id, run["run_id"])
     assert text_of(values["messages"][-1]) == "First answer."
@@ -109,7 +130,7 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     model.script(Text("Second answer, streamed."))
     parts = [
         p async for p in client.runs.stream(
-            thread_id, "agent", input={"messages": [{"role": "user", "content": "two"}]},
+            thread_id, "agent", input=said("two"),
             stream_mode=["messages-tuple", "values"], metadata={"case": "stream"},
         )
     ]
@@ -132,14 +153,16 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     rest = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id=middle.id)]
     assert [p.id for p in rest] == [p.id for p in parts[parts.index(middle) + 1 :]]
     updates = [
-        p.data async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1", stream_mode="updates")
+        p.data
+        async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1", stream_mode="updates")
         if p.event == "updates"
     ]
     assert text_of(updates[-1]["agent"]["messages"][0]) == "Second answer, streamed."
 
-    runs = await client.runs.list(thread_id)
+    runs: list[dict[str, Any]] = [dict(r) for r in await client.runs.list(thread_id)]
     assert [r["run_id"] for r in runs] == [run_id, run["run_id"]]
-    assert runs[0]["metadata"] == {"case": "stream"} and runs[0]["kwargs"]["stream_mode"] == ["messages-tuple", "values"]
+    assert runs[0]["metadata"] == {"case": "stream"}
+    assert runs[0]["kwargs"]["stream_mode"] == ["messages-tuple", "values"]
     assert [r["run_id"] for r in await client.runs.list(thread_id, status="success", limit=1)] == [run_id]
 
 
@@ -148,7 +171,7 @@ async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: Fake
     model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
     parts = [
         p async for p in client.runs.stream(
-            thread_id, "agent", input={"messages": [{"role": "user", "content": "echo ping"}]},
+            thread_id, "agent", input=said("echo ping"),
             stream_mode="updates",
         )
     ]
@@ -165,18 +188,18 @@ async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) 
     hang = Hang(text="Thinking about it")
     model.script(hang)
     thread_id = (await client.threads.create())["thread_id"]
-    run = await client.runs.create(thread_id, "agent", input={"messages": [{"role": "user", "content": "slowly"}]})
+    run = await client.runs.create(thread_id, "agent", input=said("slowly"))
     await hang.wait_started_async(20)
     assert (await client.threads.get(thread_id))["status"] == "busy"
     # One run per thread: a second is refused while the first holds it (multitask_strategy reject).
     with pytest.raises(ConflictError):
-        await client.runs.create(thread_id, "agent", input={"messages": [{"role": "user", "content": "two"}]})
+        await client.runs.create(thread_id, "agent", input=said("two"))
 
     await client.runs.cancel(thread_id, run["run_id"], wait=True)
     assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "idle"
-    assert [text_of(m) for m in thread["values"]["messages"]] == ["slowly", "Thinking about it"]
+    assert [text_of(m) for m in messages_of(thread)] == ["slowly", "Thinking about it"]
     end = [p async for p in client.runs.join_stream(thread_id, run["run_id"], last_event_id="-1")][-1]
     assert end.event == "end" and end.data["status"] == "interrupted"
 
@@ -190,7 +213,7 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
         thread_id = (await client.threads.create())["thread_id"]
-        run = await client.runs.create(thread_id, "agent", input={"messages": [{"role": "user", "content": "go"}]})
+        run = await client.runs.create(thread_id, "agent", input=said("go"))
         await hang.wait_started_async(20)
         worker.kill()
         assert worker.wait(10) == -signal.SIGKILL
@@ -229,13 +252,13 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
         with pytest.raises(UnprocessableEntityError):
             await client.runs.create(thread_id, "agent", input=graph_input)
     with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
-        await client.runs.create(thread_id, "agent", input={"messages": ["hi"]}, multitask_strategy="enqueue")
+        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy="enqueue")
     with pytest.raises(UnprocessableEntityError, match="stream_mode"):
-        await client.runs.create(thread_id, "agent", input={"messages": ["hi"]}, stream_mode="debug")
+        await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="debug")
     with pytest.raises(NotFoundError):
-        await client.runs.create(thread_id, "other", input={"messages": ["hi"]})
+        await client.runs.create(thread_id, "other", input=said("hi"))
     with pytest.raises(NotFoundError):
-        await client.runs.create(missing, "agent", input={"messages": ["hi"]})
+        await client.runs.create(missing, "agent", input=said("hi"))
     with pytest.raises(NotFoundError):
         await client.threads.get(missing)
     with pytest.raises(ConflictError):  # an empty thread has nothing to resume
@@ -262,12 +285,12 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     assert thread["status"] == "idle" and thread["metadata"] == {"keep": True} and thread["values"] == {}
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
-    values = await client.runs.wait(thread_id, "agent", input={"messages": [{"role": "user", "content": "ok?"}]})
+    values = await wait(client, thread_id, "ok?")
     assert text_of(values["messages"][-1]) == "Still fine."
     # A run created with if_not_exists=create makes its thread.
     model.script(Text("New."))
     made = str(uuid.uuid4())
-    values = await client.runs.wait(made, "agent", input={"messages": ["hi"]}, if_not_exists="create")
+    values = await wait(client, made, "hi", if_not_exists="create")
     assert text_of(values["messages"][-1]) == "New."
 
 
@@ -282,7 +305,8 @@ async def test_api_token_as_bearer_or_x_api_key(
         assert refused.value.status_code == 401
     async with get_client(url=api.url, api_key="s3cret-token") as keyed:
         assert await keyed.threads.search() == []
-    async with get_client(url=api.url, api_key=None, headers={"Authorization": "Bearer s3cret-token"}) as bearer:
+    bearer_header = {"Authorization": "Bearer s3cret-token"}
+    async with get_client(url=api.url, api_key=None, headers=bearer_header) as bearer:
         assert await bearer.threads.search() == []
     async with httpx.AsyncClient(base_url=api.url) as http:
         assert (await http.get("/ok")).json() == {"ok": True}
