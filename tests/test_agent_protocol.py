@@ -71,6 +71,8 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert await client.assistants.search(graph_id="other") == []
     with pytest.raises(NotFoundError):
         await client.assistants.get("other")
+    info = await client.http.get("/info")
+    assert info["flags"]["crons"] is False and info["flags"]["langsmith"] is False
 
     # A thread created empty: idle, no values, its metadata kept.
     thread = await client.threads.create(metadata={"user": "ada"})
@@ -128,15 +130,18 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
 
     # Stream a second run: metadata first, tokens as messages-tuple, the final values, end.
     model.script(Text("Second answer, streamed."))
+    created: list[Any] = []
     parts = [
         p async for p in client.runs.stream(
             thread_id, "agent", input=said("two"),
             stream_mode=["messages-tuple", "values"], metadata={"case": "stream"},
+            on_run_created=created.append,
         )
     ]
     events = [p.event for p in parts]
     assert events[0] == "metadata" and events[-1] == "end" and events[-2] == "values"
     run_id = parts[0].data["run_id"]
+    assert created == [{"run_id": run_id, "thread_id": thread_id}]  # read from Content-Location
     tokens = [p.data for p in parts if p.event == "messages"]
     assert "".join(chunk["content"] for chunk, _ in tokens) == "Second answer, streamed."
     assert {meta["langgraph_node"] for _, meta in tokens} == {"agent"}
@@ -194,6 +199,8 @@ async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) 
     # One run per thread: a second is refused while the first holds it (multitask_strategy reject).
     with pytest.raises(ConflictError):
         await client.runs.create(thread_id, "agent", input=said("two"))
+    with pytest.raises(ConflictError):
+        await client.threads.delete(thread_id)
 
     await client.runs.cancel(thread_id, run["run_id"], wait=True)
     assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
@@ -278,14 +285,23 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
             assert 400 <= response.status_code < 500, (path, response.status_code)
             error = response.json()
             assert error["error"]["code"] and error["error"]["message"] == error["detail"], (path, error)
-        assert (await http.get("/threads/not-a-uuid")).status_code == 422
+        malformed = await http.get("/threads/not-a-uuid")
+        assert malformed.status_code == 422 and malformed.json()["error"]["code"] == "BAD_REQUEST"
+        assert (await http.get(f"/threads/{thread_id}/runs/{missing}")).status_code == 404
+        assert (await http.get(f"/threads/{thread_id}/runs/{missing}/stream")).status_code == 404
 
     # Nothing was damaged: the thread is as created, and takes a run.
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "idle" and thread["metadata"] == {"keep": True} and thread["values"] == {}
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
-    values = await wait(client, thread_id, "ok?")
+    async with httpx.AsyncClient(base_url=base) as http:
+        run_body = {"assistant_id": "agent", "input": said("ok?")}
+        accepted = await http.post(f"/threads/{thread_id}/runs", json=run_body)
+    run_id = accepted.json()["run_id"]
+    assert accepted.headers["location"] == f"/threads/{thread_id}/runs/{run_id}/stream"
+    assert accepted.headers["content-location"] == f"/threads/{thread_id}/runs/{run_id}"
+    values = await client.runs.join(thread_id, run_id)
     assert text_of(values["messages"][-1]) == "Still fine."
     # A run created with if_not_exists=create makes its thread.
     model.script(Text("New."))
