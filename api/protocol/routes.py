@@ -32,6 +32,9 @@ ASSISTANT_CREATED_AT = "1970-01-01T00:00:00+00:00"
 
 ThreadId = Annotated[str, Parameter(description="The thread's id (a UUID): its conversation's id")]
 RunIdParam = Annotated[str, Parameter(description="The run's id (a UUID)")]
+AssistantId = Annotated[str, Parameter(description="`agent` (the graph id) or the assistant's id")]
+Limit = Annotated[int, Parameter(description="How many to answer at most")]
+Offset = Annotated[int, Parameter(description="How many to skip first")]
 LastEventId = Annotated[
     str | None,
     Parameter(
@@ -110,7 +113,7 @@ class AssistantsController(Controller):
         return [one][data.offset : data.offset + data.limit] if matches else []
 
     @get("/{assistant_id:str}", summary="The assistant (`agent` or its id)", responses=errors(401, 404))
-    async def get_assistant(self, assistant_id: str) -> dict[str, Any]:
+    async def get_assistant(self, assistant_id: AssistantId) -> dict[str, Any]:
         assistant_of(assistant_id)
         return assistant()
 
@@ -199,8 +202,8 @@ class RunsController(Controller):
 
     @get("/", summary="The thread's runs, newest first", responses=errors(401, 404, 422))
     async def list_runs(
-        self, thread_id: ThreadId, protocol_runs: ProtocolRuns, limit: int = 10, offset: int = 0,
-        status: str | None = None,
+        self, thread_id: ThreadId, protocol_runs: ProtocolRuns, limit: Limit = 10, offset: Offset = 0,
+        status: Annotated[str | None, Parameter(description="Only runs with this (SDK) status")] = None,
     ) -> list[dict[str, Any]]:
         return await protocol_runs.list(thread_id_of(thread_id), limit=limit, offset=offset, status=status)
 
@@ -214,7 +217,9 @@ class RunsController(Controller):
           responses=errors(401, 404, 409, 422))
     async def cancel(
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
-        threads: Threads, wait: bool = False, action: str = "interrupt",
+        threads: Threads,
+        wait: Annotated[bool, Parameter(description="Answer once the run has ended")] = False,
+        action: Annotated[str, Parameter(description="`interrupt` (rollback is not served)")] = "interrupt",
     ) -> Response[None]:
         tid = thread_id_of(thread_id)
         await protocol_runs.cancel(tid, run_id, action)
@@ -239,8 +244,11 @@ class RunsController(Controller):
     async def join_stream(
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
         last_event_id: LastEventId = None,
-        stream_mode: Annotated[list[str] | None, Parameter(required=False)] = None,
-        cancel_on_disconnect: bool = False,
+        stream_mode: Annotated[
+            list[str] | None,
+            Parameter(required=False, description="The modes to stream; by default the run's own"),
+        ] = None,
+        cancel_on_disconnect: Annotated[bool, Parameter(description="Not served: must be false")] = False,
     ) -> Stream:
         tid = thread_id_of(thread_id)
         rid = await protocol_runs.check(tid, run_id)
