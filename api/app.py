@@ -39,8 +39,8 @@ def cors_config(settings: Settings) -> CORSConfig | None:
     return CORSConfig(
         allow_origins=list(settings.cors_origins),
         allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "X-Api-Key"],
-        expose_headers=["Retry-After", "Location", "Content-Location"],
+        allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+        expose_headers=["Retry-After"],
         allow_credentials=False,  # the token travels in a header, never in a cookie
     )
 
