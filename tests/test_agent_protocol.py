@@ -4,6 +4,7 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
+import re
 import signal
 import uuid
 from collections.abc import AsyncIterator
@@ -324,5 +325,21 @@ async def test_api_token_as_bearer_or_x_api_key(
     bearer_header = {"Authorization": "Bearer s3cret-token"}
     async with get_client(url=api.url, api_key=None, headers=bearer_header) as bearer:
         assert await bearer.threads.search() == []
+    # Every route of the protocol's, from the app's own document, asks for the token; /ok alone does not.
     async with httpx.AsyncClient(base_url=api.url) as http:
-        assert (await http.get("/ok")).json() == {"ok": True}
+        paths = (await http.get("/schema/openapi.json")).json()["paths"]
+        routes = [
+            (method.upper(), re.sub(r"\{[^}]+\}", str(uuid.uuid4()), path))
+            for path, operations in paths.items()
+            for method, operation in operations.items()
+            if "agent protocol" in operation.get("tags", [])
+        ]
+        assert len(routes) >= 17, routes
+        for method, url in routes:
+            for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+                response = await http.request(method, url, headers=headers)
+                if url == "/ok":
+                    assert response.status_code == 200 and response.json() == {"ok": True}
+                else:
+                    assert response.status_code == 401, (method, url, headers)
+                    assert response.json()["error"]["code"] == "UNAUTHORIZED"
