@@ -16,6 +16,8 @@ from api.access_log import access_log
 from api.auth import browser_guard, token_guard
 from api.errors import exception_handlers
 from api.limits import StreamLimit, SubmissionLimit
+from api.protocol.errors import protocol_exception_handlers
+from api.protocol.routes import ROUTES as PROTOCOL_ROUTES
 from api.resources import Resources, lifespan
 from shared.settings import Settings
 
@@ -75,6 +77,15 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
     )
+    # The Agent Protocol (api/protocol/), at the root paths the LangGraph SDKs use; the token,
+    # when set, guards it like /api, presented as a bearer token or as the SDKs' x-api-key.
+    protocol = Router(
+        path="/",
+        route_handlers=PROTOCOL_ROUTES,
+        guards=[token_guard(settings.api_token, api_key=True)] if settings.api_token else [],
+        security=[{"bearer": []}] if settings.api_token else None,
+        exception_handlers=protocol_exception_handlers(),
+    )
     components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
     openapi = OpenAPIConfig(
         title="Sophos",
@@ -85,7 +96,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         components=components if settings.api_token else [],
     )
     return Litestar(
-        route_handlers=[api, scrape, *web.routes()],  # the page at / (api/web.py)
+        route_handlers=[api, scrape, protocol, *web.routes()],  # the page at / (api/web.py)
         lifespan=[lifespan(settings, draining)],
         state=State(
             {"draining": draining, "submission_limit": SubmissionLimit(settings.rate_limit_per_minute)}

@@ -36,13 +36,18 @@ from shared.settings import Settings
 BROWSER_REQUESTED = "browser_requested"
 
 
-def presented_token(connection: ASGIConnection[Any, Any, Any, Any], *, query: bool) -> str | None:
-    """The bearer token of the request; from ``?access_token=`` too when ``query``."""
+def presented_token(
+    connection: ASGIConnection[Any, Any, Any, Any], *, query: bool, api_key: bool = False
+) -> str | None:
+    """The bearer token of the request; from ``?access_token=`` too when ``query``, and from
+    ``x-api-key`` (what the LangGraph SDKs send) when ``api_key``."""
     header = connection.headers.get("authorization")
     if header:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
+    if api_key and (key := connection.headers.get("x-api-key", "").strip()):
+        return key
     if not query:
         return None
     return connection.query_params.get("access_token") or None
@@ -54,15 +59,16 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-def token_guard(token: str) -> Guard:
-    """A Litestar guard admitting requests that present ``token``."""
+def token_guard(token: str, *, api_key: bool = False) -> Guard:
+    """A Litestar guard admitting requests that present ``token`` (also as ``x-api-key`` when
+    ``api_key``: the Agent Protocol's routes, api/protocol/)."""
     expected = _digest(token)
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         if handler.opt.get("public"):
             return
         query = bool(handler.opt.get(BROWSER_REQUESTED))
-        presented = presented_token(connection, query=query)
+        presented = presented_token(connection, query=query, api_key=api_key)
         if presented is None:
             if not query and "access_token" in connection.query_params:
                 raise Unauthorized(

@@ -124,9 +124,21 @@ class ChatService:
                 return _answer(first, idempotency)
             raise
 
+    async def submit_to_thread(
+        self, conversation_id: str, message: str | None, *, may_be_new: bool
+    ) -> ChatAccepted:
+        """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
+        ``message``, or a resume when it is None; the same checks, in the same order, as
+        :meth:`submit`. ``may_be_new``: the id may have no conversation yet (a thread created
+        empty), and then this first run creates it."""
+        request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
+        if message is not None:
+            self._message(request)
+        return await self._submit(request, message, conversation_id, False, None, may_be_new=may_be_new)
+
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
-        idempotency: Idempotency | None,
+        idempotency: Idempotency | None, *, may_be_new: bool = False,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
@@ -138,7 +150,7 @@ class ChatService:
             # let a message through over its approval.
             holder = await live.active_run(self.redis, conversation_id)
             row = await self.store.conversation(conversation_id)
-            if row is None and holder is None:
+            if row is None and holder is None and not may_be_new:
                 raise NotFound(f"conversation {conversation_id} not found")
             if holder is not None:
                 raise _busy(conversation_id, holder)
@@ -150,6 +162,7 @@ class ChatService:
             if request.resume and (row is None or not row.pending_tasks):
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
+            new = row is None  # only with may_be_new: the first run of a thread created empty
 
         job = RunJob(
             run_id=new_id(),

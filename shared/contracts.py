@@ -293,6 +293,30 @@ def progress_key(run_id: str) -> str:
     return f"sophos:progress:{run_id}"
 
 
+#: sorted set thread id -> creation time (ms) of the threads made by ``POST /threads`` (the
+#: Agent Protocol, api/protocol/): the ones with no conversation yet are listed from here
+PROTOCOL_THREADS = "sophos:protocol:threads"
+
+
+def protocol_thread_key(thread_id: str) -> str:
+    """Hash of a thread made by ``POST /threads``: {created_at, metadata (JSON)}.
+
+    A thread created empty has no conversation until its first run: this record is how it
+    exists meanwhile, and where its metadata stays after (the database has no column for it).
+    Deleted with its conversation (worker/deletion.py) or by ``DELETE /threads/{id}``.
+    """
+    return f"sophos:protocol:thread:{thread_id}"
+
+
+def protocol_run_key(run_id: str) -> str:
+    """Hash of a run created through the Agent Protocol: {metadata, stream_mode} (JSON), kept
+    ``PROTOCOL_RUN_RETENTION_SECONDS``; a run without one shows the defaults."""
+    return f"sophos:protocol:run:{run_id}"
+
+
+PROTOCOL_RUN_RETENTION_SECONDS = 7 * 24 * 3600
+
+
 def arq_job_key(run_id: str) -> str:
     return f"arq:job:{run_id}"
 

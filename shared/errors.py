@@ -10,6 +10,7 @@
     ├── ApprovalPending         409 APPROVAL_PENDING
     ├── NoApprovalPending       409 NO_APPROVAL_PENDING
     ├── RunFinished             409 RUN_FINISHED
+    ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
     ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
@@ -77,6 +78,11 @@ class NoApprovalPending(SophosError):
 
 class RunFinished(SophosError):
     code = "RUN_FINISHED"
+    status = 409
+
+
+class ThreadExists(SophosError):
+    code = "THREAD_EXISTS"
     status = 409
 
 

@@ -31,6 +31,7 @@ from shared.contracts import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     IDEMPOTENCY_TTL_SECONDS,
+    PROTOCOL_THREADS,
     DeleteJob,
     cancel_key,
     cancelled_run_key,
@@ -38,6 +39,8 @@ from shared.contracts import (
     deleted_key,
     events_key,
     progress_key,
+    protocol_run_key,
+    protocol_thread_key,
     run_key,
 )
 from shared.metrics import CONVERSATIONS_EXPIRED, METRICS_KEY, counter_field
@@ -95,6 +98,9 @@ async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -
         if cancelled:
             pipe.zrem(CANCELLED_RUNS, *cancelled)
         pipe.delete(cancelled_run_key(conversation_id))
+        # Its thread, for the Agent Protocol (api/protocol/), goes with it.
+        pipe.delete(protocol_thread_key(conversation_id), *(protocol_run_key(r) for r in run_ids))
+        pipe.zrem(PROTOCOL_THREADS, conversation_id)
         pipe.set(conversation_deleted_key(conversation_id), 1, ex=IDEMPOTENCY_TTL_SECONDS)
         await pipe.execute()
 

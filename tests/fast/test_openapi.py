@@ -7,7 +7,7 @@ from typing import Any
 from api.app import create_app
 from shared.settings import Settings
 
-TAGS = {"chat", "conversations", "runs", "operations"}
+TAGS = {"chat", "conversations", "runs", "operations", "agent protocol"}
 
 
 def _operations() -> list[tuple[str, str, dict[str, Any]]]:

@@ -1,0 +1,14 @@
+"""The Agent Protocol: the LangGraph Agent Server's HTTP API, served on Sophos's own engine.
+
+What the LangGraph SDKs (``langgraph-sdk``, ``@langchain/langgraph-sdk``), agent-chat-ui and
+Studio speak, at the root paths they use (``/assistants``, ``/threads``, ``/info``, ``/ok``),
+mapped onto what the native routes use: a thread is a conversation, a run is a run (the same
+queue, worker, one-run rule, crash semantics and event streams), the one assistant is ``agent``.
+Nothing here is a second store of threads: a thread created empty is a small Redis record
+(:mod:`api.protocol.threads`) until its first run creates its conversation.
+
+Modules: ``status`` (Sophos statuses as the SDK's), ``translate`` (a run's native events as the
+Agent Server's stream modes, pure), ``state`` (a thread's state in the SDK's shape, read in a
+reader process), ``threads`` and ``runs`` (the services), ``routes`` (the controllers, which
+only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
+"""

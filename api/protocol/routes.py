@@ -1,0 +1,280 @@
+"""The Agent Protocol's routes, at the root paths the LangGraph SDKs use. They only translate:
+parse, call the thread or run service, shape the answer (docs/agent-protocol.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import structlog
+from litestar import Controller, Response, delete, get, post
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.params import Parameter
+from litestar.response import Stream
+
+from api import metrics
+from api.conversations import Conversations
+from api.openapi import errors
+from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
+from api.protocol.stream import ProtocolStream
+from api.protocol.threads import ThreadCreate, Threads, ThreadSearch, thread_id_of
+from api.protocol.translate import after_id, stream_modes
+from api.resources import Resources
+from api.routes_chat import SSE_HEADERS, SSE_MEDIA_TYPE
+from shared.errors import BadRequest
+
+log = structlog.get_logger(__name__)
+
+TAGS = ["agent protocol"]
+#: what the protocol says of the one assistant's creation: it has always been there
+ASSISTANT_CREATED_AT = "1970-01-01T00:00:00+00:00"
+
+ThreadId = Annotated[str, Parameter(description="The thread's id (a UUID): its conversation's id")]
+RunIdParam = Annotated[str, Parameter(description="The run's id (a UUID)")]
+AssistantId = Annotated[str, Parameter(description="`agent` (the graph id) or the assistant's id")]
+Limit = Annotated[int, Parameter(description="How many to answer at most")]
+Offset = Annotated[int, Parameter(description="How many to skip first")]
+LastEventId = Annotated[
+    str | None,
+    Parameter(
+        header="Last-Event-ID", required=False, description="-1 (the whole run), or an id of this stream"
+    ),
+]
+
+
+def _threads(state: State) -> Threads:
+    resources: Resources = state.resources
+    return Threads(resources.store, resources.redis, Conversations(resources.store, resources.redis))
+
+
+def _protocol_runs(state: State) -> ProtocolRuns:
+    resources: Resources = state.resources
+    return ProtocolRuns(resources.chat, resources.runs, _threads(state), resources.redis)
+
+
+DEPENDENCIES = {
+    "threads": Provide(_threads, sync_to_thread=False),
+    "protocol_runs": Provide(_protocol_runs, sync_to_thread=False),
+}
+
+
+def assistant() -> dict[str, Any]:
+    """The SDK's ``Assistant``: the agent."""
+    return {
+        "assistant_id": ASSISTANT_ID, "graph_id": GRAPH_ID, "name": GRAPH_ID,
+        "description": "Sophos's durable chat agent: a model and its MCP tools, every step checkpointed",
+        "config": {}, "context": {}, "metadata": {"created_by": "system"}, "version": 1,
+        "created_at": ASSISTANT_CREATED_AT, "updated_at": ASSISTANT_CREATED_AT,
+    }
+
+
+class AssistantSearch(msgspec.Struct):
+    metadata: dict[str, Any] | None = None
+    graph_id: str | None = None
+    name: str | None = None
+    limit: int = 10
+    offset: int = 0
+    sort_by: str | None = None
+    sort_order: str | None = None
+    select: list[str] | None = None
+
+
+class ServerController(Controller):
+    tags = TAGS
+
+    @get("/ok", summary="Liveness, as the Agent Server answers it", opt={"public": True})
+    async def ok(self) -> dict[str, bool]:
+        return {"ok": True}
+
+    @get("/info", summary="What this server is and serves of the Agent Protocol")
+    async def info(self) -> dict[str, Any]:
+        return {
+            "version": "sophos",
+            "flags": {"assistants": True, "crons": False, "langsmith": False, "thread_ttl": False},
+            "metadata": {"engine": "sophos", "docs": "docs/agent-protocol.md"},
+        }
+
+
+class AssistantsController(Controller):
+    path = "/assistants"
+    tags = TAGS
+
+    @post("/search", status_code=200, summary="The assistants: the one, `agent`", responses=errors(401, 422))
+    async def search(self, data: AssistantSearch) -> list[dict[str, Any]]:
+        if data.limit < 1 or data.offset < 0:
+            raise BadRequest("limit must be at least 1 and offset at least 0")
+        one = assistant()
+        matches = (
+            data.graph_id in (None, GRAPH_ID)
+            and data.name in (None, GRAPH_ID)
+            and all(one["metadata"].get(k) == v for k, v in (data.metadata or {}).items())
+        )
+        return [one][data.offset : data.offset + data.limit] if matches else []
+
+    @get("/{assistant_id:str}", summary="The assistant (`agent` or its id)", responses=errors(401, 404))
+    async def get_assistant(self, assistant_id: AssistantId) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return assistant()
+
+
+class ThreadsController(Controller):
+    path = "/threads"
+    tags = TAGS
+    dependencies = DEPENDENCIES
+
+    @post("/", status_code=200, summary="Create a thread (empty until its first run)",
+          responses=errors(401, 409, 422))
+    async def create(self, data: ThreadCreate, threads: Threads) -> dict[str, Any]:
+        return (await threads.create(data)).shape()
+
+    @post("/search", status_code=200, summary="Threads, newest first", responses=errors(401, 422))
+    async def search(self, data: ThreadSearch, threads: Threads) -> list[dict[str, Any]]:
+        return await threads.search(data)
+
+    @get("/{thread_id:str}", summary="A thread, with its values", responses=errors(401, 404, 422))
+    async def get_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
+        return await threads.get(thread_id_of(thread_id))
+
+    @delete("/{thread_id:str}", status_code=204, summary="Delete a thread and its conversation",
+            responses=errors(401, 404, 409, 422))
+    async def delete_thread(self, thread_id: ThreadId, threads: Threads) -> None:
+        await threads.delete(thread_id_of(thread_id))
+
+    @get("/{thread_id:str}/state", summary="The thread's state: values, next, tasks, checkpoint",
+         responses=errors(401, 404, 422))
+    async def state(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
+        return await threads.state(thread_id_of(thread_id))
+
+
+def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:
+    run = f"/threads/{thread_id}/runs/{run_id}"
+    return {"Location": f"{run}/{rejoin}", "Content-Location": run}
+
+
+async def _stream(
+    resources: Resources, thread_id: str, run_id: str, modes: tuple[str, ...], after: tuple[int, int],
+    *, metadata: bool, headers: dict[str, str],
+) -> Stream:
+    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, modes, after)
+    await stream.open()  # before the answer starts: its errors still get an envelope
+    content = metrics.counted(stream.sse(metadata=metadata))
+    return Stream(content, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
+
+
+class RunsController(Controller):
+    path = "/threads/{thread_id:str}/runs"
+    tags = TAGS
+    dependencies = DEPENDENCIES
+
+    @post("/", status_code=200, summary="Create a run in the background (no input: resume the thread)",
+          responses=errors(401, 404, 409, 422, 429, 503))
+    async def create(
+        self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns
+    ) -> Response[Any]:
+        tid = thread_id_of(thread_id)
+        run, _ = await protocol_runs.create(tid, data)
+        return Response(run, headers=_locations(tid, run["run_id"], "stream"))
+
+    @post("/stream", status_code=200, media_type=SSE_MEDIA_TYPE,
+          summary="Create a run and stream it: metadata, then each stream mode's events, then end",
+          responses=errors(401, 404, 409, 422, 429, 503))
+    async def create_and_stream(
+        self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources
+    ) -> Stream:
+        tid = thread_id_of(thread_id)
+        run, options = await protocol_runs.create(tid, data)
+        return await _stream(
+            resources, tid, run["run_id"], options.stream_mode, (0, -1), metadata=True,
+            headers=_locations(tid, run["run_id"], "stream"),
+        )
+
+    @post("/wait", status_code=200, summary="Create a run and answer with the thread's values when it ends",
+          responses=errors(401, 404, 409, 422, 429, 503))
+    async def create_and_wait(
+        self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources,
+        threads: Threads,
+    ) -> Response[Any]:
+        tid = thread_id_of(thread_id)
+        run, _ = await protocol_runs.create(tid, data)
+        body = await _outcome(resources, threads, tid, run["run_id"], errors_as_body=True)
+        return Response(body, headers=_locations(tid, run["run_id"], "join"))
+
+    @get("/", summary="The thread's runs, newest first", responses=errors(401, 404, 422))
+    async def list_runs(
+        self, thread_id: ThreadId, protocol_runs: ProtocolRuns, limit: Limit = 10, offset: Offset = 0,
+        status: Annotated[str | None, Parameter(description="Only runs with this (SDK) status")] = None,
+    ) -> list[dict[str, Any]]:
+        return await protocol_runs.list(thread_id_of(thread_id), limit=limit, offset=offset, status=status)
+
+    @get("/{run_id:str}", summary="A run", responses=errors(401, 404, 422))
+    async def get_run(
+        self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns
+    ) -> dict[str, Any]:
+        return await protocol_runs.get(thread_id_of(thread_id), run_id)
+
+    @post("/{run_id:str}/cancel", status_code=202, summary="Cancel a run (queued or running)",
+          responses=errors(401, 404, 409, 422))
+    async def cancel(
+        self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
+        threads: Threads,
+        wait: Annotated[bool, Parameter(description="Answer once the run has ended")] = False,
+        action: Annotated[str, Parameter(description="`interrupt` (rollback is not served)")] = "interrupt",
+    ) -> Response[None]:
+        tid = thread_id_of(thread_id)
+        await protocol_runs.cancel(tid, run_id, action)
+        if not wait:
+            return Response(None, status_code=202)
+        await _outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
+        return Response(None, status_code=204)
+
+    @get("/{run_id:str}/join", summary="Wait for a run to end; the thread's values",
+         responses=errors(401, 404, 422))
+    async def join(
+        self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
+        threads: Threads,
+    ) -> dict[str, Any]:
+        tid = thread_id_of(thread_id)
+        rid = await protocol_runs.check(tid, run_id)
+        return await _outcome(resources, threads, tid, rid, errors_as_body=False)
+
+    @get("/{run_id:str}/stream", media_type=SSE_MEDIA_TYPE,
+         summary="Join a run's stream (Last-Event-ID: -1 or none replays it from its start)",
+         responses=errors(401, 404, 422))
+    async def join_stream(
+        self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
+        last_event_id: LastEventId = None,
+        stream_mode: Annotated[
+            list[str] | None,
+            Parameter(required=False, description="The modes to stream; by default the run's own"),
+        ] = None,
+        cancel_on_disconnect: Annotated[bool, Parameter(description="Not served: must be false")] = False,
+    ) -> Stream:
+        tid = thread_id_of(thread_id)
+        rid = await protocol_runs.check(tid, run_id)
+        if cancel_on_disconnect:
+            raise BadRequest(
+                "cancel_on_disconnect is not served by Sophos: a run goes on when its stream closes"
+            )
+        after = after_id(last_event_id)
+        asked = [m for m in stream_mode or [] if m]
+        modes = stream_modes(asked) if asked else (await protocol_runs.options(rid)).stream_mode
+        return await _stream(resources, tid, rid, modes, after, metadata=False, headers={})
+
+
+async def _outcome(
+    resources: Resources, threads: Threads, thread_id: str, run_id: str, *, errors_as_body: bool
+) -> dict[str, Any]:
+    """Wait for the run's end; the thread's values (or, with ``errors_as_body``, the error of a
+    run that ended in error, as the Agent Server's ``runs.wait`` gives it: ``__error__``)."""
+    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, ())
+    await stream.open()
+    status, error = await stream.outcome()
+    if errors_as_body and status == "error":
+        return {"__error__": error}
+    state = await threads.state(thread_id)
+    values: dict[str, Any] = state["values"]
+    return values
+
+
+ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController]

@@ -1,0 +1,235 @@
+"""Runs through the Agent Protocol: Sophos's runs, created by the native chat service.
+
+A run's input is one new user message (``{"messages": [{"role": "user", "content": ...}]}``);
+a run with no input resumes the thread (``POST /api/chat {resume: true}``). Either goes through
+``ChatService.submit_to_thread``: the same checks, the same atomic one-run-per-conversation
+claim (a busy thread is 409, the ``reject`` strategy), the same queue and worker. What the
+protocol adds to a run, its metadata and stream modes, is a Redis record beside it
+(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+from redis.asyncio import Redis
+
+from api import live
+from api.cancel import cancel_run
+from api.chat import ChatService
+from api.ids import parse_id
+from api.protocol.status import RUN_STATUSES, run_status
+from api.protocol.threads import ThreadCreate, Threads
+from api.protocol.translate import DEFAULT_STREAM_MODES, GRAPH_ID, stream_modes
+from api.relay import run_of_conversation
+from api.runs import Runs, from_queued
+from api.schemas import RunInfo
+from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, text_of
+from shared.errors import BadRequest, NotFound
+
+log = structlog.get_logger(__name__)
+
+#: the one assistant's id: fixed, so a client may keep it (``agent``, its graph id, works too);
+#: a UUID5 of the graph id
+ASSISTANT_ID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), GRAPH_ID))
+RUNS_LIST_MAX = 1000
+
+
+class RunCreate(msgspec.Struct):
+    """Body of ``POST /threads/{id}/runs`` (and ``/stream``, ``/wait``): every field the SDK sends.
+
+    Those Sophos does not serve yet are refused when set (:func:`refuse_unserved`), never
+    silently ignored.
+    """
+
+    assistant_id: str
+    input: dict[str, Any] | None = None
+    command: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    stream_mode: str | list[str] | None = None
+    stream_subgraphs: bool | None = None
+    stream_resumable: bool | None = None
+    multitask_strategy: str | None = None
+    if_not_exists: str | None = None
+    on_disconnect: str | None = None
+    on_completion: str | None = None
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_id: str | None = None
+    checkpoint_during: bool | None = None
+    interrupt_before: str | list[str] | None = None
+    interrupt_after: str | list[str] | None = None
+    feedback_keys: list[str] | None = None
+    webhook: str | None = None
+    after_seconds: int | None = None
+    durability: str | None = None
+    strict_resume: bool | None = None
+    langsmith_tracer: dict[str, Any] | None = None
+
+
+def assistant_of(assistant_id: str) -> str:
+    """The assistant's id, for ``agent`` or the assistant's own id; NotFound otherwise."""
+    if assistant_id in (GRAPH_ID, ASSISTANT_ID):
+        return ASSISTANT_ID
+    raise NotFound(f"assistant {assistant_id[:64]!r} not found; the one assistant is {GRAPH_ID!r}")
+
+
+def _unserved(name: str, detail: str = "") -> BadRequest:
+    return BadRequest(f"{name} is not served by Sophos{detail} (docs/agent-protocol.md)")
+
+
+def refuse_unserved(body: RunCreate) -> None:
+    """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
+    for name in ("command", "checkpoint", "checkpoint_id", "interrupt_before", "interrupt_after", "webhook",
+                 "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
+        if getattr(body, name) is not None:
+            raise _unserved(name)
+    if body.config or body.context:
+        raise _unserved("config" if body.config else "context")
+    if body.stream_subgraphs:
+        raise _unserved("stream_subgraphs")
+    if body.multitask_strategy not in (None, "reject"):
+        raise _unserved(f"multitask_strategy {body.multitask_strategy!r}", "; a busy thread is refused (409)")
+    if body.on_disconnect not in (None, "continue"):
+        raise _unserved(f"on_disconnect {body.on_disconnect!r}", "; a run goes on when its stream closes")
+    if body.durability not in (None, "sync"):
+        raise _unserved(f"durability {body.durability!r}", "; every step is checkpointed (sync)")
+    if body.if_not_exists not in (None, "reject", "create"):
+        raise BadRequest("if_not_exists must be 'reject' or 'create'")
+
+
+def message_of(graph_input: dict[str, Any] | None) -> str | None:
+    """The new user message of a run's input; None for no input (the run resumes the thread)."""
+    if not graph_input or graph_input == {"messages": []}:
+        return None
+    messages = graph_input.get("messages")
+    if set(graph_input) != {"messages"} or not isinstance(messages, list) or len(messages) != 1:
+        raise BadRequest('input must be {"messages": [one message]}: a run takes one new user message')
+    message = messages[0]
+    if isinstance(message, str):
+        return message
+    if not isinstance(message, dict) or (message.get("role") or message.get("type")) not in ("user", "human"):
+        raise BadRequest('the input message must be {"role": "user" (or "human"), "content": ...}')
+    content = message.get("content")
+    if not isinstance(content, str | list):
+        raise BadRequest("the input message's content must be text or a list of text blocks")
+    return text_of(content)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What the protocol adds to a run."""
+
+    metadata: dict[str, Any]
+    stream_mode: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, fields: dict[str, str]) -> Options:
+        try:
+            metadata = msgspec.json.decode(fields.get("metadata") or "{}")
+            modes = msgspec.json.decode(fields.get("stream_mode") or "[]")
+        except msgspec.DecodeError:
+            metadata, modes = {}, []
+        return cls(metadata if isinstance(metadata, dict) else {}, tuple(modes) or DEFAULT_STREAM_MODES)
+
+
+def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
+    """The SDK's ``Run``."""
+    created = info.enqueued_at or info.started_at
+    return {
+        "run_id": info.id,
+        "thread_id": info.conversation,
+        "assistant_id": ASSISTANT_ID,
+        "created_at": created,
+        "updated_at": info.finished_at or info.started_at or created,
+        "status": run_status(info.status),
+        "metadata": options.metadata,
+        "multitask_strategy": "reject",
+        "kwargs": {"stream_mode": list(options.stream_mode)},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolRuns:
+    chat: ChatService
+    runs: Runs
+    threads: Threads
+    redis: Redis
+
+    async def create(self, thread_id: str, body: RunCreate) -> tuple[dict[str, Any], Options]:
+        """Accept a run on the thread (``reject`` when busy: 409); its ``Run`` and options."""
+        assistant_of(body.assistant_id)
+        refuse_unserved(body)
+        options = Options(body.metadata or {}, stream_modes(body.stream_mode))
+        message = message_of(body.input)
+        record = await self.threads.record(thread_id)
+        if record is None:
+            try:
+                await self.threads.find(thread_id)
+            except NotFound:
+                if body.if_not_exists != "create":
+                    raise
+                await self.threads.create(ThreadCreate(thread_id=thread_id, if_exists="do_nothing"))
+                record = await self.threads.record(thread_id)
+        accepted = await self.chat.submit_to_thread(thread_id, message, may_be_new=record is not None)
+        key = protocol_run_key(accepted.run)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={
+                "metadata": msgspec.json.encode(options.metadata).decode(),
+                "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
+            })
+            pipe.expire(key, PROTOCOL_RUN_RETENTION_SECONDS)
+            await pipe.execute()
+        log.info(
+            "protocol.run_created", conversation_id=thread_id, run_id=accepted.run, resume=message is None
+        )
+        return await self.get(thread_id, accepted.run), options
+
+    async def options(self, run_id: str) -> Options:
+        fields: dict[str, str] = await self.redis.hgetall(protocol_run_key(run_id))  # type: ignore[misc]
+        return Options.parse(fields)
+
+    async def check(self, thread_id: str, run_id: str) -> str:
+        """``run_id`` (parsed), if it is a run of the thread; NotFound otherwise."""
+        run_id = parse_id(run_id, "run_id")
+        return await run_of_conversation(self.runs.store, self.redis, thread_id, run_id)
+
+    async def get(self, thread_id: str, run_id: str) -> dict[str, Any]:
+        run_id = await self.check(thread_id, run_id)
+        return run_shape(await self._info(run_id), await self.options(run_id))
+
+    async def _info(self, run_id: str) -> RunInfo:
+        try:
+            return await self.runs.get(run_id)
+        except NotFound:
+            # Taken from the queue by the worker and not yet recorded (``Runs.get`` knows
+            # neither state): still described in Redis, so still to start.
+            described = (await live.described_runs(self.redis, [run_id])).get(run_id)
+            if described is None:
+                raise
+            return from_queued(described, 0)
+
+    async def list(
+        self, thread_id: str, *, limit: int, offset: int, status: str | None
+    ) -> list[dict[str, Any]]:
+        await self.threads.find(thread_id)
+        if not 1 <= limit <= RUNS_LIST_MAX or offset < 0:
+            raise BadRequest(f"limit must be 1 to {RUNS_LIST_MAX} and offset at least 0")
+        if status is not None and status not in RUN_STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(sorted(RUN_STATUSES))}")
+        want = RUNS_LIST_MAX if status is not None else offset + limit
+        page = await self.runs.page(status=None, conversation_id=thread_id, limit=want, cursor=None)
+        infos = [r for r in page.runs if status is None or run_status(r.status) == status]
+        shown = infos[offset : offset + limit]
+        return [run_shape(info, await self.options(info.id)) for info in shown]
+
+    async def cancel(self, thread_id: str, run_id: str, action: str) -> None:
+        if action != "interrupt":
+            raise BadRequest("action must be 'interrupt' (rollback is not served by Sophos)")
+        run_id = await self.check(thread_id, run_id)
+        await cancel_run(self.runs, run_id)

@@ -1,0 +1,87 @@
+"""A thread's state in the SDK's ``ThreadState`` shape, read in a reader process.
+
+:func:`thread_state` is what ``Store.read_thread`` runs (api/store.py: LangGraph's
+``get_state`` on the reader graph, off the event loop); it returns plain JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
+from langgraph.types import StateSnapshot
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: what JSON cannot hold (a datetime in a model's metadata) becomes text."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def message_dict(message: BaseMessage) -> dict[str, Any]:
+    """A message as the Agent Server sends it: LangChain's fields, ``type`` human/ai/tool."""
+    return dict(_plain(message.model_dump()))
+
+
+def values_of(state: StateSnapshot) -> dict[str, Any]:
+    values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
+    if not values:
+        return {}
+    messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
+    return {"messages": [message_dict(m) for m in messages]}
+
+
+def _checkpoint(thread_id: str, config: RunnableConfig | None) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    configurable = config.get("configurable") or {}
+    return {
+        "thread_id": thread_id, "checkpoint_ns": configurable.get("checkpoint_ns", ""),
+        "checkpoint_id": configurable.get("checkpoint_id"), "checkpoint_map": None,
+    }
+
+
+def state_of(thread_id: str, state: StateSnapshot) -> dict[str, Any]:
+    interrupts = [
+        {"value": _plain(i.value), "id": i.id} for task in state.tasks for i in task.interrupts
+    ]
+    return {
+        "values": values_of(state),
+        "next": list(state.next),
+        "tasks": [
+            {
+                "id": task.id, "name": task.name, "error": task.error,
+                "interrupts": [{"value": _plain(i.value), "id": i.id} for i in task.interrupts],
+                "checkpoint": None, "state": None, "result": None,
+            }
+            for task in state.tasks
+        ],
+        "checkpoint": _checkpoint(thread_id, state.config),
+        "metadata": _plain(dict(state.metadata or {})),
+        "created_at": state.created_at,
+        "parent_checkpoint": _checkpoint(thread_id, state.parent_config),
+        "interrupts": interrupts,
+    }
+
+
+def empty_state(thread_id: str) -> dict[str, Any]:
+    """The state of a thread with nothing in it yet (created empty, or no checkpoint yet)."""
+    return {
+        "values": {}, "next": [], "tasks": [],
+        "checkpoint": {
+            "thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": None, "checkpoint_map": None,
+        },
+        "metadata": {}, "created_at": None, "parent_checkpoint": None, "interrupts": [],
+    }
+
+
+def thread_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any]:
+    """In a reader process: the thread's state now."""
+    thread_id = str(config["configurable"]["thread_id"])
+    state = graph.get_state(config)
+    if not state.values and not state.tasks and state.created_at is None:
+        return empty_state(thread_id)
+    return state_of(thread_id, state)

@@ -1,0 +1,155 @@
+"""A run's event stream in the Agent Server's shape: the native relay, translated.
+
+The relay (api/relay.py) does the hard part exactly as for ``GET /api/chat``: one reader of the
+run's Redis Stream per API process, replay from any id, pings, the rebuilt ending of a run
+whose stream expired, the end of streams when the server drains. Its output is the native SSE
+(docs/events.md); :class:`ProtocolStream` reads it back event by event and passes each through
+the :class:`~api.protocol.translate.Translator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+from litestar.response import ServerSentEventMessage
+
+from api.protocol.state import thread_state
+from api.protocol.translate import VALUES, Part, Translator, is_terminal, number
+from api.relay import PING, Ending, Relay
+from api.resources import Resources
+from shared.errors import SophosError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Native:
+    """One native SSE event: its id (an entry of the run's stream; None for none) and data."""
+
+    id: int | None
+    event: str
+    data: Any
+
+
+def native_events(chunk: bytes) -> Iterator[Native | None]:
+    """The events of a chunk of the relay's output (whole events, lines ending CRLF as Litestar
+    writes them); None for a ping (a comment)."""
+    for block in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
+        if not block.strip(b"\r\n"):
+            continue
+        if block.startswith(b":"):
+            yield None
+            continue
+        event_id: int | None = None
+        event, data = "message", b""
+        for line in block.split(b"\n"):
+            name, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if name == b"id":
+                event_id = int(value) if value.isdigit() else None
+            elif name == b"event":
+                event = value.decode()
+            elif name == b"data":
+                data = value if not data else data + b"\n" + value
+        try:
+            decoded = msgspec.json.decode(data) if data else None
+        except msgspec.DecodeError:
+            decoded = None
+        yield Native(event_id, event, decoded)
+
+
+def encode(part: Part) -> bytes:
+    return ServerSentEventMessage(
+        id=part.id, event=part.event, data=msgspec.json.encode(part.data).decode()
+    ).encode()
+
+
+async def _once(chunk: bytes) -> AsyncIterator[bytes]:
+    yield chunk
+
+
+@dataclass(slots=True)
+class ProtocolStream:
+    """One run's events, translated, after the (entry, part) ``after``."""
+
+    resources: Resources
+    thread_id: str
+    run_id: str
+    assistant_id: str
+    modes: tuple[str, ...]
+    after: tuple[int, int] = (0, -1)
+    relay: Relay | None = None
+    ending: bytes | Ending | None = None
+
+    async def open(self) -> None:
+        """Look at the run's stream before the answer starts (errors then get an envelope).
+
+        Always from its first entry: the translation carries state from entry to entry
+        (which model turn a token belongs to), so a resumed stream is translated again from
+        the start and only what follows ``after`` is sent.
+        """
+        r = self.resources
+        self.relay = Relay(
+            redis=r.redis, store=r.store, feeds=r.feeds, conversation_id=self.thread_id, run_id=self.run_id,
+            after=0, ping_ms=max(1, round(r.settings.sse_ping_interval * 1000)), draining=r.draining,
+        )
+        self.ending = await self.relay.ending()
+
+    def _source(self) -> AsyncIterator[bytes]:
+        if self.relay is None:
+            raise RuntimeError("open() the stream first")
+        if isinstance(self.ending, bytes):
+            return _once(self.ending)
+        return self.relay.events()
+
+    async def values(self) -> dict[str, Any]:
+        try:
+            state = await self.resources.store.read_thread(self.thread_id, thread_state)
+        except SophosError as exc:
+            log.warning("protocol.values_unread", error=exc.message)
+            return {}
+        return state["values"] if state is not None else {}
+
+    async def parts(self) -> AsyncIterator[Part | None]:
+        """The translated parts after ``after`` (None: a ping), up to the run's ``end``."""
+        translator = Translator(self.run_id, self.thread_id, self.assistant_id, self.modes)
+        async for chunk in self._source():
+            for native in native_events(chunk):
+                if native is None:
+                    yield None
+                    continue
+                if native.id is None:
+                    continue  # `missed`: the protocol has no such event
+                for part_id, part in number(translator.entry(native.event, native.data), native.id):
+                    entry, _, k = part_id.partition("-")
+                    if (int(entry), int(k)) <= self.after:
+                        continue
+                    if part is VALUES:
+                        yield Part("values", await self.values(), part_id)
+                    elif isinstance(part, Part):
+                        yield Part(part.event, part.data, part_id)
+                if is_terminal(native.event):
+                    return
+
+    async def sse(self, metadata: bool) -> AsyncIterator[bytes]:
+        """The stream as SSE bytes, ``metadata`` (with the run id) first when asked."""
+        if metadata:
+            yield encode(Part("metadata", {"run_id": self.run_id, "thread_id": self.thread_id}))
+        async for part in self.parts():
+            yield PING if part is None else encode(part)
+
+    async def outcome(self) -> tuple[str, dict[str, Any]]:
+        """Wait for the run's end: its SDK status and, for a run that ended in error, the error."""
+        status, error = "error", {}
+        async for part in self.parts():
+            if part is None:
+                continue
+            if part.event == "error":
+                error = part.data
+            elif part.event == "end":
+                status = part.data["status"]
+        return status, error

@@ -1,0 +1,271 @@
+"""Threads: Sophos's conversations, plus the threads created empty, which have none yet.
+
+``POST /threads`` writes a small Redis record (``protocol_thread_key``: its creation time and
+metadata) and indexes it in ``PROTOCOL_THREADS``. Until its first run the record *is* the
+thread (status ``idle``, no values); the first run creates its conversation under the same id
+(``ChatService.submit_to_thread``), and from then on the conversation is the thread and the
+record only keeps its metadata (the database has no column for it). A conversation started on
+the native routes is a thread too, with empty metadata. Deleting the conversation, by either
+route or by retention, deletes the record (worker/deletion.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+from redis.asyncio import Redis
+
+from api import live
+from api.conversations import Conversations, queued_only, summary
+from api.deletion import Deletions
+from api.ids import new_id, parse_id
+from api.protocol.state import empty_state, thread_state
+from api.protocol.status import THREAD_STATUSES, thread_status
+from api.schemas import ConversationInfo
+from api.store import ConversationRow, Store
+from api.timefmt import iso_from_timestamp
+from shared.contracts import PROTOCOL_THREADS, protocol_thread_key
+from shared.errors import BadRequest, NotFound, ThreadExists
+
+log = structlog.get_logger(__name__)
+
+#: a search looks at most at this many conversations (newest first) and threads created empty
+SEARCH_SCAN = 5000
+_PAGE = 500
+SEARCH_LIMIT_MAX = 1000
+
+
+class ThreadCreate(msgspec.Struct):
+    """Body of ``POST /threads`` (the fields the SDK sends; the others are refused when set)."""
+
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: str | None = None
+    supersteps: list[Any] | None = None
+    ttl: Any = None
+
+
+class ThreadSearch(msgspec.Struct):
+    """Body of ``POST /threads/search``."""
+
+    metadata: dict[str, Any] | None = None
+    values: dict[str, Any] | None = None
+    ids: list[str] | None = None
+    status: str | None = None
+    limit: int = 10
+    offset: int = 0
+    sort_by: str | None = None
+    sort_order: str | None = None
+    select: list[str] | None = None
+    extract: dict[str, str] | None = None
+
+
+def thread_id_of(value: str) -> str:
+    return parse_id(value, "thread_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A thread created by ``POST /threads``."""
+
+    id: str
+    created_at: str
+    metadata: dict[str, Any]
+
+    @classmethod
+    def parse(cls, thread_id: str, fields: dict[str, str]) -> Record | None:
+        if not fields.get("created_at"):
+            return None
+        try:
+            metadata = msgspec.json.decode(fields.get("metadata") or "{}")
+        except msgspec.DecodeError:
+            metadata = {}
+        return cls(thread_id, fields["created_at"], metadata if isinstance(metadata, dict) else {})
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A thread: its record (None: started on the native routes), its conversation (None: empty)."""
+
+    id: str
+    record: Record | None
+    info: ConversationInfo | None
+
+    @property
+    def status(self) -> str:
+        return thread_status(self.info)
+
+    def shape(
+        self, values: dict[str, Any] | None = None, interrupts: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The SDK's ``Thread``."""
+        created = self.record.created_at if self.record is not None else None
+        if self.info is not None:
+            created = min(created or self.info.created_at, self.info.created_at)
+        updated = self.info.updated_at if self.info is not None else created
+        return {
+            "thread_id": self.id,
+            "created_at": created,
+            "updated_at": updated,
+            "metadata": self.record.metadata if self.record is not None else {},
+            "status": self.status,
+            "values": values if values is not None else {},
+            "interrupts": interrupts or {},
+            "config": {},
+            "error": None,
+        }
+
+
+def _matches(found: Found, query: ThreadSearch) -> bool:
+    if query.status is not None and found.status != query.status:
+        return False
+    metadata = found.record.metadata if found.record is not None else {}
+    return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
+
+
+@dataclass(frozen=True, slots=True)
+class Threads:
+    store: Store
+    redis: Redis
+    conversations: Conversations
+
+    async def record(self, thread_id: str) -> Record | None:
+        fields: dict[str, str] = await self.redis.hgetall(protocol_thread_key(thread_id))  # type: ignore[misc]
+        return Record.parse(thread_id, fields)
+
+    async def _info(self, thread_id: str) -> ConversationInfo | None:
+        try:
+            return await self.conversations.info(thread_id)
+        except NotFound:
+            return None
+
+    async def find(self, thread_id: str) -> Found:
+        """The thread, or NotFound."""
+        record = await self.record(thread_id)
+        info = await self._info(thread_id)
+        if record is None and info is None:
+            raise NotFound(f"thread {thread_id} not found")
+        return Found(thread_id, record, info)
+
+    async def create(self, body: ThreadCreate) -> Found:
+        if body.supersteps:
+            raise BadRequest("supersteps is not served by Sophos (docs/agent-protocol.md)")
+        if body.ttl is not None:
+            raise BadRequest("ttl is not served by Sophos (docs/agent-protocol.md)")
+        if body.if_exists not in (None, "raise", "do_nothing"):
+            raise BadRequest("if_exists must be 'raise' or 'do_nothing'")
+        thread_id = thread_id_of(body.thread_id) if body.thread_id else new_id()
+        info = await self._info(thread_id)
+        created = info is None and await self._claim(thread_id, body.metadata or {})
+        if not created:
+            if body.if_exists == "do_nothing":
+                return await self.find(thread_id)
+            raise ThreadExists(f"thread {thread_id} already exists")
+        log.info("thread.created", conversation_id=thread_id)
+        return Found(thread_id, await self.record(thread_id), None)
+
+    async def _claim(self, thread_id: str, metadata: dict[str, Any]) -> bool:
+        """Write the thread's record unless it exists (HSETNX decides between two creators)."""
+        key = protocol_thread_key(thread_id)
+        now = time.time()
+        if not await self.redis.hsetnx(key, "created_at", iso_from_timestamp(now)):  # type: ignore[misc]
+            return False
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, "metadata", msgspec.json.encode(metadata).decode())
+            pipe.zadd(PROTOCOL_THREADS, {thread_id: int(now * 1000)})
+            await pipe.execute()
+        return True
+
+    async def get(self, thread_id: str) -> dict[str, Any]:
+        found = await self.find(thread_id)
+        state = await self.state_of(found)
+        interrupts = {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
+        return found.shape(state["values"], interrupts)
+
+    async def state(self, thread_id: str) -> dict[str, Any]:
+        return await self.state_of(await self.find(thread_id))
+
+    async def state_of(self, found: Found) -> dict[str, Any]:
+        if found.info is None:
+            return empty_state(found.id)
+        state = await self.store.read_thread(found.id, thread_state)
+        return state if state is not None else empty_state(found.id)
+
+    async def delete(self, thread_id: str) -> None:
+        """Delete the thread: its conversation as ``DELETE /api/conversations/{id}`` does (409 while
+        a run holds it), then its record."""
+        found = await self.find(thread_id)
+        if found.info is not None:
+            await Deletions(self.store, self.redis).delete(thread_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(protocol_thread_key(thread_id))
+            pipe.zrem(PROTOCOL_THREADS, thread_id)
+            await pipe.execute()
+        log.info("thread.deleted", conversation_id=thread_id)
+
+    async def search(self, query: ThreadSearch) -> list[dict[str, Any]]:
+        if query.values or query.extract or query.select:
+            raise BadRequest("values, select and extract are not served by Sophos (docs/agent-protocol.md)")
+        if query.status is not None and query.status not in THREAD_STATUSES:
+            raise BadRequest(f"status must be one of {', '.join(sorted(THREAD_STATUSES))}")
+        if not 1 <= query.limit <= SEARCH_LIMIT_MAX or query.offset < 0:
+            raise BadRequest(f"limit must be 1 to {SEARCH_LIMIT_MAX} and offset at least 0")
+        sort_by = query.sort_by or "created_at"
+        if sort_by not in ("created_at", "updated_at", "thread_id", "status"):
+            raise BadRequest("sort_by must be thread_id, status, created_at or updated_at")
+        if query.sort_order not in (None, "asc", "desc"):
+            raise BadRequest("sort_order must be asc or desc")
+        if query.ids is not None:
+            ids = [thread_id_of(i) for i in query.ids]
+            found = [f for f in [await self._maybe(i) for i in dict.fromkeys(ids)] if f is not None]
+        else:
+            found = await self._all()
+        shapes = [f.shape() for f in found if _matches(f, query)]
+        shapes.sort(key=lambda t: (t[sort_by] or "", t["thread_id"]), reverse=query.sort_order != "asc")
+        return shapes[query.offset : query.offset + query.limit]
+
+    async def _maybe(self, thread_id: str) -> Found | None:
+        try:
+            return await self.find(thread_id)
+        except NotFound:
+            return None
+
+    async def _all(self) -> list[Found]:
+        """Every thread, up to :data:`SEARCH_SCAN` of each kind, newest first."""
+        claims = await live.active_runs(self.redis)
+        rows: list[ConversationRow] = []
+        before: tuple[str, str] | None = None
+        while len(rows) < SEARCH_SCAN:
+            page = await self.store.conversations(limit=_PAGE, before=before)
+            rows += page
+            if len(page) < _PAGE:
+                break
+            before = (page[-1].created_at, page[-1].id)
+        active = await self.store.runs_by_id([claims[r.id] for r in rows if r.id in claims])
+        record_ids: list[str] = await self.redis.zrevrange(PROTOCOL_THREADS, 0, SEARCH_SCAN - 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for thread_id in record_ids:
+                pipe.hgetall(protocol_thread_key(thread_id))
+            replies = await pipe.execute()
+        parsed = (Record.parse(i, f) for i, f in zip(record_ids, replies, strict=True))
+        records = {r.id: r for r in parsed if r is not None}
+        found: dict[str, Found] = {}
+        for row in rows:
+            claim = claims.get(row.id)
+            info = summary(row, claim, active.get(claim) if claim is not None else None)
+            found[row.id] = Found(row.id, records.get(row.id), info)
+        # Threads with no conversation row: empty, or their first run still queued.
+        waiting = [i for i in records if i not in found and i in claims]
+        described = await live.described_runs(self.redis, [claims[i] for i in waiting])
+        for thread_id, record in records.items():
+            if thread_id in found:
+                continue
+            queued = described.get(claims.get(thread_id, ""))
+            if queued is None and thread_id in claims:
+                continue  # being recorded by the worker right now: listed next time
+            found[thread_id] = Found(thread_id, record, queued_only(queued) if queued is not None else None)
+        return list(found.values())

@@ -1,0 +1,189 @@
+"""A run's native events (docs/events.md) as the Agent Server's stream, one entry at a time.
+
+Pure: no I/O. The worker publishes ``token``, ``trace``, ``approval`` and a terminal ``end`` or
+``chat-error`` to the run's Redis Stream; the protocol's stream routes relay that stream (the
+same relay as ``GET /api/chat``) and pass each entry through :class:`Translator`:
+
+* ``messages-tuple`` (the SSE event ``messages``): each token as an ``AIMessageChunk`` of the
+  model turn it belongs to, each tool result as a ``tool`` message, with their metadata;
+* ``updates``: ``{"agent": {"messages": [the turn's answer]}}`` when a model turn ends,
+  ``{"tools": {"messages": [result]}}`` per tool result;
+* ``values``: the thread's state, once, when the run has ended (:data:`VALUES`: the caller
+  reads it, as only it can);
+* then ``error`` (a run that failed or was interrupted) and ``end``.
+
+Ids: the parts made of stream entry ``n`` are ``n-0``, ``n-1``...: unique, increasing, the same
+from every API process, so ``Last-Event-ID`` resumes exactly after the last part seen. The
+translation is a function of the entries from the first, so a resumed stream is translated
+from the start and only the parts after that id are sent (:func:`after_id`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from api.protocol.status import run_status
+from shared.contracts import EventType, RunStatus, text_of
+from shared.errors import BadRequest
+from shared.thread import AGENT, TOOLS
+
+GRAPH_ID = "agent"
+
+#: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events)
+STREAM_MODES: Final = ("values", "updates", "messages-tuple", "custom")
+DEFAULT_STREAM_MODES: Final = ("values",)
+
+
+class _Values:
+    """Placeholder for the thread's state, which the caller reads and sends as ``values``."""
+
+
+VALUES: Final = _Values()
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One SSE event of the protocol's stream."""
+
+    event: str
+    data: Any
+    id: str | None = None
+
+
+def stream_modes(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The stream modes asked for (a mode or a list), checked; the default when none."""
+    if value is None or value == "" or value == []:
+        return DEFAULT_STREAM_MODES
+    modes = [value] if isinstance(value, str) else list(value)
+    unknown = [m for m in modes if m not in STREAM_MODES]
+    if unknown:
+        raise BadRequest(
+            f"stream_mode {unknown[0]!r} is not served; served: {', '.join(STREAM_MODES)}"
+        )
+    return tuple(dict.fromkeys(modes))
+
+
+_EVENT_ID = re.compile(r"(-1|[0-9]{1,18}(?:-[0-9]{1,6})?)")
+
+
+def after_id(last_event_id: str | None) -> tuple[int, int]:
+    """The (entry, part) a ``Last-Event-ID`` names: parts up to it are not sent again.
+
+    None, empty or ``-1``: nothing seen (the whole run is sent). ``n``: entry ``n`` was seen
+    whole. ``n-k``: parts ``0..k`` of entry ``n``.
+    """
+    if last_event_id is None or last_event_id.strip() in ("", "-1"):
+        return (0, -1)
+    text = last_event_id.strip()
+    if not _EVENT_ID.fullmatch(text):
+        raise BadRequest(f"Last-Event-ID must be -1, n or n-k (from this stream), got {text[:32]!r}")
+    entry, _, part = text.partition("-")
+    return (int(entry), int(part) if part else 1_000_000)
+
+
+def ai_chunk(text: str, message_id: str) -> dict[str, Any]:
+    return {
+        "content": text, "additional_kwargs": {}, "response_metadata": {}, "type": "AIMessageChunk",
+        "name": None, "id": message_id, "tool_calls": [], "invalid_tool_calls": [],
+        "usage_metadata": None, "tool_call_chunks": [],
+    }
+
+
+@dataclass(slots=True)
+class Translator:
+    """Translates one run's entries, in order, from its first."""
+
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    modes: tuple[str, ...]
+    #: model turns begun so far (each ``enter`` of the agent node)
+    turn: int = 0
+    step: int = 0
+    text: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def message_id(self) -> str:
+        return f"run-{self.run_id}-{self.turn}"
+
+    def _meta(self, node: str) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "thread_id": self.thread_id, "graph_id": GRAPH_ID,
+            "assistant_id": self.assistant_id, "langgraph_node": node, "langgraph_step": self.step,
+        }
+
+    def entry(self, event: str, data: Any) -> list[Part | _Values]:
+        """What the native event ``event`` (with its decoded ``data``) becomes, ids not yet set."""
+        if event == EventType.TOKEN:
+            text = data if isinstance(data, str) else text_of(data)
+            self.text.append(text)
+            if "messages-tuple" in self.modes:
+                return [Part("messages", [ai_chunk(text, self.message_id), self._meta(AGENT)])]
+            return []
+        if event == EventType.TRACE and isinstance(data, dict):
+            return self._trace(data)
+        if event in (EventType.END, EventType.CHAT_ERROR) and isinstance(data, dict):
+            return self._ending(event, data)
+        # ``approval`` (its interrupt is in the thread's state: ``values``), ``missed``: nothing.
+        return []
+
+    def _trace(self, trace: dict[str, Any]) -> list[Part | _Values]:
+        node, kind = trace.get("node"), trace.get("event")
+        self.step = int(trace.get("step") or self.step)
+        found = trace.get("data")
+        body: dict[str, Any] = found if isinstance(found, dict) else {}
+        if node == AGENT and kind == "enter":
+            self.turn += 1
+            self.text, self.calls = [], []
+        elif node == AGENT and kind == "call":
+            self.calls.append({
+                "name": body.get("name"), "args": body.get("arguments") or {},
+                "id": body.get("tool_call_id"), "type": "tool_call",
+            })
+        elif node == AGENT and kind == "leave" and not body.get("error"):
+            if "updates" in self.modes:
+                message = {
+                    **ai_chunk("".join(self.text), self.message_id), "type": "ai", "tool_calls": self.calls,
+                }
+                del message["tool_call_chunks"]
+                return [Part("updates", {AGENT: {"messages": [message]}})]
+        elif node == TOOLS and kind == "result":
+            message = {
+                "content": body.get("result", ""), "additional_kwargs": {}, "response_metadata": {},
+                "type": "tool", "name": body.get("name"), "tool_call_id": body.get("tool_call_id"),
+                "id": f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
+                "status": "error" if body.get("status") == "error" else "success",
+            }
+            parts: list[Part | _Values] = []
+            if "updates" in self.modes:
+                parts.append(Part("updates", {TOOLS: {"messages": [message]}}))
+            if "messages-tuple" in self.modes:
+                parts.append(Part("messages", [message, self._meta(TOOLS)]))
+            return parts
+        return []
+
+    def _ending(self, event: str, data: dict[str, Any]) -> list[Part | _Values]:
+        try:
+            status = run_status(RunStatus(str(data.get("status"))))
+        except ValueError:
+            status = "error"
+        parts: list[Part | _Values] = [VALUES] if "values" in self.modes else []
+        if event == EventType.CHAT_ERROR:
+            code, message = data.get("code"), data.get("message")
+            error = {"error": code or "AGENT_FAILURE", "message": message or "the run failed"}
+            parts.append(Part("error", error))
+        parts.append(Part("end", {"run_id": self.run_id, "status": status}))
+        return parts
+
+
+def number(parts: list[Part | _Values], entry: int) -> list[tuple[str, Part | _Values]]:
+    """The parts of stream entry ``entry`` with their ids."""
+    return [(f"{entry}-{k}", part) for k, part in enumerate(parts)]
+
+
+def is_terminal(event: str) -> bool:
+    return event in (EventType.END, EventType.CHAT_ERROR)

@@ -1,0 +1,150 @@
+"""The Agent Protocol's pure parts: statuses, the translation of native events, the parsers
+(docs/agent-protocol.md; the real-client tier is tests/test_agent_protocol.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.protocol.runs import message_of
+from api.protocol.status import run_status, thread_status
+from api.protocol.stream import Native, native_events
+from api.protocol.translate import VALUES, Part, Translator, after_id, number, stream_modes
+from api.relay import PING
+from api.schemas import ConversationInfo
+from shared.contracts import RunStatus
+from shared.errors import BadRequest
+
+#: docs/agent-protocol.md, "Statuses": Sophos run status -> the SDK's run status
+RUN_TABLE = {
+    "queued": "pending", "running": "running", "completed": "success", "failed": "error",
+    "interrupted": "interrupted", "cancelled": "interrupted", "waiting": "success",
+}
+
+
+def test_every_run_status_maps_as_the_manual_says() -> None:
+    assert {s.value: run_status(s) for s in RunStatus} == RUN_TABLE
+
+
+def info(status: RunStatus, resumable: bool = False) -> ConversationInfo:
+    return ConversationInfo(
+        id="c", title="t", created_at="2026-01-01T00:00:00+00:00", updated_at="2026-01-01T00:00:00+00:00",
+        message_count=0, status=status, resumable=resumable,
+    )
+
+
+@pytest.mark.parametrize(("status", "resumable", "expected"), [
+    (RunStatus.QUEUED, False, "busy"),
+    (RunStatus.RUNNING, False, "busy"),
+    (RunStatus.COMPLETED, False, "idle"),
+    (RunStatus.CANCELLED, False, "idle"),
+    (RunStatus.WAITING, False, "interrupted"),
+    (RunStatus.INTERRUPTED, True, "interrupted"),
+    (RunStatus.INTERRUPTED, False, "idle"),
+    (RunStatus.FAILED, False, "error"),
+    (RunStatus.FAILED, True, "error"),
+])
+def test_thread_status(status: RunStatus, resumable: bool, expected: str) -> None:
+    assert thread_status(info(status, resumable)) == expected
+
+
+def test_a_thread_with_no_conversation_yet_is_idle() -> None:
+    assert thread_status(None) == "idle"
+
+
+def translate(modes: tuple[str, ...], events: list[tuple[str, Any]]) -> list[tuple[str, Part | object]]:
+    translator = Translator("r", "t", "a", modes)
+    out: list[tuple[str, Part | object]] = []
+    for n, (event, data) in enumerate(events, start=1):
+        out += number(translator.entry(event, data), n)
+    return out
+
+
+RUN = [
+    ("trace", {"step": 1, "node": "agent", "event": "enter", "name": "agent"}),
+    ("token", "Hel"),
+    ("token", "lo"),
+    ("trace", {"step": 1, "node": "agent", "event": "call", "name": "echo",
+               "data": {"name": "echo", "arguments": {"x": 1}, "tool_call_id": "c1"}}),
+    ("trace", {"step": 1, "node": "agent", "event": "leave", "name": "agent"}),
+    ("trace", {"step": 2, "node": "tools", "event": "result", "name": "echo",
+               "data": {"name": "echo", "result": "1", "tool_call_id": "c1", "status": "success"}}),
+    ("end", {"conversation": "t", "run": "r", "status": "completed"}),
+]
+
+
+def test_messages_tuple_is_the_tokens_of_each_turn_then_tool_results() -> None:
+    out = translate(("messages-tuple",), RUN)
+    messages = [(i, p.data) for i, p in out if isinstance(p, Part) and p.event == "messages"]
+    assert [i for i, _ in messages] == ["2-0", "3-0", "6-0"]
+    (hel, meta), (lo, _), (tool, tool_meta) = (d for _, d in messages)
+    assert (hel["type"], hel["content"], lo["content"]) == ("AIMessageChunk", "Hel", "lo")
+    assert hel["id"] == lo["id"] == "run-r-1"
+    assert meta["langgraph_node"] == "agent" and meta["run_id"] == "r" and meta["thread_id"] == "t"
+    assert tool["type"] == "tool" and tool["tool_call_id"] == "c1" and tool_meta["langgraph_node"] == "tools"
+    assert out[-1] == ("7-0", Part("end", {"run_id": "r", "status": "success"}))
+
+
+def test_updates_are_each_turn_and_each_tool_result() -> None:
+    out = translate(("updates",), RUN)
+    updates = [p.data for _, p in out if isinstance(p, Part) and p.event == "updates"]
+    answer = updates[0]["agent"]["messages"][0]
+    assert answer["type"] == "ai" and answer["content"] == "Hello"
+    assert answer["tool_calls"] == [{"name": "echo", "args": {"x": 1}, "id": "c1", "type": "tool_call"}]
+    assert updates[1]["tools"]["messages"][0]["content"] == "1"
+
+
+def test_values_come_once_at_the_end_before_error_and_end() -> None:
+    failed = [*RUN[:3], ("chat-error", {"status": "interrupted", "code": "INTERRUPTED", "message": "gone"})]
+    out = translate(("values",), failed)
+    assert [i for i, _ in out] == ["4-0", "4-1", "4-2"]
+    assert out[0][1] is VALUES
+    assert out[1][1] == Part("error", {"error": "INTERRUPTED", "message": "gone"})
+    assert out[2][1] == Part("end", {"run_id": "r", "status": "interrupted"})
+
+
+def test_other_events_translate_to_nothing() -> None:
+    others: list[tuple[str, Any]] = [("approval", {"requests": []}), ("missed", {})]
+    assert translate(("values", "updates", "messages-tuple"), others) == []
+
+
+def test_last_event_id() -> None:
+    assert after_id(None) == after_id("") == after_id("-1") == (0, -1)
+    assert after_id("7-2") == (7, 2)
+    assert after_id("7")[0] == 7 and after_id("7") > (7, 999)
+    for bad in ("x", "7-", "-2", "1.5", "7-2-1"):
+        with pytest.raises(BadRequest):
+            after_id(bad)
+
+
+def test_stream_modes() -> None:
+    assert stream_modes(None) == ("values",)
+    assert stream_modes("updates") == ("updates",)
+    assert stream_modes(["values", "messages-tuple", "values"]) == ("values", "messages-tuple")
+    for bad in ("debug", ["values", "events"], "messages"):
+        with pytest.raises(BadRequest):
+            stream_modes(bad)
+
+
+def test_input_is_one_user_message_or_nothing() -> None:
+    assert message_of(None) is None and message_of({}) is None and message_of({"messages": []}) is None
+    assert message_of({"messages": [{"role": "user", "content": "hi"}]}) == "hi"
+    assert message_of({"messages": [{"type": "human", "content": [{"type": "text", "text": "hi"}]}]}) == "hi"
+    assert message_of({"messages": ["hi"]}) == "hi"
+    bad: dict[str, Any]
+    for bad in (
+        {"messages": [{"role": "ai", "content": "x"}]}, {"messages": "x"}, {"messages": [1]},
+        {"messages": [{"role": "user", "content": 3}]}, {"messages": ["a", "b"]}, {"other": []},
+    ):
+        with pytest.raises(BadRequest):
+            message_of(bad)
+
+
+def test_the_relays_output_reads_back() -> None:
+    token = b'id: 3\r\nevent: token\r\ndata: "a"\r\n\r\n'
+    end = b'id: 4\r\nevent: end\r\ndata: {"status":"completed"}\r\n\r\n'
+    chunk = token + PING + end
+    assert list(native_events(chunk)) == [
+        Native(3, "token", "a"), None, Native(4, "end", {"status": "completed"}),
+    ]

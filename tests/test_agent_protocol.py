@@ -1,0 +1,345 @@
+"""The Agent Protocol (docs/agent-protocol.md) driven by the real ``langgraph-sdk`` client against a
+real API and worker, with the fake model: every claim of that page is one of these tests (the pure
+parts, translation and statuses, are in tests/fast/test_agent_protocol_translate.py)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, UnprocessableEntityError
+
+from api.protocol.runs import ASSISTANT_ID
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import get_json, wait_for_async
+from tests.support.env import SophosEnv
+
+
+def said(text: str, role: str = "user") -> dict[str, Any]:
+    """A run's input: one new message."""
+    return {"messages": [{"role": role, "content": text}]}
+
+
+def messages_of(thread: Any) -> list[dict[str, Any]]:
+    values = thread["values"]
+    assert isinstance(values, dict)
+    return list(values["messages"])
+
+
+def text_of(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+
+
+@pytest.fixture
+async def client(sophos_env: SophosEnv, start_worker, start_api) -> AsyncIterator[LangGraphClient]:
+    """The SDK's client on a fresh API and worker."""
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as sdk:
+        yield sdk
+
+
+async def wait(client: LangGraphClient, thread_id: str, text: str, **options: Any) -> dict[str, Any]:
+    """``runs.wait`` with one user message: the thread's values at the run's end."""
+    values = await client.runs.wait(thread_id, "agent", input=said(text), **options)
+    assert isinstance(values, dict)
+    return values
+
+
+async def run_status(
+    client: LangGraphClient, thread_id: str, run_id: str, *statuses: str
+) -> dict[str, Any]:
+    async def reached() -> dict[str, Any] | None:
+        run = dict(await client.runs.get(thread_id, run_id))
+        return run if run["status"] in statuses else None
+
+    return await wait_for_async(reached, timeout=30, message=f"run {run_id} {' or '.join(statuses)}")
+
+
+async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama) -> None:
+    assistants = await client.assistants.search()
+    assert [(a["assistant_id"], a["graph_id"]) for a in assistants] == [(ASSISTANT_ID, "agent")]
+    assert (await client.assistants.get("agent"))["assistant_id"] == ASSISTANT_ID
+    assert (await client.assistants.get(ASSISTANT_ID))["graph_id"] == "agent"
+    assert await client.assistants.search(graph_id="other") == []
+    with pytest.raises(NotFoundError):
+        await client.assistants.get("other")
+    info = await client.http.get("/info")
+    assert info["flags"]["crons"] is False and info["flags"]["langsmith"] is False
+
+    # A thread created empty: idle, no values, its metadata kept.
+    thread = await client.threads.create(metadata={"user": "ada"})
+    thread_id = thread["thread_id"]
+    assert thread["status"] == "idle" and thread["metadata"] == {"user": "ada"}
+    got = await client.threads.get(thread_id)
+    assert got["status"] == "idle" and got["values"] == {} and got["metadata"] == {"user": "ada"}
+    state = await client.threads.get_state(thread_id)
+    assert state["values"] == {} and state["next"] == [] and state["tasks"] == []
+
+    # if_exists: raise (the default) is 409; do_nothing answers the thread as it is.
+    with pytest.raises(ConflictError):
+        await client.threads.create(thread_id=thread_id)
+    same = await client.threads.create(thread_id=thread_id, if_exists="do_nothing", metadata={"user": "bob"})
+    assert same["metadata"] == {"user": "ada"}
+    chosen = str(uuid.uuid4())
+    assert (await client.threads.create(thread_id=chosen))["thread_id"] == chosen
+
+    # Its first run creates its conversation under the same id.
+    model.script(Text("Hello Ada."))
+    values = await wait(client, thread_id, "hi")
+    assert [text_of(m) for m in values["messages"]] == ["hi", "Hello Ada."]
+    conversation = get_json(str(client.http.client.base_url), f"/api/conversations/{thread_id}")
+    assert conversation is not None
+    assert [m["content"] for m in conversation["messages"]] == ["hi", "Hello Ada."]
+    got = await client.threads.get(thread_id)
+    assert got["status"] == "idle" and got["metadata"] == {"user": "ada"}
+    assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
+
+    # Search: both kinds of thread, newest first, by metadata, by status, by ids.
+    found = [t["thread_id"] for t in await client.threads.search(limit=10)]
+    assert found == [chosen, thread_id]
+    assert [t["thread_id"] for t in await client.threads.search(metadata={"user": "ada"})] == [thread_id]
+    assert [t["thread_id"] for t in await client.threads.search(ids=[chosen])] == [chosen]
+    assert await client.threads.search(status="busy") == []
+    assert [t["thread_id"] for t in await client.threads.search(limit=1, offset=1)] == [thread_id]
+
+    # Delete: the conversation with it, and the empty one.
+    await client.threads.delete(thread_id)
+    await client.threads.delete(chosen)
+    for gone in (thread_id, chosen):
+        with pytest.raises(NotFoundError):
+            await client.threads.get(gone)
+    assert await client.threads.search() == []
+
+
+async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model: FakeOllama) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(Text("First answer."))
+    run = await client.runs.create(thread_id, "agent", input=said("one", "human"))
+    assert run["status"] in ("pending", "running") and run["thread_id"] == thread_id
+    values = await client.runs.join(thread_id, run["run_id"])
+    assert text_of(values["messages"][-1]) == "First answer."
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
+
+    # Stream a second run: metadata first, tokens as messages-tuple, the final values, end.
+    model.script(Text("Second answer, streamed."))
+    created: list[Any] = []
+    parts = [
+        p async for p in client.runs.stream(
+            thread_id, "agent", input=said("two"),
+            stream_mode=["messages-tuple", "values"], metadata={"case": "stream"},
+            on_run_created=created.append,
+        )
+    ]
+    events = [p.event for p in parts]
+    assert events[0] == "metadata" and events[-1] == "end" and events[-2] == "values"
+    run_id = parts[0].data["run_id"]
+    assert created == [{"run_id": run_id, "thread_id": thread_id}]  # read from Content-Location
+    tokens = [p.data for p in parts if p.event == "messages"]
+    assert "".join(chunk["content"] for chunk, _ in tokens) == "Second answer, streamed."
+    assert {meta["langgraph_node"] for _, meta in tokens} == {"agent"}
+    final = parts[-2].data["messages"]
+    assert [text_of(m) for m in final] == ["one", "First answer.", "two", "Second answer, streamed."]
+    assert parts[-1].data == {"run_id": run_id, "status": "success"}
+    ids = [p.id for p in parts[1:]]
+    assert None not in ids and len(set(ids)) == len(ids)  # every event after metadata has its own id
+
+    # Rejoin after the fact: -1 replays the whole run; an id resumes right after it.
+    replay = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1")]
+    assert [(p.event, p.id) for p in replay] == [(p.event, p.id) for p in parts[1:]]
+    middle = parts[len(parts) // 2]
+    rest = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id=middle.id)]
+    assert [p.id for p in rest] == [p.id for p in parts[parts.index(middle) + 1 :]]
+    updates = [
+        p.data
+        async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1", stream_mode="updates")
+        if p.event == "updates"
+    ]
+    assert text_of(updates[-1]["agent"]["messages"][0]) == "Second answer, streamed."
+
+    runs: list[dict[str, Any]] = [dict(r) for r in await client.runs.list(thread_id)]
+    assert [r["run_id"] for r in runs] == [run_id, run["run_id"]]
+    assert runs[0]["metadata"] == {"case": "stream"}
+    assert runs[0]["kwargs"]["stream_mode"] == ["messages-tuple", "values"]
+    assert [r["run_id"] for r in await client.runs.list(thread_id, status="success", limit=1)] == [run_id]
+
+
+async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: FakeOllama) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
+    parts = [
+        p async for p in client.runs.stream(
+            thread_id, "agent", input=said("echo ping"),
+            stream_mode="updates",
+        )
+    ]
+    updates = [p.data for p in parts if p.event == "updates"]
+    assert [next(iter(u)) for u in updates] == ["agent", "tools", "agent"]
+    call = updates[0]["agent"]["messages"][0]["tool_calls"][0]
+    assert call["name"] == "tools__echo" and call["args"] == {"text": "ping"}
+    result = updates[1]["tools"]["messages"][0]
+    assert result["type"] == "tool" and result["tool_call_id"] == call["id"] and "ping" in text_of(result)
+    assert text_of(updates[2]["agent"]["messages"][0]) == "Echoed."
+
+
+async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) -> None:
+    hang = Hang(text="Thinking about it")
+    model.script(hang)
+    thread_id = (await client.threads.create())["thread_id"]
+    run = await client.runs.create(thread_id, "agent", input=said("slowly"))
+    await hang.wait_started_async(20)
+    assert (await client.threads.get(thread_id))["status"] == "busy"
+    # One run per thread: a second is refused while the first holds it (multitask_strategy reject).
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("two"))
+    with pytest.raises(ConflictError):
+        await client.threads.delete(thread_id)
+
+    await client.runs.cancel(thread_id, run["run_id"], wait=True)
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
+    thread = await client.threads.get(thread_id)
+    assert thread["status"] == "idle"
+    assert [text_of(m) for m in messages_of(thread)] == ["slowly", "Thinking about it"]
+    end = [p async for p in client.runs.join_stream(thread_id, run["run_id"], last_event_id="-1")][-1]
+    assert end.event == "end" and end.data["status"] == "interrupted"
+
+
+async def test_crash_mid_run_then_a_run_without_input_resumes(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    hang = Hang(text="half an ")
+    model.script(hang, Text("answer, after the crash."))
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        thread_id = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(thread_id, "agent", input=said("go"))
+        await hang.wait_started_async(20)
+        worker.kill()
+        assert worker.wait(10) == -signal.SIGKILL
+
+        start_worker(sophos_env)
+        crashed = await run_status(client, thread_id, run["run_id"], "interrupted", "error", "success")
+        assert crashed["status"] == "interrupted"
+        thread = await client.threads.get(thread_id)
+        assert thread["status"] == "interrupted"  # resumable: its last checkpoint has a task to run
+        assert (await client.threads.get_state(thread_id))["next"] == ["agent"]
+        end = [p async for p in client.runs.join_stream(thread_id, run["run_id"], last_event_id="-1")][-2:]
+        assert [p.event for p in end] == ["error", "end"] and end[0].data["error"] == "INTERRUPTED"
+
+        resumed = await client.runs.create(thread_id, "agent")  # no input: resume
+        values = await client.runs.join(thread_id, resumed["run_id"])
+        assert [text_of(m) for m in values["messages"]] == ["go", "answer, after the crash."]
+        assert (await client.runs.get(thread_id, resumed["run_id"]))["status"] == "success"
+        assert (await client.threads.get(thread_id))["status"] == "idle"
+        with pytest.raises(ConflictError):  # nothing left to resume
+            await client.runs.create(thread_id, "agent")
+    assert model.calls == 2
+
+
+async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient, model: FakeOllama) -> None:
+    base = str(client.http.client.base_url)
+    thread_id = (await client.threads.create(metadata={"keep": True}))["thread_id"]
+    missing = str(uuid.uuid4())
+    bad_input: list[dict[str, Any]] = [
+        {"messages": [{"role": "assistant", "content": "not yours"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+        {"messages": "hello"},
+        {"other": 1},
+        {"messages": [{"role": "user", "content": "   "}]},
+    ]
+    for graph_input in bad_input:
+        with pytest.raises(UnprocessableEntityError):
+            await client.runs.create(thread_id, "agent", input=graph_input)
+    with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
+        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy="enqueue")
+    with pytest.raises(UnprocessableEntityError, match="stream_mode"):
+        await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="debug")
+    with pytest.raises(NotFoundError):
+        await client.runs.create(thread_id, "other", input=said("hi"))
+    with pytest.raises(NotFoundError):
+        await client.runs.create(missing, "agent", input=said("hi"))
+    with pytest.raises(NotFoundError):
+        await client.threads.get(missing)
+    with pytest.raises(ConflictError):  # an empty thread has nothing to resume
+        await client.runs.create(thread_id, "agent")
+
+    async with httpx.AsyncClient(base_url=base) as http:
+        for method, path, body in [
+            ("GET", "/threads/not-a-uuid", None),
+            ("POST", "/threads", {"thread_id": "nope"}),
+            ("POST", f"/threads/{thread_id}/runs", {"assistant_id": "agent", "input": []}),
+            ("POST", f"/threads/{thread_id}/runs", b"{not json"),
+            ("GET", f"/threads/{thread_id}/runs/{missing}/stream", None),
+            ("POST", "/threads/search", {"status": "sleeping"}),
+        ]:
+            content = body if isinstance(body, bytes) else None
+            response = await http.request(method, path, json=None if content else body, content=content)
+            assert 400 <= response.status_code < 500, (path, response.status_code)
+            error = response.json()
+            assert error["error"]["code"] and error["error"]["message"] == error["detail"], (path, error)
+        malformed = await http.get("/threads/not-a-uuid")
+        assert malformed.status_code == 422 and malformed.json()["error"]["code"] == "BAD_REQUEST"
+        assert (await http.get(f"/threads/{thread_id}/runs/{missing}")).status_code == 404
+        assert (await http.get(f"/threads/{thread_id}/runs/{missing}/stream")).status_code == 404
+
+    # Nothing was damaged: the thread is as created, and takes a run.
+    thread = await client.threads.get(thread_id)
+    assert thread["status"] == "idle" and thread["metadata"] == {"keep": True} and thread["values"] == {}
+    assert await client.runs.list(thread_id) == []
+    model.script(Text("Still fine."))
+    async with httpx.AsyncClient(base_url=base) as http:
+        run_body = {"assistant_id": "agent", "input": said("ok?")}
+        accepted = await http.post(f"/threads/{thread_id}/runs", json=run_body)
+    run_id = accepted.json()["run_id"]
+    assert accepted.headers["location"] == f"/threads/{thread_id}/runs/{run_id}/stream"
+    assert accepted.headers["content-location"] == f"/threads/{thread_id}/runs/{run_id}"
+    values = await client.runs.join(thread_id, run_id)
+    assert text_of(values["messages"][-1]) == "Still fine."
+    # A run created with if_not_exists=create makes its thread.
+    model.script(Text("New."))
+    made = str(uuid.uuid4())
+    values = await wait(client, made, "hi", if_not_exists="create")
+    assert text_of(values["messages"][-1]) == "New."
+
+
+async def test_api_token_as_bearer_or_x_api_key(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    env = sophos_env.with_(API_TOKEN="s3cret-token")
+    api = start_api(env)
+    async with get_client(url=api.url, api_key=None) as anonymous:
+        with pytest.raises(APIStatusError) as refused:
+            await anonymous.threads.search()
+        assert refused.value.status_code == 401
+    async with get_client(url=api.url, api_key="s3cret-token") as keyed:
+        assert await keyed.threads.search() == []
+    bearer_header = {"Authorization": "Bearer s3cret-token"}
+    async with get_client(url=api.url, api_key=None, headers=bearer_header) as bearer:
+        assert await bearer.threads.search() == []
+    # Every route of the protocol's, from the app's own document, asks for the token; /ok alone does not.
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        paths = (await http.get("/schema/openapi.json")).json()["paths"]
+        routes = [
+            (method.upper(), re.sub(r"\{[^}]+\}", str(uuid.uuid4()), path))
+            for path, operations in paths.items()
+            for method, operation in operations.items()
+            if "agent protocol" in operation.get("tags", [])
+        ]
+        assert len(routes) >= 17, routes
+        for method, url in routes:
+            for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+                response = await http.request(method, url, headers=headers)
+                if url == "/ok":
+                    assert response.status_code == 200 and response.json() == {"ok": True}
+                else:
+                    assert response.status_code == 401, (method, url, headers)
+                    assert response.json()["error"]["code"] == "UNAUTHORIZED"
