@@ -44,6 +44,9 @@ try:
     from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
 except ImportError:  # pragma: no cover - the test extra installs it
     sync_playwright = None  # type: ignore[assignment]
+else:
+    # ``expect`` keeps a wait of its own (5 s), which ``page.set_default_timeout`` does not change.
+    expect.set_options(timeout=WAIT_MS)
 
 
 # --- the browser -----------------------------------------------------------------------------
