@@ -328,13 +328,21 @@ def test_an_interrupted_run_shows_why_and_resumes(
     expect(page.locator('.banner[data-code="INTERRUPTED"] .message')).to_have_text(run["error"]["message"])
     expect(page.locator("#conversation-status")).to_have_text("interrupted")
     page.get_by_role("button", name="Resume").click()
+    # The call in flight may have run: the resume asks before it is sent again.
+    card = page.locator("fieldset.approval.uncertain")
+    expect(card.locator(".uncertain-note")).to_contain_text("This call may already have run")
+    expect(page.locator("#conversation-status")).to_have_text("waiting for approval")
+    assert len(tool_calls(sophos_env.tools_log, "slow")) == 1
+    card.get_by_label("Send again").check()
+    page.get_by_role("button", name="Send decisions").click()
     expect(answers(page).last.locator("strong")).to_have_text("done")
     idle(page)
     expect(answers(page).last).to_have_text("All done.")
     expect(page.locator("#resume")).to_be_hidden()
     expect(page.locator(".banner")).to_have_count(0)
     expect(page.locator("#conversation-status")).to_have_text("completed")
-    assert len(tool_calls(sophos_env.tools_log, "slow")) == 2  # the step in flight, once more
+    sent = tool_calls(sophos_env.tools_log, "slow")
+    assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # once more, decided, with its key
 
 
 def test_errors_show_the_apis_own_message(

@@ -45,11 +45,20 @@ function requestCard(request, index) {
     el("label", { for: `${id}-arguments`, text: "Arguments (JSON object)" }), args);
   const problem = el("p", { class: "error-text", role: "alert" });
 
+  // A call the worker was making when it stopped: it may have acted already.
+  const uncertain = request.kind === "uncertain";
+  const note = uncertain
+    ? el("p", { class: "uncertain-note", text:
+      "This call may already have run: the worker stopped while it was being made. "
+      + "Approve sends it again (with the same idempotency key), Reject never sends it." })
+    : null;
+  if (uncertain) approve.node.lastChild.textContent = " Send again";
   const card = el(
     "fieldset",
-    { class: "approval", "data-call": request.id },
+    { class: uncertain ? "approval uncertain" : "approval", "data-call": request.id },
     el("legend", {}, "Tool ", el("code", { class: "tool-name", text: request.name })),
-    el("div", { class: "tool-section-title", text: "Proposed arguments" }),
+    ...(note ? [note] : []),
+    el("div", { class: "tool-section-title", text: uncertain ? "Arguments" : "Proposed arguments" }),
     el("pre", { class: "tool-args", text: pretty(request.arguments) }),
     el("div", { class: "choices", role: "radiogroup", "aria-label": `Decision on ${request.name}` },
       approve.node, reject.node, edit.node),
@@ -104,9 +113,11 @@ export function approvalPanel(requests, send) {
   const form = el(
     "form",
     { class: "approvals", "aria-label": "Tool calls waiting for your decision" },
-    el("p", { class: "approvals-title", text: requests.length === 1
-      ? "The agent wants to run a tool. Nothing runs until you decide."
-      : `The agent wants to run ${requests.length} tools. Nothing runs until you decide on each.` }),
+    el("p", { class: "approvals-title", text: requests.every((r) => r.kind === "uncertain")
+      ? "A tool call may already have run. It is not sent again until you decide."
+      : requests.length === 1
+        ? "The agent wants to run a tool. Nothing runs until you decide."
+        : `The agent wants to run ${requests.length} tools. Nothing runs until you decide on each.` }),
     ...cards,
     el("div", { class: "approvals-actions" }, submit),
   );
