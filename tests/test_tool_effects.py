@@ -211,3 +211,44 @@ def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation
     assert response.status_code in (202, 204), response.text
     wait_for(lambda: ledger_rows(env, conversation) == [], timeout=15, message="ledger rows deleted")
     assert get_json(api, f"/api/conversations/{conversation}", expect=404) is not None
+
+
+def test_a_call_whose_intent_is_refused_is_never_sent_and_the_turn_resumes_when_it_is_taken(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """The database refuses the intent (here a trigger, as a damaged file or a bug would; a
+    locked or full file is ``DATABASE_UNAVAILABLE``, tests/test_faults_infra.py): the request
+    never leaves, the run fails resumable, and once the database takes it the resume sends the
+    call once."""
+    if env.get("DATABASE_URL"):
+        pytest.skip("a SQLite trigger refuses the intent (the same code runs on PostgreSQL)")
+    model.script(ToolCalls([FAST]), Text("Sent once."))
+    start_worker(env)
+    api = start_api(env).url
+    conn = sqlite3.connect(env.database_path, timeout=10)
+    try:
+        wait_for(lambda: conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tool_calls'")
+                 .fetchone()[0] == 1, message="the worker's migrations")
+        conn.execute(
+            "CREATE TRIGGER test_refuse_intents BEFORE INSERT ON tool_calls"
+            " BEGIN SELECT RAISE(ABORT, 'intent refused by the test'); END"
+        )
+        conn.commit()
+        conversation, run = accepted(api, "call it")
+        events = read_sse(api, conversation)
+        assert events[-1].event == "chat-error" and events[-1].data["status"] == "failed", events[-1].data
+        assert executions(env, "echo", text="three") == []  # not sent
+        assert ledger_rows(env, conversation) == []
+        assert get_json(api, f"/api/conversations/{conversation}")["resumable"] is True
+
+        conn.execute("DROP TRIGGER test_refuse_intents")
+        conn.commit()
+    finally:
+        conn.close()
+    _, resumed = accepted(api, conversation=conversation, resume=True)
+    events = read_sse(api, conversation)
+    assert events[-1].data == {"conversation": conversation, "run": resumed, "status": "completed"}
+    assert events.text == "Sent once."
+    assert len(executions(env, "echo", text="three")) == 1
+    assert [(r["state"], r["attempt"]) for r in ledger_rows(env, conversation)] == [("done", 1)]
+    assert run != resumed
