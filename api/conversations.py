@@ -14,7 +14,7 @@ import structlog
 from msgspec import UNSET
 from redis.asyncio import Redis
 
-from api import live, transcript
+from api import ledger_view, live, transcript
 from api.approvals import pending_call, pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
@@ -159,8 +159,12 @@ class Conversations:
             requests = await self.store.read_thread(conversation_id, pending_requests)
             if requests is not None:
                 pending = [pending_call(r) for r in requests]
+        messages = messages or []
+        calls = await self.store.tool_calls(conversation_id)
+        ledger_view.annotate(messages, calls)
         return ConversationDetail(
-            conversation=info, messages=messages or [], resumable=info.resumable, pending_approval=pending,
+            conversation=info, messages=messages, resumable=info.resumable, pending_approval=pending,
+            resume_plan=ledger_view.resume_plan(messages, calls) if info.resumable else None,
         )
 
     async def markdown(self, conversation_id: str) -> str:

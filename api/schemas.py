@@ -94,12 +94,34 @@ class Approval(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True)
     message: str | UnsetType = UNSET
 
 
+class LedgerEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What the ledger of tool effects knows of a call (worker/ledger.py): ``done`` (its outcome is
+    recorded: it is never sent again) or ``intent`` (sent, or about to be, with no outcome: it may
+    have run); how many times it was sent; the idempotency key its requests carried."""
+
+    state: Literal["intent", "done"]
+    attempts: int
+    key: str
+
+
 class ToolCall(msgspec.Struct, omit_defaults=True):
     id: str
     name: str
     arguments: dict[str, Any]
     #: on an assistant message's call that needed approval, once decided
     approval: Approval | UnsetType = UNSET
+    #: the ledger's record of the call, once it was sent (absent: never sent)
+    ledger: LedgerEntry | UnsetType = UNSET
+
+
+class PlannedCall(msgspec.Struct, kw_only=True):
+    """What a resume will do with one call of the turn it continues: ``answer`` it from the ledger
+    (it finished), ``send`` it (never sent), ``resend`` it with its key (it may have run, and its
+    tool was safe to repeat), or ``ask`` the user first (it may have run)."""
+
+    id: str
+    name: str
+    action: Literal["answer", "send", "resend", "ask"]
 
 
 class PendingCall(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -133,6 +155,8 @@ class ConversationDetail(msgspec.Struct, rename="camel"):
     resumable: bool
     #: the tool calls waiting for a decision while the conversation is ``waiting``, else null
     pending_approval: list[PendingCall] | None = None
+    #: while ``resumable``: what a resume will do with each call of the turn it continues
+    resume_plan: list[PlannedCall] | None = None
 
 
 class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -17,6 +17,7 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 
+from api.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.readers import Readers
 from shared.contracts import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
@@ -194,6 +195,14 @@ class Store:
             [*params, limit],
         )
         return [RunRow.from_row(r) for r in rows]
+
+    async def tool_calls(self, conversation_id: str) -> list[LedgerRow]:
+        """The conversation's rows of the ledger of tool effects, oldest intent first."""
+        rows = await self._fetch(
+            f"SELECT {LEDGER_COLUMNS} FROM tool_calls WHERE conversation_id = ? ORDER BY intent_at",
+            (conversation_id,),
+        )
+        return [LedgerRow.from_row(r) for r in rows]
 
     async def running_count(self) -> int:
         """How many runs are recorded ``running`` (a search of the status index, not a scan)."""

@@ -85,6 +85,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (conversation_id, message_id, tool_call_id)
     );
     """,
+    # 6: whether the call's tool was safe to repeat when the call was made (its MCP annotations,
+    # or ``safeToRepeat`` in mcp.json): what a resume does with the call if it has no outcome
+    # (sends it again, or asks), shown to the user before they resume. NULL: recorded before.
+    """
+    ALTER TABLE tool_calls ADD COLUMN safe_to_repeat INTEGER;
+    """,
 )
 
 

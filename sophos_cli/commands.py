@@ -134,6 +134,8 @@ def show(api: Api, args: argparse.Namespace) -> int:
           f"updated {info.get('updatedAt')}")
     if detail.get("resumable"):
         print(f"unfinished: {resume_hint(info['id'])}")
+        for line in plan_lines(detail.get("resumePlan") or []):
+            print(line)
     for request in detail.get("pendingApproval") or []:
         print(request_line(request))
     if detail.get("pendingApproval"):
@@ -143,6 +145,25 @@ def show(api: Api, args: argparse.Namespace) -> int:
         for line in _message_lines(message):
             print(line)
     return 0
+
+
+#: what ``sophos show`` says a resume will do with a call (``resumePlan`` in the detail)
+PLAN_WORDS = {
+    "answer": "answered from the ledger (it finished; not sent again)",
+    "send": "sent (it was never sent)",
+    "resend": "sent again with its key (it may have run; safe to repeat)",
+    "ask": "asked about first (it may already have run)",
+}
+
+
+def plan_lines(plan: list[dict[str, Any]]) -> list[str]:
+    """A line per call of the turn a resume continues: what the resume will do with it."""
+    lines = []
+    for planned in plan:
+        action = str(planned.get("action"))
+        call = f"{planned.get('name')} id {planned.get('id')}"
+        lines.append(f"  on resume {call}: {PLAN_WORDS.get(action, action)}")
+    return lines
 
 
 def export(api: Api, args: argparse.Namespace) -> int:

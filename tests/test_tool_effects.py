@@ -67,7 +67,9 @@ def executions(env: SophosEnv, tool: str, **args: Any) -> list[str | None]:
     return [e.get("key") for e in tool_calls(env.tools_log, tool) if e["args"] == args]
 
 
-def _killed_mid_turn(env: SophosEnv, start_worker, start_api, model: FakeOllama) -> tuple[str, str, Any]:
+def _killed_mid_turn(
+    env: SophosEnv, start_worker, start_api, model: FakeOllama, *, safe: bool = False
+) -> tuple[str, str, Any]:
     """Three calls, three tasks; the worker killed right after the second outcome commit (before
     LangGraph saved that task's writes) while the third runs. Returns the API, the conversation
     and the worker started after it."""
@@ -85,9 +87,21 @@ def _killed_mid_turn(env: SophosEnv, start_worker, start_api, model: FakeOllama)
     # One LangGraph task per call: three "enter"s of the tools node in one step.
     enters = [e.data for e in first.of("trace") if e.data["event"] == "enter" and e.data["node"] == "tools"]
     assert len(enters) == 3 and len({e["step"] for e in enters}) == 1
-    assert get_json(api, f"/api/conversations/{conversation}")["resumable"] is True
+    detail = get_json(api, f"/api/conversations/{conversation}")
+    assert detail["resumable"] is True
     before = {r["tool_call_id"]: r for r in ledger_rows(env, conversation)}
     assert sorted(r["state"] for r in before.values()) == ["done", "done", "intent"]
+    # The detail shows what the ledger knows of each call, and what a resume will do.
+    [calling] = [m for m in detail["messages"] if m.get("toolCalls")]
+    assert {c["id"]: c["ledger"] for c in calling["toolCalls"]} == {
+        i: {"state": r["state"], "attempts": 1, "key": r["key"]} for i, r in before.items()
+    }
+    answered = {m["toolCallId"] for m in detail["messages"] if m["role"] == "tool"}
+    running = next(i for i, r in before.items() if r["state"] == "intent")
+    expected = {i: "answer" for i, r in before.items() if r["state"] == "done" and i not in answered}
+    assert {p["id"]: p["action"] for p in detail["resumePlan"]} == {
+        **expected, running: "resend" if safe else "ask",
+    }
     return api, conversation, survivor
 
 
@@ -170,7 +184,7 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     config = json.loads((env.config_dir / "mcp.json").read_text())
     config["mcpServers"]["tools"]["safeToRepeat"] = ["slow"]
     env.write_mcp_config(config)
-    api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model)
+    api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model, safe=True)
 
     _, resumed = accepted(api, conversation=conversation, resume=True)
     events = read_sse(api, conversation)

@@ -206,7 +206,10 @@ async def _copy(
         rows = await sqlite.execute_fetchall("SELECT count(*) FROM runs WHERE status = 'running'")
         running = int(next(iter(rows))[0])
     if "tool_calls" in tables:
-        await _copy_rows(sqlite, conn, "tool_calls", TOOL_CALL_COLUMNS)
+        listed = await sqlite.execute_fetchall("PRAGMA table_info(tool_calls)")
+        # safe_to_repeat: migration 6; a file the worker last opened before it has none (NULL).
+        extra = ", safe_to_repeat" if "safe_to_repeat" in {str(r[1]) for r in listed} else ""
+        await _copy_rows(sqlite, conn, "tool_calls", TOOL_CALL_COLUMNS + extra)
     threads = checkpoints = writes = 0
     saver = AsyncPostgresSaver(conn)
     if "checkpoints" in tables:

@@ -144,7 +144,9 @@ class Ledger:
         )
         return _entry(rows[0]) if rows else None
 
-    async def begin(self, ref: CallRef, run_id: str, tool: str, arguments: dict[str, Any]) -> Entry | None:
+    async def begin(
+        self, ref: CallRef, run_id: str, tool: str, arguments: dict[str, Any], *, safe_to_repeat: bool = False
+    ) -> Entry | None:
         """Commit the intent of the call's first attempt, with a new key; None (nothing written)
         when the call has a row already: done, or uncertain. Raises ``LeaseLost`` on PostgreSQL
         when the run is no longer this worker's."""
@@ -152,11 +154,13 @@ class Ledger:
             await hold_lease(tx)
             rows = await tx.fetchall(
                 "INSERT INTO tool_calls (conversation_id, message_id, tool_call_id, run_id, tool, arguments,"
-                " idempotency_key, attempt, state, intent_at) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?)"
+                " idempotency_key, attempt, state, intent_at, safe_to_repeat)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)"
                 " ON CONFLICT (conversation_id, message_id, tool_call_id) DO NOTHING"
                 f" RETURNING {_ENTRY_COLUMNS}",
                 (ref.conversation_id, ref.message_id, ref.tool_call_id, run_id, tool,
-                 json.dumps(arguments, ensure_ascii=False), str(uuid.uuid4()), INTENT, now_iso()),
+                 json.dumps(arguments, ensure_ascii=False), str(uuid.uuid4()), INTENT, now_iso(),
+                 int(safe_to_repeat)),
             )
         return _entry(rows[0]) if rows else None
 
@@ -210,7 +214,7 @@ class Ledger:
         inside it leaves the intent without outcome.
         """
         name, arguments = call["name"], call.get("args") or {}
-        entry = await self.begin(ref, run_id, name, arguments)
+        entry = await self.begin(ref, run_id, name, arguments, safe_to_repeat=safe_to_repeat)
         decided: dict[str, Any] | None = None
         if entry is None:
             known = await self.entry(ref)

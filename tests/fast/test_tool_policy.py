@@ -55,3 +55,18 @@ def test_the_cli_says_an_uncertain_call_may_already_have_run() -> None:
     assert request_line({**request, "kind": "approval"}).startswith("approval needed: tools__slow(")
     line = request_line({**request, "kind": "uncertain", "attempts": 1})
     assert line.startswith("this call may already have run: tools__slow(") and "same key" in line
+
+
+def test_sophos_show_says_what_a_resume_will_do_with_each_call() -> None:
+    from sophos_cli.commands import plan_lines
+
+    plan = [
+        {"id": "c1", "name": "tools__echo", "action": "answer"},
+        {"id": "c2", "name": "tools__slow", "action": "ask"},
+        {"id": "c3", "name": "tools__look", "action": "resend"},
+    ]
+    assert plan_lines(plan) == [
+        "  on resume tools__echo id c1: answered from the ledger (it finished; not sent again)",
+        "  on resume tools__slow id c2: asked about first (it may already have run)",
+        "  on resume tools__look id c3: sent again with its key (it may have run; safe to repeat)",
+    ]
