@@ -296,4 +296,8 @@ class Runs:
         ended = described.get(run_id)
         if ended is not None and (ended.cancelled_at is not None or ended.failed_at is not None):
             return from_ended(ended)
+        if ended is not None:
+            # Out of the queue, not recorded yet: a worker has taken it and is starting it (or
+            # died doing so, and the sweep will say). Still the first in line, not unknown.
+            return from_queued(ended, 0)
         raise NotFound(f"run {run_id} not found")

@@ -507,3 +507,18 @@ def wait_status_token(api_url: str, run_id: str, status: str) -> None:
         timeout=RUNNING_TIMEOUT, message=f"run {run_id} {status}",
     )
 
+
+
+async def test_a_run_out_of_the_queue_and_not_yet_recorded_is_first_in_line_not_unknown(
+    sophos_env: SophosEnv, start_api, redis: Redis
+) -> None:
+    """Between a worker taking a job (arq removes it from the queue) and recording its run, the
+    run has no row and no queue entry: it is shown queued at position 0, not 404."""
+    from shared.contracts import QUEUE_NAME
+
+    api = start_api(sophos_env).url  # no worker: the run stays where the test puts it
+    _, run = chat(api, "taken")
+    assert status_of(api, run) == "queued"
+    assert await redis.zrem(QUEUE_NAME, run) == 1  # as arq does when a worker takes the job
+    info = get_json(api, f"/api/runs/{run}")
+    assert (info["status"], info["position"]) == ("queued", 0)
