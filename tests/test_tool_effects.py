@@ -13,6 +13,7 @@ import json
 import signal
 import sqlite3
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -106,7 +107,7 @@ def _killed_mid_turn(
 
 
 def _executed_once_each_and_whole(
-    env: SophosEnv, api: str, conversation: str, survivor: Any, last_run: str
+    env: SophosEnv, api: str, conversation: str, workers: Sequence[Any], last_run: str
 ) -> None:
     """Executed once each, whatever LangGraph had saved (the ledger answered the finished
     calls); the call in flight twice, with one key; the transcript whole."""
@@ -126,7 +127,7 @@ def _executed_once_each_and_whole(
     assert rows[running[0]]["run_id"] == last_run
     # Killed right after its outcome commit, the half-second call's task had no writes saved:
     # LangGraph ran it again, and the ledger answered it.
-    answered = {r.get("tool_call_id") for r in survivor.log_records()
+    answered = {r.get("tool_call_id") for worker in workers for r in worker.log_records()
                 if r.get("event") == "tool_call.answered_from_ledger"}
     assert rows[done[0]]["tool_call_id"] in answered
 
@@ -164,6 +165,15 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     assert len(executions(env, "slow", seconds=3.0)) == 1  # not sent again before the decision
     detail = get_json(api, f"/api/conversations/{conversation}")
     assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == requests
+    # A question asked survives kill -9: the next worker finds it still waiting.
+    survivor.kill()
+    assert survivor.wait(10) == -signal.SIGKILL
+    last = start_worker(env)
+    wait_for(lambda: any(r.get("event") == "worker.ready" for r in last.log_records()),
+             message="the next worker")
+    detail = get_json(api, f"/api/conversations/{conversation}")
+    assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == requests
+    assert len(executions(env, "slow", seconds=3.0)) == 1
 
     with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
         decided = http.post("/api/chat", json={
@@ -173,7 +183,7 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     events = read_sse(api, conversation)
     assert events[-1].event == "end" and events[-1].data["run"] == decided.json()["run"]
     assert events.text == "All three done."
-    _executed_once_each_and_whole(env, api, conversation, survivor, decided.json()["run"])
+    _executed_once_each_and_whole(env, api, conversation, (survivor, last), decided.json()["run"])
 
 
 def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
@@ -192,7 +202,7 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     assert "approval" not in events.types and events.text == "All three done."
     again = [r for r in survivor.log_records() if r.get("event") == "tool_call.sent_again"]
     assert [(r["tool"], r["reason"]) for r in again] == [("tools__slow", "safe_to_repeat")]
-    _executed_once_each_and_whole(env, api, conversation, survivor, resumed)
+    _executed_once_each_and_whole(env, api, conversation, (survivor,), resumed)
 
 
 def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation(
