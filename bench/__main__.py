@@ -1,5 +1,8 @@
 """``python -m bench [--quick]``: run every figure, print the table, write ``bench/RESULTS.md``.
 
+``--only ledger`` measures figure 14 (the ledger's cost) alone, in about a minute, and
+replaces only its section of the results file.
+
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
 writes no results file unless ``--results`` is given. The exit status is non-zero
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -25,11 +29,11 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import profiling, variants
+from bench import ledger, profiling, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
-from bench.report import Results, console, markdown, raw
+from bench.report import Results, console, ledger_section, markdown, raw, splice_ledger_section
 from bench.runs import (
     MESSAGE,
     checkpointed_size,
@@ -113,6 +117,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, databases)")
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
+    p.add_argument(
+        "--only",
+        choices=["ledger"],
+        default=None,
+        help="measure one figure alone (ledger: figure 14) and replace only its section of the results",
+    )
+    p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
         p.add_argument(
             f"--{name}", type=int, default=None, help=f"override the number of {name.replace('-', ' ')}"
@@ -268,6 +279,39 @@ async def profile_phase(
     return list(zip(titles, paths, strict=True))
 
 
+def ledger_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> ledger.LedgerCost:
+    """Figure 14, stamped with how it was measured (its section says so, alone or not)."""
+    load_start = load_average()
+    cost = ledger.measure(
+        quick=args.quick, rng=random.Random(args.seed), overrides=overrides, keep=args.keep,
+        runs=args.ledger_runs, say=say,
+    )
+    cost.command, cost.code = command, code_version()
+    cost.load = f"{load_start}; {load_average()}"
+    cost.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return cost
+
+
+def only_ledger(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
+    """``--only ledger``: figure 14 alone; its section replaces the one in the results file."""
+    try:
+        cost = ledger_phase(args, overrides, command)
+    except BenchError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    section = ledger_section(cost)
+    print(section)
+    target = args.results if args.results is not None else (None if args.quick else HERE / "RESULTS.md")
+    if target is not None:
+        before = target.read_text() if target.exists() else ""
+        target.write_text(splice_ledger_section(before, section))
+        say(f"figure 14 written to {target} (its section only)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(dataclasses.asdict(cost), indent=1))
+    say(f"done in {cost.elapsed_s:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     base = QUICK if args.quick else FULL
@@ -288,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(
         [".venv/bin/python -m bench", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
+    if args.only == "ledger":
+        return only_ledger(args, overrides, command)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     load_start = load_average()
@@ -309,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             keep=args.keep, say=say,
         )
         results.elapsed_s += results.postgres.elapsed_s
+        results.ledger = ledger_phase(args, overrides, command)
+        results.elapsed_s += results.ledger.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

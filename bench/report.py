@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.client import ServiceRun
 from bench.floor import FloorRun
+from bench.ledger import WITH, WITHOUT, LedgerCost
 from bench.postgres import Postgres
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.scaling import Scaling
@@ -53,6 +54,8 @@ class Results:
     switches: Switches | None = None
     #: figure 13, PostgreSQL, on stacks of its own
     postgres: Postgres | None = None
+    #: figure 14, the ledger's cost, in-process on a fake model of its own
+    ledger: LedgerCost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,6 +595,7 @@ def markdown(r: Results) -> str:
         extras(r),
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
+        *([ledger_section(r.ledger)] if r.ledger else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -608,6 +612,62 @@ def markdown(r: Results) -> str:
     return "\n".join(parts)
 
 
+LEDGER_HEADING = "## The ledger's cost (figure 14)"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}" if abs(value) < 10 else f"{value:+.1f}"
+
+
+def ledger_section(lc: LedgerCost) -> str:
+    """Figure 14, headed: per tool call, with the ledger and without, and the difference."""
+    lines = [
+        "| ms | with the ledger, p50 / p95 | without, p50 / p95 | difference of the p50s "
+        "| ratio of the p50s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for what, label in (("wall", "latency (`astream` to its end)"), ("cpu", "CPU (the process)")):
+        for calls, unit in ((1, "per tool call"), (lc.calls, f"per run of {lc.calls} calls")):
+            a, b = lc.per_call(what, WITH), lc.per_call(what, WITHOUT)
+            diff, times = lc.difference(what)
+            lines.append(
+                f"| {label}, {unit} | {_fmt(a.p50 * calls)} / {_fmt(a.p95 * calls)} "
+                f"| {_fmt(b.p50 * calls)} / {_fmt(b.p95 * calls)} | {_signed(diff * calls)} "
+                f"| {_fmt(times, '×')} |"
+            )
+    return (
+        f"{LEDGER_HEADING}\n\n"
+        f"What recording each tool call costs: {lc.runs} runs with the ledger and {lc.runs} without, "
+        "in one process, shuffled into one random order. In-process like the floor (the worker's graph, "
+        f"`ChatOllama`, the MCP tools server, the worker's SQLite file and connections), the fake model "
+        f"answering each run's first call with {lc.calls} `tools__echo` calls (one task each) and its "
+        "second with the 20-token answer; a new conversation per run. Latency is the wall time of "
+        "`graph.astream` to its end (POST → `end` without the service); CPU is `time.process_time()` of "
+        "the benchmark process over it (every thread; the model and the MCP server are processes of their "
+        f"own, alike for both). Per tool call = per run / {lc.calls}. With the ledger each call commits an "
+        "intent row before its MCP request and an outcome row after (SQLite, WAL, `synchronous=FULL`); "
+        f"without it (`build_graph(ledger=None)`, a switch of the benchmark only) the call is just made. "
+        f"Checked after: {lc.rows_done} ledger rows done for the runs with it, {lc.rows_without} for "
+        "those without.\n\n"
+        f"Measured by `{lc.command}` on {lc.date} (code {lc.code}; load average at start, at end: "
+        f"{lc.load}){'; quick mode, a smoke run: not a measurement' if lc.quick else ''}; this figure took "
+        f"{lc.elapsed_s:.0f} s.\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def splice_ledger_section(text: str, section: str) -> str:
+    """``text`` (a results file) with figure 14's section replaced by ``section``, the rest kept:
+    the figure measured alone (``--only ledger``) leaves the other figures' results as they were."""
+    start = text.find(LEDGER_HEADING)
+    if start >= 0:
+        end = text.find("\n## ", start + len(LEDGER_HEADING))
+        return text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
+    anchor = text.find("## Workload\n")
+    if anchor < 0:
+        return (text.rstrip("\n") + "\n\n" if text else "") + section
+    return text[:anchor] + section + "\n" + text[anchor:]
+
+
 def switches_section(r: Results) -> str:
     if r.switches is None:
         return ""
@@ -618,6 +678,8 @@ def console(r: Results) -> str:
     more = "" if r.scaling is None else "\n" + scaling_section(r.scaling)
     if r.postgres is not None:
         more += "\n" + postgres_section(r.postgres)
+    if r.ledger is not None:
+        more += "\n" + ledger_section(r.ledger)
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
@@ -644,6 +706,7 @@ def raw(r: Results) -> dict[str, Any]:
         "scaling": asdict(r.scaling) if r.scaling is not None else None,
         "switches": asdict(r.switches) if r.switches is not None else None,
         "postgres": asdict(r.postgres) if r.postgres is not None else None,
+        "ledger": asdict(r.ledger) if r.ledger is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

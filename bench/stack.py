@@ -75,13 +75,16 @@ def _cmdline(pid: int) -> str:
 
 
 class ModelServer:
-    """``python -m bench.model_server`` as a child process; ``latency``: seconds before each reply."""
+    """``python -m bench.model_server`` as a child process; ``latency``: seconds before each reply;
+    ``calls``: tool calls in an answer that makes them."""
 
-    def __init__(self, log_path: Path, latency: float = 0.0) -> None:
+    def __init__(self, log_path: Path, latency: float = 0.0, calls: int = 1) -> None:
         repo = Path(__file__).resolve().parent.parent
         command = [sys.executable, "-m", "bench.model_server"]
         if latency:
             command += ["--latency", str(latency)]
+        if calls != 1:
+            command += ["--calls", str(calls)]
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 die_with_test_run(command),
@@ -180,12 +183,14 @@ def running_stack(
     keep: bool = False,
     root: Path | None = None,
     model_latency: float = 0.0,
+    model_calls: int = 1,
 ) -> Iterator[Stack]:
     """Redis (AOF on, as deployed), the fake model and the API; the worker is started by the caller.
 
     ``overrides``: extra environment for the worker and the API (``--env NAME=VALUE``),
     e.g. ``POLL_DELAY`` to try a tuning without editing the code. ``model_latency``:
-    seconds the fake model waits before each reply starts.
+    seconds the fake model waits before each reply starts; ``model_calls``: tool calls in
+    its answer that makes them.
     """
     root = Path(tempfile.mkdtemp(prefix="sophos-bench-")) if root is None else root
     root.mkdir(parents=True, exist_ok=True)
@@ -195,7 +200,7 @@ def running_stack(
     try:
         redis.start()
         (root / "logs").mkdir(exist_ok=True)
-        model = ModelServer(root / "logs" / "model.log", model_latency)
+        model = ModelServer(root / "logs" / "model.log", model_latency, model_calls)
         env = make_sophos_env(
             root,
             redis_url=redis.url,
