@@ -149,6 +149,19 @@ class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):
     messages: list[Message]
 
 
+class RunBreakdown(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """Where a finished run spent its time, in milliseconds. ``modelMs``, ``toolsMs`` and
+    ``databaseMs`` are within ``durationMs``: the wall time with a chat-model call, a tool call
+    or a checkpoint write in flight (calls of one part made at once count once); the rest of the
+    duration is the worker's own work (events, the outcome's write). ``queuedMs`` came before it."""
+
+    #: from its acceptance to its start by a worker (``waitedMs``)
+    queued_ms: int | UnsetType = UNSET
+    model_ms: int
+    tools_ms: int
+    database_ms: int
+
+
 class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     id: str
     conversation: str
@@ -169,6 +182,9 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     elapsed_ms: int | UnsetType = UNSET
     #: a cancel was asked for and the worker has not stopped the run yet
     cancel_requested: bool | UnsetType = UNSET
+    #: once finished, where its time went (absent for a run no worker timed: one ended by
+    #: recovery after a crash, or one from before this field)
+    breakdown: RunBreakdown | UnsetType = UNSET
 
 
 class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

@@ -85,6 +85,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (conversation_id, message_id, tool_call_id)
     );
     """,
+    # 6: where a run spent its time (shared/rows.py ``Breakdown``, JSON), recorded with its outcome
+    """
+    ALTER TABLE runs ADD COLUMN breakdown TEXT;
+    """,
 )
 
 
