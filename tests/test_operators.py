@@ -443,6 +443,7 @@ def histogram(samples: Samples, name: str, **labels: str) -> tuple[float, float]
     return count, total
 
 
+@pytest.mark.backends
 def test_a_runs_time_is_told_in_histograms_and_in_its_breakdown(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
