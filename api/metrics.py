@@ -6,7 +6,8 @@ What every API process agrees on comes from shared state, read at scrape time:
 * running runs from the ``runs`` table (one count through its status index), and the
   conversations waiting for an approval decision;
 * counters and histograms the worker keeps in Redis (shared/metrics.py): runs
-  finished by status, run duration, model-call and tool-call latency;
+  finished by status, queue wait, run duration by status, time to first token,
+  model-call, tool-call and checkpoint-write latency;
 * the worker's heartbeat (with the outcomes each live worker still keeps for a retry).
 
 What only this process knows (its open event streams, and prometheus-client's
@@ -40,9 +41,12 @@ from shared.errors import SophosError
 from shared.liveness import Liveness, read_liveness
 from shared.metrics import (
     BUCKETS,
+    CHECKPOINT_WRITE,
     CONVERSATIONS_EXPIRED,
+    FIRST_TOKEN,
     METRICS_KEY,
     MODEL_CALL,
+    QUEUE_WAIT,
     RUN_DURATION,
     RUNS_FINISHED,
     TOOL_CALL,
@@ -74,10 +78,19 @@ async def counted(events: AsyncIterator[T]) -> AsyncIterator[T]:
 
 _HELP = {
     RUNS_FINISHED: "Runs that reached an outcome, by status (queued runs cancelled included)",
-    RUN_DURATION: "Seconds from a run's start by the worker to its outcome",
+    QUEUE_WAIT: "Seconds from a run's acceptance to its start by a worker",
+    RUN_DURATION: "Seconds from a run's start by the worker to its outcome, by status",
+    FIRST_TOKEN: "Seconds from a run's start by the worker to its first streamed token",
     MODEL_CALL: "Seconds of one chat-model call, request to last token",
     TOOL_CALL: "Seconds of one tool call, by tool",
+    CHECKPOINT_WRITE: "Seconds of one checkpoint write of a run (a step's checkpoint, or a task's writes)",
 }
+
+#: the worker's histograms and their labels; one without labels is shown (empty) before any observation
+_HISTOGRAMS: tuple[tuple[str, list[str]], ...] = (
+    (QUEUE_WAIT, []), (RUN_DURATION, ["status"]), (FIRST_TOKEN, []), (MODEL_CALL, []),
+    (TOOL_CALL, ["tool"]), (CHECKPOINT_WRITE, []),
+)
 
 
 @dataclass(slots=True)
@@ -150,7 +163,7 @@ class SharedStateCollector:
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",
             value=snapshot.counter(CONVERSATIONS_EXPIRED),
         )
-        for metric, labels in ((RUN_DURATION, []), (MODEL_CALL, []), (TOOL_CALL, ["tool"])):
+        for metric, labels in _HISTOGRAMS:
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])
             for h in histograms:

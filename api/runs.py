@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api import live
 from api.ids import parse_id
-from api.schemas import RunError, RunInfo, RunList, WorkerInfo
+from api.schemas import RunBreakdown, RunError, RunInfo, RunList, WorkerInfo
 from api.status import run_error
 from api.store import RunRow, Store
 from api.timefmt import iso_from_timestamp, millis_between, parse_iso
@@ -74,6 +74,11 @@ def from_row(row: RunRow, progress: live.Progress | None = None, now: float | No
         error=error if error is not None else UNSET,
         waited_ms=waited if waited is not None else UNSET,
     )
+    if row.breakdown is not None:
+        info.breakdown = RunBreakdown(
+            queued_ms=waited if waited is not None else UNSET, model_ms=row.breakdown.model_ms,
+            tools_ms=row.breakdown.tools_ms, database_ms=row.breakdown.database_ms,
+        )
     if row.status == RunStatus.RUNNING:
         started = parse_iso(row.started_at)
         if started is not None:

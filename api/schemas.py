@@ -6,7 +6,7 @@ the checkpointer's own snake_case names. Optional fields are left out, not null.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -173,6 +173,24 @@ class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):
     messages: list[Message]
 
 
+def _ms(description: str) -> msgspec.Meta:
+    return msgspec.Meta(ge=0, description=f"Milliseconds {description}")
+
+
+class RunBreakdown(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """Where a finished run spent its time, in milliseconds. ``modelMs``, ``toolsMs`` and
+    ``databaseMs`` are within ``durationMs``: the wall time with a chat-model call, a tool call
+    or a checkpoint write in flight (calls of one part made at once count once); the rest of the
+    duration is the worker's own work (events, the outcome's write). ``queuedMs`` came before it."""
+
+    queued_ms: Annotated[int, _ms("from its acceptance to its start by a worker (waitedMs)")] | UnsetType = (
+        UNSET
+    )
+    model_ms: Annotated[int, _ms("with a chat-model call in flight")]
+    tools_ms: Annotated[int, _ms("with a tool call in flight (a step's calls made at once count once)")]
+    database_ms: Annotated[int, _ms("with a checkpoint write in flight (a step's, or a task's writes)")]
+
+
 class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     id: str
     conversation: str
@@ -193,6 +211,12 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     elapsed_ms: int | UnsetType = UNSET
     #: a cancel was asked for and the worker has not stopped the run yet
     cancel_requested: bool | UnsetType = UNSET
+    #: once finished, where its time went (absent for a run no worker timed: one ended by
+    #: recovery after a crash, or one from before this field)
+    breakdown: Annotated[RunBreakdown, msgspec.Meta(description=(
+        "Once finished, where its time went; absent for a run no worker timed (ended by recovery "
+        "after a crash, or recorded before this field)"
+    ))] | UnsetType = UNSET
 
 
 class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

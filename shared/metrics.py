@@ -30,17 +30,26 @@ METRICS_KEY = "sophos:metrics"
 RUNS_FINISHED = "sophos_runs_finished"
 #: conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS (counter)
 CONVERSATIONS_EXPIRED = "sophos_conversations_expired"
-#: seconds from a run's start to its outcome (histogram)
+#: seconds from a run's acceptance to its start by a worker (histogram)
+QUEUE_WAIT = "sophos_queue_wait_seconds"
+#: seconds from a run's start to its outcome, by status (histogram)
 RUN_DURATION = "sophos_run_duration_seconds"
+#: seconds from a run's start to its first streamed token (histogram)
+FIRST_TOKEN = "sophos_time_to_first_token_seconds"  # noqa: S105 (a metric's name, not a secret)
 #: seconds of one chat-model call, first byte to last (histogram)
 MODEL_CALL = "sophos_model_call_duration_seconds"
 #: seconds of one tool call, by tool (histogram)
 TOOL_CALL = "sophos_tool_call_duration_seconds"
+#: seconds of one checkpoint write: a step's checkpoint, or a task's writes (histogram)
+CHECKPOINT_WRITE = "sophos_checkpoint_write_duration_seconds"
 
 BUCKETS: dict[str, tuple[float, ...]] = {
+    QUEUE_WAIT: (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
     RUN_DURATION: (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
     MODEL_CALL: (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
     TOOL_CALL: (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    FIRST_TOKEN: (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    CHECKPOINT_WRITE: (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 }
 
 Labels = tuple[tuple[str, str], ...]

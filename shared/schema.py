@@ -91,6 +91,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE tool_calls ADD COLUMN safe_to_repeat INTEGER;
     """,
+    # 7: where a run spent its time (shared/rows.py ``Breakdown``, JSON), recorded with its outcome
+    """
+    ALTER TABLE runs ADD COLUMN breakdown TEXT;
+    """,
 )
 
 

@@ -54,6 +54,7 @@ def snapshot(api_url: str) -> dict[str, Any]:
         "list": conversations,
         "detail": {c: get_json(api_url, f"/api/conversations/{c}") for c in conversations},
         "export": {c: exports(api_url, c) for c in conversations},
+        "runs": {r["id"]: r for r in get_json(api_url, "/api/runs")["runs"]},
     }
 
 
@@ -89,7 +90,7 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     # it ``running``, a dead worker's.
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
-    a, _ = chat(api.url, "weather please")
+    a, run_a = chat(api.url, "weather please")
     assert read_sse(api.url, a, timeout=30).text == "It is sunny."
     b, _ = chat(api.url, "doomed run")
     kill_mid_run(worker, hang_b)
@@ -123,6 +124,7 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     api = start_api(pg)
     wait_for(lambda: status_of(api.url, c) == "interrupted", timeout=20, message="C recorded interrupted")
     after = snapshot(api.url)
+    assert after["runs"][run_a] == before["runs"][run_a] and "breakdown" in after["runs"][run_a]
     for conversation in (a, b):
         assert after["list"][conversation] == before["list"][conversation]
         assert after["detail"][conversation] == before["detail"][conversation]

@@ -47,6 +47,7 @@ def kill_in_window(sophos_env: SophosEnv, start_worker, start_api) -> Callable[.
         start_worker(sophos_env)
         info = interrupted(api.url, run)
         assert info["status"] == "interrupted"
+        assert "breakdown" not in info  # ended by recovery: no worker timed it
         return api.url, conversation, info
 
     return kill

@@ -407,10 +407,11 @@ async def test_metrics_parse_and_match_the_runs_listing(
     assert samples[("sophos_model_call_duration_seconds_count", ())] == 2
     assert samples[("sophos_model_call_duration_seconds_bucket", (("le", "+Inf"),))] == 2
     assert samples[("sophos_tool_call_duration_seconds_count", (("tool", "tools__add"),))] == 1
-    assert samples[("sophos_run_duration_seconds_count", ())] == 1
+    completed = (("status", "completed"),)
+    assert samples[("sophos_run_duration_seconds_count", completed)] == 1
     duration = get_json(api, f"/api/runs/{run_1}")["durationMs"] / 1000
     # The worker times from before its first write to after its last; the row, between them.
-    assert duration - 0.002 <= samples[("sophos_run_duration_seconds_sum", ())] < duration + 1
+    assert duration - 0.002 <= samples[("sophos_run_duration_seconds_sum", completed)] < duration + 1
 
     slow.release()
     await watcher
@@ -420,8 +421,65 @@ async def test_metrics_parse_and_match_the_runs_listing(
     assert samples[("sophos_runs_queued", ())] == 0 and samples[("sophos_runs_running", ())] == 0
     assert samples[("sophos_queue_oldest_age_seconds", ())] == 0
     assert samples[("sophos_model_call_duration_seconds_count", ())] == model.calls == 4
-    assert samples[("sophos_run_duration_seconds_count", ())] == 3
+    assert samples[("sophos_run_duration_seconds_count", completed)] == 3
     assert samples[("sophos_sse_subscribers", ())] == 0
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def histogram(samples: Samples, name: str, **labels: str) -> tuple[float, float]:
+    """A histogram's (count, sum), once its buckets are checked: cumulative, ending at the count."""
+    labs = tuple(sorted(labels.items()))
+    buckets = sorted(
+        (float(dict(key)["le"]), value) for (sample, key), value in samples.items()
+        if sample == f"{name}_bucket" and tuple(kv for kv in key if kv[0] != "le") == labs
+    )
+    assert buckets and buckets[-1][0] == float("inf"), name
+    counts = [value for _, value in buckets]
+    assert counts == sorted(counts), f"{name}: buckets not cumulative {buckets}"
+    count, total = samples[(f"{name}_count", labs)], samples[(f"{name}_sum", labs)]
+    assert counts[-1] == count and total >= 0, name
+    return count, total
+
+
+@pytest.mark.backends
+def test_a_runs_time_is_told_in_histograms_and_in_its_breakdown(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    # The model thinks for a while (held by the test), then calls a tool that takes 0.5 s.
+    thinking = Hang(text="let me see ", then=ToolCalls([("tools__slow", {"seconds": 0.5})]))
+    model.script(thinking, Text("Done."))
+    start_worker(sophos_env)
+    api = start_api(sophos_env).url
+    _, run = chat(api, "take your time")
+    thinking.wait_started()
+    time.sleep(0.4)
+    thinking.release()
+    info = wait_status(api, run, "completed")
+    # The outcome is committed before its metrics reach Redis (persist, then notify).
+    completed = ("sophos_run_duration_seconds_count", (("status", "completed"),))
+    samples = wait_for(lambda: (s := metrics(api)).get(completed) == 1 and s, message="the run's duration")
+
+    assert histogram(samples, "sophos_run_duration_seconds", status="completed")[0] == 1
+    assert histogram(samples, "sophos_queue_wait_seconds")[0] == 1
+    count, first_token = histogram(samples, "sophos_time_to_first_token_seconds")
+    assert count == 1 and 0 < first_token < info["durationMs"] / 1000
+    count, model_seconds = histogram(samples, "sophos_model_call_duration_seconds")
+    assert count == 2 and model_seconds >= 0.4
+    count, tool_seconds = histogram(samples, "sophos_tool_call_duration_seconds", tool="tools__slow")
+    assert count == 1 and tool_seconds >= 0.5
+    # Each step's checkpoint (input, agent, tools, agent) and each task's writes.
+    writes, write_seconds = histogram(samples, "sophos_checkpoint_write_duration_seconds")
+    assert writes >= 4 and write_seconds > 0
+
+    parts = info["breakdown"]
+    assert parts["queuedMs"] == info["waitedMs"] >= 0
+    assert 400 <= parts["modelMs"] <= model_seconds * 1000 + 1
+    assert 500 <= parts["toolsMs"] <= tool_seconds * 1000 + 1
+    assert 0 <= parts["databaseMs"] <= write_seconds * 1000 + 1
+    assert parts["modelMs"] + parts["toolsMs"] + parts["databaseMs"] <= info["durationMs"]
+    assert get_json(api, "/api/runs", status="completed")["runs"][0]["breakdown"] == parts
 
 
 def test_cli_streams_a_run_lists_runs_cancels_and_resumes(

@@ -30,7 +30,17 @@ from shared.contracts import (
     arq_job_key,
     run_key,
 )
-from shared.metrics import BUCKETS, METRICS_KEY, MODEL_CALL, RUN_DURATION, RUNS_FINISHED, TOOL_CALL
+from shared.metrics import (
+    BUCKETS,
+    CHECKPOINT_WRITE,
+    FIRST_TOKEN,
+    METRICS_KEY,
+    MODEL_CALL,
+    QUEUE_WAIT,
+    RUN_DURATION,
+    RUNS_FINISHED,
+    TOOL_CALL,
+)
 from tests.fakes.ollama import FakeOllama, Hang, Status, ToolCalls
 from tests.support.client import get_json, wait_for
 from tests.support.env import SophosEnv, mcp_servers
@@ -47,17 +57,20 @@ WAKE_LIST_BOUND = 16
 TOOLS = ("tools__echo", "tools__add", "tools__slow", "tools__fail")
 #: Histogram buckets and the two other parts (count, sum) of one label set.
 _PARTS = {metric: len(bounds) + 3 for metric, bounds in BUCKETS.items()}
+#: the histograms without labels
+_UNLABELLED = (QUEUE_WAIT, FIRST_TOKEN, MODEL_CALL, CHECKPOINT_WRITE)
+_FINISHED = len([s for s in RunStatus if s.finished])
 METRICS_FIELDS_BOUND = (
-    len([s for s in RunStatus if s.finished])
-    + _PARTS[RUN_DURATION] + _PARTS[MODEL_CALL] + _PARTS[TOOL_CALL] * len(TOOLS)
+    _FINISHED + _PARTS[RUN_DURATION] * _FINISHED + sum(_PARTS[m] for m in _UNLABELLED)
+    + _PARTS[TOOL_CALL] * len(TOOLS)
 )
 
 
 def _metrics_field_known(field: str) -> bool:
     metric, labels, part = json.loads(field)
-    if metric == RUNS_FINISHED:
-        return part == "total" and RunStatus(labels["status"]).finished
-    if metric in (RUN_DURATION, MODEL_CALL):
+    if metric in (RUNS_FINISHED, RUN_DURATION):
+        return (part == "total") == (metric == RUNS_FINISHED) and RunStatus(labels["status"]).finished
+    if metric in _UNLABELLED:
         return labels == {}
     return metric == TOOL_CALL and labels.get("tool") in TOOLS
 

@@ -630,6 +630,13 @@ def test_the_runs_view_shows_the_queue_and_cancels(
     hang.release()
     expect(page.locator("#runs-running tr[data-run]")).to_have_count(0)
     expect(page.locator("#runs-finished tr[data-status=completed] .outcome")).to_have_text("completed")
+    # Where its time went: held by the model for seconds, no tool called.
+    parts = page.locator("#runs-finished tr[data-status=completed] .breakdown .part")
+    took = r"(\d+ ms|\d+(\.\d)? s)"
+    expect(parts).to_have_text([
+        re.compile(f"^queued {took}$"), re.compile(r"^model \d+(\.\d)? s$"), "tools 0 ms",
+        re.compile(f"^database {took}$"),
+    ])
 
 
 # --- the API documentation ------------------------------------------------------------------

@@ -202,7 +202,10 @@ async def _copy(
     if "conversations" in tables:
         conversations = await _copy_rows(sqlite, conn, "conversations", CONVERSATION_COLUMNS)
     if "runs" in tables:
-        runs = await _copy_rows(sqlite, conn, "runs", RUN_COLUMNS)
+        present = {str(r[1]) for r in await sqlite.execute_fetchall("PRAGMA table_info(runs)")}
+        # A file no worker of this version has opened has no breakdown column (nor breakdowns).
+        columns = f"{RUN_COLUMNS}, breakdown" if "breakdown" in present else RUN_COLUMNS
+        runs = await _copy_rows(sqlite, conn, "runs", columns)
         rows = await sqlite.execute_fetchall("SELECT count(*) FROM runs WHERE status = 'running'")
         running = int(next(iter(rows))[0])
     if "tool_calls" in tables:

@@ -11,14 +11,16 @@ The ending then, in this order:
    run cancelled, cut or killed before its approval node's checkpoint leaves the
    interrupt pending: the approval is asked again, never lost); pending tasks mean
    a resume can finish it.
-2. **Records it** through the storage interface (fenced on PostgreSQL: a worker that
+2. **Records it**, with where the run spent its time when the caller timed it (its
+   breakdown), through the storage interface (fenced on PostgreSQL: a worker that
    lost its lease records nothing, :class:`LeaseLost` reaches the caller). A database
    that refuses keeps the write for a retry (worker/outcomes.py); the client is told
    all the same. A run that has no row (the database refused to record its start) is
    described in its Redis hash instead.
 3. **Notifies**, persist-then-notify: in one Redis script (``END_RUN_LUA``) the claim
    is compared-and-deleted, the ``approval`` and terminal events appended after the
-   run's last event, the stream's expiry set and the outcome counted. Redis away: the
+   run's last event, the stream's expiry set and the outcome counted (its duration
+   observed by status, in the same round trip). Redis away: the
    script is retried in the background for as long as events are
    (``GIVE_UP_SECONDS``); the sweep frees a claim whose run is recorded finished.
 """
@@ -41,9 +43,17 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
 from shared.contracts import ACTIVE_RUNS, RunStatus, events_key
-from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
+from shared.metrics import (
+    METRICS_KEY,
+    RUN_DURATION,
+    RUNS_FINISHED,
+    MetricBatch,
+    counter_field,
+    queue_increments,
+)
 from shared.queue import record_ended
 from shared.redis_protocol import scripts
+from shared.rows import Breakdown
 from shared.settings import Settings
 from shared.thread import interrupt_requests
 from worker.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
@@ -134,6 +144,7 @@ class RunEnding:
         self, run_id: str, conversation_id: str, cause: Outcome, *,
         thread: Thread | None = None, events: EventPublisher | None = None,
         steps: int | None = None, recorded: bool = True, along: Callable[[Pipeline], None] | None = None,
+        duration: float | None = None, breakdown: Breakdown | None = None,
     ) -> Outcome:
         """End the run: derive its status from the thread, record it, then notify.
 
@@ -142,6 +153,8 @@ class RunEnding:
         ending follows every event of the run. ``recorded``: False for a run that has
         no row (its start was refused): it is described in Redis instead. ``along``: commands
         that ride in the ending's round trip (the run's progress, forgotten; its metrics).
+        ``duration``: seconds from the run's start, observed by outcome; ``breakdown``: where
+        they went, recorded with the outcome.
         Raises :class:`LeaseLost` (nothing recorded, nothing published) when another
         worker owns the run now.
         """
@@ -154,6 +167,7 @@ class RunEnding:
                     run_id, conversation_id,
                     status=outcome.status, error_code=outcome.code, error_message=outcome.message,
                     message_count=thread.message_count, pending_tasks=thread.pending, step_count=steps,
+                    breakdown=breakdown,
                 )
 
             if events is not None:
@@ -177,6 +191,10 @@ class RunEnding:
             riders = events.take_along()  # after every event batch that carried the run's progress
         if along is not None:
             riders.append(along)
+        if duration is not None:
+            timing = MetricBatch()
+            timing.observe(RUN_DURATION, duration, {"status": outcome.status.value})
+            riders.append(lambda pipe: queue_increments(pipe, timing))
         await self._notify(run_id, conversation_id, outcome, first_id, riders)
         return outcome
 

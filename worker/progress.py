@@ -5,8 +5,10 @@ One :class:`RunTracker` per run, driven by the run service at each step:
 * ``progress_key(run)`` holds the current node and step (the API shows them with
   the elapsed time). Written with the events (:meth:`EventPublisher.along`), so
   it costs no round trip; deleted, the same way, when the run ends.
-* Model and tool call latencies noted by :func:`worker.metrics.timed` travel in
-  the same writes.
+* Model call, tool call and checkpoint write latencies noted by
+  :func:`worker.metrics.timed`, the run's wait in the queue and its time to first
+  token travel in the same writes; the run's :class:`RunClock` adds up its parts
+  for the breakdown recorded with its outcome.
 
 One :class:`CancelSignals` for the worker's life hears cancels: the API sets
 ``cancel_key(run)`` (the record, which start-up recovery reads after a crash) and
@@ -34,8 +36,9 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from shared.contracts import CANCEL_CHANNEL, cancel_key, progress_key
-from shared.metrics import RUN_DURATION, MetricBatch, queue_increments
+from shared.metrics import FIRST_TOKEN, QUEUE_WAIT, MetricBatch, queue_increments
 from worker.events import EventPublisher
+from worker.metrics import RunClock
 
 log = structlog.get_logger(__name__)
 
@@ -48,13 +51,26 @@ _RESUBSCRIBE_MAX_SECONDS = 2.0
 
 
 class RunTracker:
-    def __init__(self, redis: Redis, run_id: str) -> None:
+    """One run's progress and timings, from its start by the worker (its row recorded)."""
+
+    def __init__(self, redis: Redis, run_id: str, enqueued_at: float | None = None) -> None:
         self.redis = redis
         self.run_id = run_id
         self.batch = MetricBatch()
+        self.clock = RunClock()
         self.started_at = time.time()
+        self._started = time.monotonic()
+        self._first_token = False
         #: steps started so far (the run's step count, whatever its outcome)
         self.steps = 0
+        if enqueued_at is not None:
+            self.batch.observe(QUEUE_WAIT, max(0.0, self.started_at - enqueued_at))
+
+    def token(self) -> None:
+        """A token is streamed: the run's first one is its time to first token."""
+        if not self._first_token:
+            self._first_token = True
+            self.batch.observe(FIRST_TOKEN, time.monotonic() - self._started)
 
     async def cancel_requested(self) -> bool:
         """One round trip before the first step: pending metrics, the cancel marker."""
@@ -87,14 +103,12 @@ class RunTracker:
         """The latencies gathered so far ride with the next events written (no round trip)."""
         events.along(lambda pipe: queue_increments(pipe, self.batch))
 
-    def queue_close(self, pipe: Pipeline, duration: float | None) -> None:
-        """The run has its outcome: note its duration, forget its progress and cancel marker.
+    def queue_close(self, pipe: Pipeline) -> None:
+        """The run has its outcome: its last latencies; forget its progress and cancel marker.
 
         Queued on ``pipe`` (the run service hands it the pipeline of the events' last
         batch, so the progress key is deleted after every write that set it).
         """
-        if duration is not None:
-            self.batch.observe(RUN_DURATION, duration)
         queue_increments(pipe, self.batch)
         pipe.delete(progress_key(self.run_id), cancel_key(self.run_id))
 

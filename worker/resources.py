@@ -27,6 +27,7 @@ from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
 from worker.ledger import Ledger
 from worker.mcp_tools import McpToolbox, load_config
+from worker.metrics import TimedCheckpoints
 from worker.model import build_model
 from worker.model_check import report_model
 from worker.recovery import recover
@@ -73,8 +74,10 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
-        hook = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
-        if hook is not None:
+        kill = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
+        # Every checkpoint write of a run is timed (worker/metrics.py); a fault, when asked, comes first.
+        hook = TimedCheckpoints if kill is None else type("KillTimed", (kill, TimedCheckpoints), {})
+        if kill is not None:
             log.warning(
                 "faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint,
                 kill_before_checkpoint=settings.fault_kill_before_checkpoint,

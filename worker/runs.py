@@ -197,7 +197,7 @@ class RunService:
             HumanMessage(job.message or "", id=str(uuid.uuid4())) if job.kind is JobKind.RUN else None
         )
         live = LiveRun(RunControl(), input=message)
-        tracker = RunTracker(self.redis, job.run_id)
+        tracker = RunTracker(self.redis, job.run_id, job.enqueued_at)
 
         async def conclude(outcome: Outcome, final: FinalState | None = None) -> None:
             if live.ended:  # abandoned at shutdown: ended already
@@ -286,7 +286,7 @@ class RunService:
             ended = await self.ending.end(
                 job.run_id, job.conversation_id, outcome, thread=thread, events=events, steps=tracker.steps,
                 # In the ending's round trip, after every progress write the run queued with its events.
-                along=lambda pipe: tracker.queue_close(pipe, duration),
+                along=tracker.queue_close, duration=duration, breakdown=tracker.clock.breakdown(),
             )
         except LeaseLost as exc:
             # Taken over while it ended: the new owner recorded it and told the client.
@@ -308,7 +308,8 @@ class RunService:
             self.stop(job.run_id)
         if live.stopping:
             return None
-        with collecting(tracker.batch):  # the task copies this context, and the batch with it
+        # The task copies this context, and the batch and the clock with it.
+        with collecting(tracker.batch, tracker.clock):
             live.task = asyncio.create_task(
                 self._stream(job, events, live, tracker), name=f"run:{job.run_id}"
             )
@@ -411,6 +412,7 @@ class RunService:
                     text = text_of(chunk.content)
                     if text:
                         live.streamed(text)
+                        tracker.token()
                         await events.token(text)
             elif mode == "tasks":
                 node = payload["name"]

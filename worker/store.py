@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 from shared.contracts import RunJob, RunStatus
 from shared.liveness import new_worker_id
-from shared.rows import RUN_COLUMNS, RunRow, title_of
+from shared.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
 from shared.schema import iso_from_timestamp, now_iso
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
@@ -151,15 +151,19 @@ class RunStore:
         message_count: int | None = None,
         pending_tasks: bool | None = None,
         step_count: int | None = None,
+        breakdown: Breakdown | None = None,
     ) -> None:
-        """Record a run's outcome and its conversation's new shape in one transaction."""
+        """Record a run's outcome (and where its time went) and its conversation's new shape in
+        one transaction."""
         now = now_iso()
         fence, fence_params = self._fence()
         async with self.db.transaction() as tx:
             updated = await tx.execute(
                 "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
-                f" step_count = COALESCE(?, step_count), lease_expires = NULL WHERE id = ?{fence}",
-                (status, error_code, error_message, now, step_count, run_id, *fence_params),
+                f" step_count = COALESCE(?, step_count), breakdown = COALESCE(?, breakdown),"
+                f" lease_expires = NULL WHERE id = ?{fence}",
+                (status, error_code, error_message, now, step_count,
+                 None if breakdown is None else breakdown.to_json(), run_id, *fence_params),
             )
             if updated == 0 and self.owner is not None:
                 raise LeaseLost(run_id)  # rolls back: the conversation is the new owner's to record

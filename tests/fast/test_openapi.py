@@ -32,3 +32,11 @@ def test_every_parameter_carries_a_description() -> None:
     for method, path, operation in _operations():
         for parameter in operation.get("parameters", []):
             assert parameter.get("description"), (method, path, parameter["name"])
+
+
+def test_a_runs_breakdown_is_described() -> None:
+    schemas = create_app(Settings()).openapi_schema.to_schema()["components"]["schemas"]
+    assert "description" in schemas["RunInfo"]["properties"]["breakdown"]
+    parts = schemas["RunBreakdown"]["properties"]
+    assert set(parts) == {"queuedMs", "modelMs", "toolsMs", "databaseMs"}
+    assert all(part["description"].startswith("Milliseconds ") for part in parts.values())

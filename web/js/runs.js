@@ -20,6 +20,25 @@ function cell(text, className) {
   return td;
 }
 
+// A finished run's breakdown: where its time went (GET /api/runs/{id} `breakdown`), one
+// labelled part each; the rest of its duration is the worker's own work.
+const PARTS = [["queuedMs", "queued"], ["modelMs", "model"], ["toolsMs", "tools"], ["databaseMs", "database"]];
+
+function breakdown(run) {
+  const span = document.createElement("span");
+  if (!run.breakdown) return span;
+  for (const [field, name] of PARTS) {
+    if (run.breakdown[field] === undefined) continue;
+    const part = document.createElement("span");
+    part.className = "part";
+    part.dataset.part = name;
+    const ms = run.breakdown[field];
+    part.textContent = `${name} ${ms < 1000 ? `${ms} ms` : seconds(ms)}`;
+    span.append(part);
+  }
+  return span;
+}
+
 function conversationLink(id, title) {
   const a = document.createElement("a");
   a.href = `#/c/${id}`;
@@ -141,6 +160,7 @@ export class RunsView {
       return [
         cell(outcome, "outcome"),
         cell(seconds(r.durationMs)),
+        cell(breakdown(r), "breakdown"),
         cell(String(r.stepCount ?? 0)),
         cell(r.finishedAt ? when(r.finishedAt) : ""),
         cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
@@ -154,7 +174,7 @@ export class RunsView {
     if (!runs.length) {
       const tr = document.createElement("tr");
       const td = cell(emptyText, "empty");
-      td.colSpan = 5;
+      td.colSpan = document.querySelectorAll(`#${tableId} thead th`).length;
       tr.append(td);
       body.append(tr);
       return;
