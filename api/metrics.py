@@ -47,9 +47,13 @@ from shared.metrics import (
     METRICS_KEY,
     MODEL_CALL,
     QUEUE_WAIT,
+    REPEAT_REASONS,
     RUN_DURATION,
     RUNS_FINISHED,
     TOOL_CALL,
+    TOOL_CALL_OUTCOMES,
+    TOOL_CALLS,
+    TOOL_CALLS_REPEATED,
     MetricsSnapshot,
     bound_label,
     read_snapshot,
@@ -158,6 +162,21 @@ class SharedStateCollector:
             if status.finished:
                 finished.add_metric([status.value], snapshot.counter(RUNS_FINISHED, status=status.value))
         yield finished
+        calls = CounterMetricFamily(
+            TOOL_CALLS, "Tool calls by outcome: sent and answered (success, error), answered from the ledger"
+            " on a later attempt (answered), or not sent again by the user's choice (not_repeated)",
+            labels=["outcome"],
+        )
+        for outcome in TOOL_CALL_OUTCOMES:
+            calls.add_metric([outcome], snapshot.counter(TOOL_CALLS, outcome=outcome))
+        yield calls
+        repeated = CounterMetricFamily(
+            TOOL_CALLS_REPEATED, "Tool calls that may have run sent again after a crash, by reason",
+            labels=["reason"],
+        )
+        for reason in REPEAT_REASONS:
+            repeated.add_metric([reason], snapshot.counter(TOOL_CALLS_REPEATED, reason=reason))
+        yield repeated
         yield CounterMetricFamily(
             CONVERSATIONS_EXPIRED,
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",

@@ -30,6 +30,15 @@ METRICS_KEY = "sophos:metrics"
 RUNS_FINISHED = "sophos_runs_finished"
 #: conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS (counter)
 CONVERSATIONS_EXPIRED = "sophos_conversations_expired"
+#: tool calls by outcome (counter): ``success``/``error`` (sent, and answered), ``answered``
+#: (a later attempt answered from the ledger, not sent), ``not_repeated`` (it may have run, and
+#: the user chose not to send it again); worker/ledger.py
+TOOL_CALLS = "sophos_tool_calls"
+TOOL_CALL_OUTCOMES = ("success", "error", "answered", "not_repeated")
+#: tool calls sent again after a crash, by reason (counter): ``safe_to_repeat`` (its tool says so)
+#: or ``decided`` (the user approved or edited it)
+TOOL_CALLS_REPEATED = "sophos_tool_calls_repeated"
+REPEAT_REASONS = ("safe_to_repeat", "decided")
 #: seconds from a run's acceptance to its start by a worker (histogram)
 QUEUE_WAIT = "sophos_queue_wait_seconds"
 #: seconds from a run's start to its outcome, by status (histogram)

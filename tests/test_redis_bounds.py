@@ -37,9 +37,13 @@ from shared.metrics import (
     METRICS_KEY,
     MODEL_CALL,
     QUEUE_WAIT,
+    REPEAT_REASONS,
     RUN_DURATION,
     RUNS_FINISHED,
     TOOL_CALL,
+    TOOL_CALL_OUTCOMES,
+    TOOL_CALLS,
+    TOOL_CALLS_REPEATED,
 )
 from tests.fakes.ollama import FakeOllama, Hang, Status, ToolCalls
 from tests.support.client import get_json, wait_for
@@ -62,7 +66,7 @@ _UNLABELLED = (QUEUE_WAIT, FIRST_TOKEN, MODEL_CALL, CHECKPOINT_WRITE)
 _FINISHED = len([s for s in RunStatus if s.finished])
 METRICS_FIELDS_BOUND = (
     _FINISHED + _PARTS[RUN_DURATION] * _FINISHED + sum(_PARTS[m] for m in _UNLABELLED)
-    + _PARTS[TOOL_CALL] * len(TOOLS)
+    + _PARTS[TOOL_CALL] * len(TOOLS) + len(TOOL_CALL_OUTCOMES) + len(REPEAT_REASONS)
 )
 
 
@@ -72,6 +76,10 @@ def _metrics_field_known(field: str) -> bool:
         return (part == "total") == (metric == RUNS_FINISHED) and RunStatus(labels["status"]).finished
     if metric in _UNLABELLED:
         return labels == {}
+    if metric == TOOL_CALLS:
+        return part == "total" and labels.get("outcome") in TOOL_CALL_OUTCOMES
+    if metric == TOOL_CALLS_REPEATED:
+        return part == "total" and labels.get("reason") in REPEAT_REASONS
     return metric == TOOL_CALL and labels.get("tool") in TOOLS
 
 

@@ -63,6 +63,21 @@ def ledger_rows(env: SophosEnv, conversation: str) -> list[dict[str, Any]]:
     return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
+def tool_counters(api: str) -> Counter[str]:
+    """``sophos_tool_calls_total`` by outcome and ``sophos_tool_calls_repeated_total`` by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+        text = http.get("/metrics").text
+    found: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("sophos_tool_calls_total", "sophos_tool_calls_repeated_total"):
+                label = sample.labels.get("outcome") or sample.labels.get("reason")
+                found[f"{sample.name}:{label}"] = int(sample.value)
+    return found
+
+
 def executions(env: SophosEnv, tool: str, **args: Any) -> list[str | None]:
     """The keys the tools server received for each execution of ``tool`` with ``args``."""
     return [e.get("key") for e in tool_calls(env.tools_log, tool) if e["args"] == args]
@@ -150,6 +165,7 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     repeat) stops the resume: the run ends ``waiting`` with an ``uncertain`` request, and only
     the decision sends it again, with the same key."""
     api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model)
+    counted = tool_counters(api)
 
     _, resumed = accepted(api, conversation=conversation, resume=True)
     events = read_sse(api, conversation)
@@ -184,6 +200,10 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     assert events[-1].event == "end" and events[-1].data["run"] == decided.json()["run"]
     assert events.text == "All three done."
     _executed_once_each_and_whole(env, api, conversation, (survivor, last), decided.json()["run"])
+    # /metrics: the finished call answered from the ledger, the uncertain one sent again as decided.
+    moved = tool_counters(api) - counted
+    assert moved["sophos_tool_calls_repeated_total:decided"] == 1
+    assert moved["sophos_tool_calls_total:answered"] >= 1 and moved["sophos_tool_calls_total:success"] == 1
 
 
 def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
@@ -195,6 +215,7 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     config["mcpServers"]["tools"]["safeToRepeat"] = ["slow"]
     env.write_mcp_config(config)
     api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model, safe=True)
+    counted = tool_counters(api)
 
     _, resumed = accepted(api, conversation=conversation, resume=True)
     events = read_sse(api, conversation)
@@ -203,6 +224,8 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     again = [r for r in survivor.log_records() if r.get("event") == "tool_call.sent_again"]
     assert [(r["tool"], r["reason"]) for r in again] == [("tools__slow", "safe_to_repeat")]
     _executed_once_each_and_whole(env, api, conversation, (survivor,), resumed)
+    moved = tool_counters(api) - counted
+    assert moved["sophos_tool_calls_repeated_total:safe_to_repeat"] == 1 and "decided" not in str(moved)
 
 
 def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation(

@@ -49,9 +49,11 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 
 from shared.contracts import Decision, DecisionAction
+from shared.metrics import TOOL_CALLS, TOOL_CALLS_REPEATED
 from shared.schema import now_iso
 from shared.storage import Database
 from shared.storage.postgres import hold_lease
+from worker.metrics import counted
 
 log = structlog.get_logger(__name__)
 
@@ -225,6 +227,7 @@ class Ledger:
             if safe_to_repeat:
                 log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
                             attempt=known.attempt + 1, reason="safe_to_repeat")
+                counted(TOOL_CALLS_REPEATED, {"reason": "safe_to_repeat"})
                 entry = await self.again(ref, run_id)
             else:
                 # Nothing above acted: on resume this task runs again from its start to here.
@@ -241,6 +244,7 @@ class Ledger:
                         status="error", id=str(uuid.uuid4()), response_metadata={UNCERTAIN_MARK: decided},
                     )
                     await self.record_outcome(ref, "error", result.content)
+                    counted(TOOL_CALLS, {"outcome": "not_repeated"})
                     return result
                 if decision.action is DecisionAction.EDIT:
                     decided["proposed"] = arguments
@@ -250,6 +254,7 @@ class Ledger:
                     entry = await self.again(ref, run_id)
                 log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
                             attempt=known.attempt + 1, reason=f"decided_{decision.action.value}")
+                counted(TOOL_CALLS_REPEATED, {"reason": "decided"})
             if entry is None:  # done meanwhile
                 done = await self.entry(ref)
                 if done is not None and done.state == DONE:
@@ -260,10 +265,12 @@ class Ledger:
         if decided is not None:
             result.response_metadata = {**result.response_metadata, UNCERTAIN_MARK: decided}
         await self.record_outcome(ref, result.status, result.content)
+        counted(TOOL_CALLS, {"outcome": "error" if result.status == "error" else "success"})
         return result
 
     @staticmethod
     def _answer(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
+        counted(TOOL_CALLS, {"outcome": "answered"})
         log.info("tool_call.answered_from_ledger", tool=name, tool_call_id=ref.tool_call_id,
                  attempts=entry.attempt)
         return ToolMessage(

@@ -110,3 +110,10 @@ class TimedCheckpoints:
     async def aput_writes(self, *args: Any, **kwargs: Any) -> Any:
         with timed(CHECKPOINT_WRITE):
             return await super().aput_writes(*args, **kwargs)  # type: ignore[misc]
+
+
+def counted(metric: str, labels: Mapping[str, str] | None = None) -> None:
+    """Count one occurrence of ``metric`` in the run's batch; nothing outside a run."""
+    run = _run.get()
+    if run is not None:
+        run[0].inc(metric, labels)
