@@ -16,13 +16,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 
 
-def _require_approval(env: SophosEnv, tools: Any) -> None:
-    """``requireApproval`` on the fake tools server (``tools``: true or a list of names)."""
+def _require_approval(env: SophosEnv, tools: Any, *, safe_to_repeat: bool = True) -> None:
+    """``requireApproval`` on the fake tools server (``tools``: true or a list of names);
+    ``safe_to_repeat=False``: its calls are taken as calls that act (tests/support/env.py)."""
     config: dict[str, Any] = json.loads(json.dumps(mcp_servers(env.tools_log, env.root / "empty")))
     config["mcpServers"]["tools"]["requireApproval"] = tools
+    if not safe_to_repeat:
+        not_safe_to_repeat(config)
     (env.root / "empty").mkdir(exist_ok=True)
     env.write_mcp_config(config)
 
@@ -169,6 +172,9 @@ def test_the_detail_and_both_exports_show_each_request_and_its_decision(
 
     detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
     calls = detail["messages"][1]["toolCalls"]
+    # The edited call ran once (the ledger has it); the rejected one was never sent (it has none).
+    ledger = calls[0].pop("ledger")
+    assert ledger["state"] == "done" and ledger["attempts"] == 1 and ledger["key"]
     assert calls == [
         {"id": first, "name": "tools__add", "arguments": {"a": 10, "b": 10},
          "approval": {"action": "edit", "proposedArguments": {"a": 1, "b": 1}}},
@@ -320,7 +326,7 @@ def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
 def test_sigkill_during_the_approved_tool_asks_again_before_it_is_sent_again(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    _require_approval(sophos_env, ["slow"])
+    _require_approval(sophos_env, ["slow"], safe_to_repeat=False)
     worker = start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))

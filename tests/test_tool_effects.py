@@ -21,7 +21,7 @@ import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import get_json, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 from tests.support.faults import accepted, database_integrity, recorded_after_crash
 
 pytestmark = [pytest.mark.fault, pytest.mark.backends]
@@ -36,7 +36,8 @@ RUNNING = ("tools__slow", {"seconds": 3.0})
 def env(sophos_env: SophosEnv) -> SophosEnv:
     """Only the fake tools server (the fetch server would cost each worker start)."""
     tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
-    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
+    # Taken as tools that act: a call that may have run is asked about (safeToRepeat: false).
+    sophos_env.write_mcp_config(not_safe_to_repeat({"mcpServers": {"tools": tools}}))
     return sophos_env
 
 

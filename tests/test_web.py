@@ -28,7 +28,7 @@ import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 
 CHROMIUM = os.environ.get("SOPHOS_CHROMIUM", "/usr/bin/chromium")
 INSTALL_LINE = "apt-get update && apt-get install -y chromium"
@@ -305,6 +305,10 @@ def test_an_interrupted_run_shows_why_and_resumes(
     sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama
 ) -> None:
     model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All **done**."))
+    # Taken as a tool that acts: after the crash its call is asked about (tests/support/env.py).
+    (sophos_env.root / "empty").mkdir(exist_ok=True)
+    config = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty")
+    sophos_env.write_mcp_config(not_safe_to_repeat(config))
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
     page = offline.page()

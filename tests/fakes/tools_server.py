@@ -1,7 +1,10 @@
 """A tiny MCP server over stdio for tests: ``python tests/fakes/tools_server.py``.
 
 Tools: ``echo``, ``add``, ``slow`` (sleeps, so a worker can be killed mid-tool) and
-``fail`` (raises, so the client gets an MCP tool error).
+``fail`` (raises, so the client gets an MCP tool error). None acts on anything, and each says so
+with the MCP annotation ``readOnlyHint``: a call that may have run when its worker died is sent
+again without asking (worker/ledger.py). A test that needs a call the worker must ask about sets
+``"safeToRepeat": false`` on the server in its mcp.json (tests/support/env.py ``not_safe_to_repeat``).
 
 Every call appends one JSON line ``{"tool", "args", "pid", "key"}`` to the file named by
 ``TOOLS_LOG`` (when set) *before* doing its work (``key``: the idempotency key the
@@ -23,11 +26,13 @@ import sys
 from typing import Any
 
 from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import ToolAnnotations
 
 STARTED_LINE = "Tools MCP Server running on stdio"
 
 # WARNING: FastMCP logs every request at INFO on stderr, which would flood the worker log.
 mcp = FastMCP("tools", log_level="WARNING")
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
 
 
 def _log(entry: dict[str, Any]) -> None:
@@ -54,21 +59,21 @@ def _called(tool: str, ctx: Context[Any, Any, Any], **args: Any) -> None:
     _log({"tool": tool, "args": args, "pid": os.getpid(), "key": idempotency_key(ctx)})
 
 
-@mcp.tool()
+@mcp.tool(annotations=READ_ONLY)
 def echo(text: str, ctx: Context[Any, Any, Any]) -> str:
     """Return the text unchanged."""
     _called("echo", ctx, text=text)
     return text
 
 
-@mcp.tool()
+@mcp.tool(annotations=READ_ONLY)
 def add(a: int, b: int, ctx: Context[Any, Any, Any]) -> int:
     """Add two integers."""
     _called("add", ctx, a=a, b=b)
     return a + b
 
 
-@mcp.tool()
+@mcp.tool(annotations=READ_ONLY)
 async def slow(seconds: float, ctx: Context[Any, Any, Any]) -> str:
     """Sleep for the given number of seconds, then say so."""
     _called("slow", ctx, seconds=seconds)
@@ -77,7 +82,7 @@ async def slow(seconds: float, ctx: Context[Any, Any, Any]) -> str:
     return f"slept {seconds}s"
 
 
-@mcp.tool()
+@mcp.tool(annotations=READ_ONLY)
 def fail(message: str, ctx: Context[Any, Any, Any]) -> str:
     """Always fail with the given message."""
     _called("fail", ctx, message=message)

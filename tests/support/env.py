@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 FAKES_DIR = Path(__file__).resolve().parent.parent / "fakes"
 TOOLS_SERVER = FAKES_DIR / "tools_server.py"
@@ -78,6 +79,14 @@ def mcp_servers(tools_log: Path, empty_dir: Path) -> dict[str, object]:
             },
         }
     }
+
+
+def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the fake tools server's tools taken as not safe to repeat
+    (``"safeToRepeat": false`` overrides their ``readOnlyHint``): a call of one that may have run
+    when its worker died is asked about, as a call that acts would be (worker/ledger.py)."""
+    config["mcpServers"]["tools"]["safeToRepeat"] = False
+    return config
 
 
 class SophosEnv(dict[str, str]):
