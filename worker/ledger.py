@@ -268,6 +268,11 @@ class Ledger:
         counted(TOOL_CALLS, {"outcome": "error" if result.status == "error" else "success"})
         return result
 
+    async def recorded(self, ref: CallRef, name: str) -> ToolMessage | None:
+        """The call's result as recorded (a cut closing the thread keeps it); None without an outcome."""
+        entry = await self.entry(ref)
+        return self._answer(ref, name, entry) if entry is not None and entry.state == DONE else None
+
     @staticmethod
     def _answer(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
         counted(TOOL_CALLS, {"outcome": "answered"})

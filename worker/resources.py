@@ -99,16 +99,17 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         stack.push_async_callback(toolbox.close)
         await toolbox.open()
 
+        # The application tables' connection, not the saver's (worker/store.py says why).
+        ledger = Ledger(store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome))
         graph = build_graph(
             model=build_model(settings),
             tools=toolbox.current,
             system_prompt=read_system_prompt(settings.system_prompt_path),
             checkpointer=saver,
             needs_approval=load_approvals(settings.mcp_config_path),
-            # The application tables' connection, not the saver's (worker/store.py says why).
-            ledger=Ledger(store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome)),
+            ledger=ledger,
         )
-        service = RunService(settings=settings, redis=redis, store=store, graph=graph)
+        service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
         also: list[Callable[[], Awaitable[object]]] = []
         if settings.approval_timeout is not None:
             also.append(ApprovalDeadlines(service, redis, settings.approval_timeout).once)

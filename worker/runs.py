@@ -59,12 +59,13 @@ from shared.thread import resume_value
 from worker.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.events import EventPublisher
 from worker.graph import AGENT, TOOLS
+from worker.ledger import CallRef, Ledger
 from worker.metrics import collecting
 from worker.model import is_model_unavailable
 from worker.model_check import unavailable_message
 from worker.outcomes import UnrecordedOutcomes
 from worker.progress import CancelSignals, RunTracker
-from worker.stopping import Closed, LiveRun, close_thread
+from worker.stopping import Closed, LiveRun, Recorded, close_thread
 from worker.store import RunStore, is_database_unavailable
 
 log = structlog.get_logger(__name__)
@@ -87,6 +88,8 @@ class RunService:
     redis: Redis
     store: RunStore
     graph: CompiledStateGraph[Any, Any, Any, Any]
+    #: the graph's ledger of tool calls (worker/ledger.py): a cut keeps what it recorded
+    ledger: Ledger | None = None
     #: the runs in progress, so a cancel can cut them and a shutdown drain them
     live: dict[str, LiveRun] = field(default_factory=dict)
     #: outcomes the database refused (busy, full, failing), retried until it takes them
@@ -99,6 +102,17 @@ class RunService:
 
     def thread_config(self, conversation_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": conversation_id}}
+
+    def _recorded(self, conversation_id: str) -> Recorded:
+        """What the ledger recorded of a call of ``conversation_id`` (for :func:`close_thread`)."""
+        ledger = self.ledger
+
+        async def recorded(message_id: str, tool_call_id: str, tool: str) -> ToolMessage | None:
+            if ledger is None:
+                return None
+            return await ledger.recorded(CallRef(conversation_id, message_id, tool_call_id), tool)
+
+        return recorded
 
     @property
     def saver(self) -> BaseCheckpointSaver[Any]:
@@ -332,7 +346,7 @@ class RunService:
             "configurable": {"thread_id": job.conversation_id}, "metadata": {"run_id": job.run_id},
         }
         try:
-            closed = await close_thread(self.graph, config, live)
+            closed = await close_thread(self.graph, config, live, self._recorded(job.conversation_id))
         except Exception as exc:
             # The database refused: the thread stays as the cut left it (resumable, like
             # after a crash); the run was stopped all the same.

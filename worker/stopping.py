@@ -19,7 +19,9 @@ checkpoint like any step's), one step at a time, until nothing is left to run:
 * a task that finished before the cut but whose step was not checkpointed: its
   result is applied as it came (it happened);
 * a tools step, running or about to run (one task per call, worker/graph.py):
-  the calls that finished keep their results, and every other tool call of the
+  the calls that finished keep their results (as their tasks returned them, or as the
+  ledger recorded them when the cut fell between the outcome's commit and the task's
+  return: ``from_ledger``), and every other tool call of the
   last answer gets one saying the user stopped it (``status="error"``, marked
   stopped), since a model may be called only with every tool call answered;
 * the model's answer in flight, or about to start: what was streamed of it
@@ -142,8 +144,18 @@ class Closed:
     answer: AIMessage | None = None
 
 
+#: a tool call's result as the ledger recorded it (worker/ledger.py), by the id of the assistant
+#: message that made it, the call's id and its tool; None when it has no outcome
+Recorded = Callable[[str, str, str], Awaitable[ToolMessage | None]]
+
+
+async def _none(message_id: str, tool_call_id: str, tool: str) -> ToolMessage | None:
+    return None
+
+
 async def close_thread(
-    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, live: LiveRun
+    graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, live: LiveRun,
+    from_ledger: Recorded = _none,
 ) -> Closed:
     """Close a cut run's thread (see the module docstring). Raises what the database raises."""
     closed = Closed()
@@ -164,7 +176,7 @@ async def close_thread(
         if any(t.interrupts for t in tasks):
             break
         if all(t.name == TOOLS for t in tasks):
-            closed.tool_results += await _close_tools_step(graph, config, live, messages, tasks)
+            closed.tool_results += await _close_tools_step(graph, config, live, messages, tasks, from_ledger)
             closed.stopped = closed.stopped or bool(closed.tool_results)
             continue
         if len(tasks) > 1:
@@ -192,7 +204,7 @@ async def close_thread(
 
 async def _close_tools_step(
     graph: CompiledStateGraph[Any, Any, Any, Any], config: RunnableConfig, live: LiveRun,
-    messages: list[BaseMessage], tasks: list[Any],
+    messages: list[BaseMessage], tasks: list[Any], from_ledger: Recorded,
 ) -> list[ToolMessage]:
     """Close a tools step (one task per call): keep what finished, answer the rest "stopped".
 
@@ -205,6 +217,13 @@ async def _close_tools_step(
         result = task.result if task.result is not None else live.results.pop(task.id, None)
         if result is not None:
             finished += [m for m in result.get("messages", []) if isinstance(m, ToolMessage)]
+    # A call whose outcome the ledger has, its task's result lost to the cut: it happened too.
+    last = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    message_id = (last.id if last is not None else None) or ""
+    for call in _stopped_results([*messages, *finished]) if message_id else []:
+        kept = await from_ledger(message_id, call.tool_call_id, call.name or "")
+        if kept is not None:
+            finished.append(kept)
     stopped = _stopped_results([*messages, *finished])
     await graph.aupdate_state(config, {"messages": [*finished, *stopped]}, as_node=TOOLS)
     return stopped

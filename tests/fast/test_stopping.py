@@ -192,3 +192,25 @@ def test_a_second_stop_is_refused_and_the_stream_state_follows_the_steps() -> No
     assert live.node is None and live.partial == [] and "task-1" in live.results
     live.started(TOOLS)  # a new step: the last one's results belong to its checkpoint now
     assert live.results == {}
+
+
+async def test_a_cut_keeps_a_result_the_ledger_recorded_when_its_task_result_was_lost() -> None:
+    """Cut between the outcome's commit (worker/ledger.py) and the task's return: the call ran,
+    and its result is kept from the ledger, not answered "stopped"."""
+    graph, config = _graph(), _config()
+    calling = _calling("fetch", "remember")
+    await graph.aupdate_state(config, {"messages": [_human(), calling]}, as_node=AGENT)
+    live = _live()
+    asked: list[tuple[str, str, str]] = []
+
+    async def from_ledger(message_id: str, tool_call_id: str, tool: str) -> ToolMessage | None:
+        asked.append((message_id, tool_call_id, tool))
+        return _result("call-1", "remembered, says the ledger") if tool_call_id == "call-1" else None
+
+    closed = await close_thread(graph, config, live, from_ledger)
+
+    assert sorted(asked) == [(calling.id, "call-0", "fetch"), (calling.id, "call-1", "remember")]
+    assert [m.tool_call_id for m in closed.tool_results] == ["call-0"]
+    results = {m.tool_call_id: m for m in await _messages(graph, config) if isinstance(m, ToolMessage)}
+    assert results["call-1"].content == "remembered, says the ledger" and not _stopped(results["call-1"])
+    assert results["call-0"].content == STOPPED_TOOL_RESULT
