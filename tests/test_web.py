@@ -598,6 +598,10 @@ def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
     expect(page.locator("details.tool .tool-state")).to_have_text(["done", "rejected by you"])
     expect(page.locator("details.tool.tool-error")).to_have_count(0)
     expect(page.locator("#conversation-status")).to_have_text("completed")
+    for summary in page.locator("details.tool summary").all():
+        summary.click()  # open, to show the decision under the arguments
+    expect(page.locator("details.tool .decision").first).to_be_visible()
+    screenshot(page, tmp_path, "approvals-decided")
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 1, "b": 1}]
     results = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert any("rejected" in r["content"] and "not that one" in r["content"] for r in results)
@@ -632,6 +636,7 @@ def test_edited_arguments_are_checked_in_the_page_and_run(
     expect(card.locator(".error-text")).to_contain_text("must be a JSON object")
     field.fill('{"text": "edited"}')
     page.get_by_role("button", name="Send decisions").click()
+    expect(page.locator("details.tool .decision")).to_have_text("Decision: edited by you before it ran")
     expect(answers(page).last).to_have_text("Echoed.")
     idle(page)
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "edited"}]

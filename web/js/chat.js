@@ -12,10 +12,10 @@ import { approvalPanel } from "./approvals.js";
 import { highlightCode, plainText, renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
-//: while a run streams, how often the page asks whether a worker still beats
+// While a run streams, how often the page asks whether a worker still beats.
 const WORKER_CHECK_MS = 1000;
-//: workers beat every 2 s: a newest beat older than this has missed two, and its worker is gone
-//: (its heartbeat key lasts 10 s more, which is when the API itself stops counting it alive)
+// Workers beat every 2 s: a newest beat older than this has missed two, and its worker is gone
+// (its heartbeat key lasts 10 s, which is when the API itself stops counting it alive).
 const HEARTBEAT_STALE_MS = 5000;
 const STATUS_LABELS = {
   queued: "queued",
@@ -377,17 +377,35 @@ export class ChatView {
   cutAnswer(why) {
     const segment = this.segment;
     this.closeSegment();
-    if (segment && segment.text) this.markCut(segment.node, why);
+    if (segment && segment.text) this.markCut(segment, why);
   }
 
-  markCut(node, why) {
+  markCut(segment, why) {
+    const node = segment.node;
+    node.answer = segment.text; // as far as it came
     node.classList.remove("streaming");
     if (node.classList.contains(why)) return;
     node.classList.add(why);
     node.querySelector(".message-actions").append(el("span", { class: `cut-label cut-${why}`, text: why }));
   }
 
-  /** The partial answers a crash left: a resume writes them again, whole, in their place. */
+  unmarkInterrupted(node) {
+    node.classList.remove("interrupted");
+    node.querySelector(".cut-interrupted")?.remove();
+  }
+
+  /**
+   * Keep "interrupted" only on the partial answers the thread does not have (a worker killed
+   * after its answer's checkpoint left it whole): those a resume writes again.
+   */
+  settleCuts(messages) {
+    const kept = new Set(messages.filter((m) => m.role === "assistant").map((m) => m.content));
+    for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) {
+      if (kept.has(node.answer)) this.unmarkInterrupted(node);
+    }
+  }
+
+  /** The partial answers a crash left, once a new run starts: it writes them again, whole. */
   dropInterrupted() {
     for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) node.remove();
   }
@@ -544,13 +562,15 @@ export class ChatView {
   /** No worker beats for the running run: say so, and mark the partial answer interrupted. */
   workerStopped(worker) {
     if (this.goneBanner) return;
-    const ago = worker.heartbeatAgeMs !== undefined ? ` (its last heartbeat was ${Math.round(worker.heartbeatAgeMs / 1000)} s ago)` : "";
+    const age = worker.heartbeatAgeMs;
+    const ago = age !== undefined ? ` (its last heartbeat was ${Math.round(age / 1000)} s ago)` : "";
     this.goneBanner = this.banners.show({
       code: "WORKER_GONE",
-      message: `The worker writing this answer stopped${ago}. The answer is interrupted; Resume finishes it once a worker is back.`,
+      message: `The worker writing this answer stopped${ago}. The answer is interrupted; `
+        + "Resume finishes it once a worker is back.",
     });
     // The answer stays open: should tokens come after all, they go on in the same bubble.
-    if (this.segment && this.segment.text) this.markCut(this.segment.node, "interrupted");
+    if (this.segment && this.segment.text) this.markCut(this.segment, "interrupted");
     this.setStatus("interrupted");
   }
 
@@ -559,11 +579,7 @@ export class ChatView {
     if (!this.goneBanner) return;
     this.goneBanner.remove();
     this.goneBanner = null;
-    const node = this.segment && this.segment.node;
-    if (node) {
-      node.classList.remove("interrupted");
-      node.querySelector(".cut-label")?.remove();
-    }
+    if (this.segment) this.unmarkInterrupted(this.segment.node);
   }
 
   /** The browser gave up on the stream (an HTTP error, or 204: the run had ended). */
@@ -608,6 +624,7 @@ export class ChatView {
       const detail = await api(`/api/conversations/${encodeURIComponent(conversation)}`);
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
+      this.settleCuts(detail.messages);
       this.resumeButton.hidden = !detail.resumable;
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
@@ -693,6 +710,7 @@ export class ChatView {
       return;
     }
     this.input.value = "";
+    this.dropInterrupted(); // not in the thread the new message continues
     if (!conversation) {
       this.conversation = accepted.conversation;
       this.onConversation(accepted.conversation);
