@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sophos_cli.client import Api
+from sophos_cli.invocation import command
 from sophos_cli.printing import ChatPrinter, short
 from sophos_cli.watch import (
     EXIT_INTERRUPTED,
@@ -45,7 +46,7 @@ class Undecided(Exception):
 
 
 def approve_command(conversation: str) -> str:
-    return f"sophos approve {conversation}"
+    return command("approve", conversation)
 
 
 def waiting_hint(conversation: str) -> str:
@@ -80,6 +81,7 @@ def read_answer(prompt: str) -> str | None:
         try:
             return input(prompt)
         except EOFError:
+            print(flush=True)  # Ctrl-D: what follows starts on a line of its own
             return None
     sys.stderr.write(prompt)
     sys.stderr.flush()
@@ -253,7 +255,8 @@ def approve(api: Api, args: argparse.Namespace) -> int:
             err(request_line(request))
         raise UsageError(
             "no decision given, and standard input is not a terminal to ask on: pass --approve ID, "
-            "--reject ID[=REASON], --edit ID JSON, --approve-all or --reject-all (sophos approve --help)"
+            "--reject ID[=REASON], --edit ID JSON, --approve-all or --reject-all "
+            f"({command('approve', '--help')})"
         )
     printer = ChatPrinter(sys.stdout)
     try:

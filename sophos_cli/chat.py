@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sophos_cli.approve import Reader, Undecided, read_answer, settle, waiting_hint
+from sophos_cli.approve import Reader, Undecided, UsageError, read_answer, settle, waiting_hint
 from sophos_cli.client import Api, ApiError, EventStream
 from sophos_cli.printing import ChatPrinter
 from sophos_cli.watch import (
@@ -30,9 +30,20 @@ APPROVE_COMMAND = "/approve"
 def _message(args: argparse.Namespace) -> str | None:
     """The message argument; ``-`` reads all of standard input."""
     if args.message == "-":
-        return sys.stdin.read().rstrip("\n")
+        return _text(sys.stdin.read().rstrip("\n"), "standard input")
     message: str | None = args.message
-    return message
+    return None if message is None else _text(message, "the message")
+
+
+def _text(text: str, where: str) -> str:
+    """``text`` when it is UTF-8 text. Python keeps bytes it could not decode (from the command
+    line, or from standard input without a UTF-8 locale) as lone surrogates, which no request
+    can carry: refused here with one line (exit 2), not a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{where} is not UTF-8 text (at character {exc.start + 1})") from None
+    return text
 
 
 def chat(api: Api, args: argparse.Namespace) -> int:
@@ -71,11 +82,12 @@ def _read_line(prompt: str) -> str | None:
     so a script piping lines in reads nothing but answers."""
     if sys.stdin.isatty():
         try:
-            return input(prompt)
+            return _text(input(prompt), "the line typed")
         except EOFError:
+            print(flush=True)  # Ctrl-D: the shell's prompt starts on a line of its own
             return None
     line = sys.stdin.readline()
-    return None if line == "" else line.rstrip("\n")
+    return None if line == "" else _text(line.rstrip("\n"), "standard input")
 
 
 def interactive(api: Api, conversation: str | None) -> int:

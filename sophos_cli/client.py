@@ -108,6 +108,10 @@ class Api:
         )
         return result
 
+    def run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/runs/{run_id}")
+        return result
+
     def cancel(self, run_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/api/runs/{run_id}/cancel")
         return result

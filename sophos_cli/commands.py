@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sophos_cli import invocation
 from sophos_cli.approve import UsageError, approve, approve_command, request_line
 from sophos_cli.chat import chat
 from sophos_cli.client import Api, ApiError, Unreachable
@@ -105,7 +106,8 @@ def conversations(api: Api, args: argparse.Namespace) -> int:
                          short(c.get("title", ""), 60)])
         table(rows, sys.stdout)
     if cursor:
-        print(f"more: sophos conversations --limit {args.limit} --cursor {cursor}", file=sys.stderr)
+        more = invocation.command("conversations", "--limit", str(args.limit), "--cursor", cursor)
+        print(f"more: {more}", file=sys.stderr)
     return 0
 
 
@@ -300,6 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     url = getattr(args, "url", None) or os.environ.get("SOPHOS_URL") or DEFAULT_URL
     token, source = token_of(args, os.environ)
+    invocation.use(invocation.Invocation(
+        program=invocation.program_of(sys.argv[0], getattr(sys, "orig_argv", []), os.environ,
+                                      invocation.which_sophos()),
+        options=invocation.options_of(getattr(args, "url", None), getattr(args, "token", None)),
+    ))
     api = Api(url, token)
     try:
         result: int = args.handler(api, args)
@@ -315,6 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sophos: {exc}\nsophos: is the API running (`./sophos up`)? --url or SOPHOS_URL names another",
               file=sys.stderr)
         return EXIT_UNREACHABLE
+    except UnicodeDecodeError as exc:
+        # Standard input that is not UTF-8 text (`chat -`, or a line at the prompt).
+        print(f"sophos: standard input is not UTF-8 text ({exc.reason} at byte {exc.start})", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     finally:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv
 from tests.test_approvals import _require_approval
@@ -29,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
 TOKEN = "cli-secret"
 COMMANDS = ["chat", "conversations", "show", "export", "delete", "runs", "cancel", "approve"]
+#: the client as these tests run it, which is how its hints name it
+CLIENT = shlex.join([sys.executable, "-m", "sophos_cli"])
 
 
 def cli(env: Mapping[str, str], *args: str, stdin: str | None = None,
@@ -140,8 +144,8 @@ def test_conversations_page_with_limit_and_cursor(api: SophosEnv, model: FakeOll
     first = ok(cli(api, "conversations", "--limit", "2"))
     assert [row.split()[0] for row in first.stdout.splitlines()[1:]] == newest_first[:2]
     hint = first.stderr.strip().splitlines()[-1]
-    assert hint.startswith("more: sophos conversations --limit 2 --cursor ")
-    second = ok(cli(api, *hint.removeprefix("more: sophos ").split()))
+    assert hint.startswith(f"more: {CLIENT} conversations --limit 2 --cursor ")
+    second = ok(cli(api, *hint.removeprefix(f"more: {CLIENT} ").split()))
     assert [row.split()[0] for row in second.stdout.splitlines()[1:]] == newest_first[2:]
     assert "more:" not in second.stderr
     every = ok(cli(api, "conversations", "--limit", "1", "--all", "--json"))
@@ -185,11 +189,11 @@ def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_comman
     [pending] = detail["pendingApproval"]
     assert f'sophos: approval needed: tools__add({{"a": 2, "b": 3}}) id {pending["id"]}\n' in result.stderr
     assert result.stderr.endswith(
-        f"sophos: the run waits for a decision on each call; decide with: sophos approve {conversation}\n"
+        f"sophos: the run waits for a decision on each call; decide with: {CLIENT} approve {conversation}\n"
     )
     assert "the run was waiting" not in result.stderr and "failed" not in result.stderr
     shown = ok(cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "show", conversation)).stdout
-    assert f"decide with: sophos approve {conversation}" in shown
+    assert f"decide with: {CLIENT} approve {conversation}" in shown
 
     # Flags decide one round; the next run waits again and, with no terminal, ends the same way.
     again = cli({**sophos_env, "SOPHOS_URL": sophos_env.api_url}, "approve", conversation, "--approve-all")
@@ -197,7 +201,7 @@ def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_comman
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 2, "b": 3}]
     [next_one] = get_json(sophos_env.api_url, f"/api/conversations/{conversation}")["pendingApproval"]
     assert f'approval needed: tools__add({{"a": 4, "b": 4}}) id {next_one["id"]}' in again.stderr
-    assert again.stderr.endswith(f"decide with: sophos approve {conversation}\n")
+    assert again.stderr.endswith(f"decide with: {CLIENT} approve {conversation}\n")
 
 
 def test_ctrl_c_on_a_one_message_chat_stops_watching_and_the_run_goes_on(
@@ -299,6 +303,7 @@ def test_ctrl_c_at_the_prompt_leaves_with_130_and_ctrl_d_with_0(api: SophosEnv, 
         assert terminal.wait() == 0, terminal.text
     finally:
         terminal.close()
+    assert terminal.text.endswith("you> \n"), repr(terminal.text)  # the shell's prompt on a line of its own
 
 
 class Session:
@@ -487,3 +492,82 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
 
     # Needs the DELETE route.
     assert "METHOD_NOT_ALLOWED" not in answers + said
+
+
+# --- what the client says: the command as run, the queue, input that is not text ------------
+
+
+def launcher_checkout(tmp_path: Path) -> Path:
+    """A copy of ``./sophos`` whose .venv is this interpreter, installed already (no pip)."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    for name in ("sophos", "pyproject.toml", "requirements.lock"):
+        shutil.copy2(ROOT / name, checkout / name)
+    python = checkout / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    (checkout / ".venv" / ".sophos-installed").touch()  # newer than pyproject.toml: nothing to install
+    return checkout
+
+
+def test_hints_name_the_command_as_run_with_its_url_and_token(
+    api: SophosEnv, model: FakeOllama, tmp_path: Path
+) -> None:
+    checkout = launcher_checkout(tmp_path)
+    model.script(Drop(after_tokens=2))
+    env = {**api.with_(SOPHOS_URL=None, SOPHOS_TOKEN=None), "PYTHONPATH": str(ROOT)}
+    failed = subprocess.run(
+        ["./sophos", "chat", "hello", "--url", api.api_url, "--token", TOKEN], env=env, cwd=checkout,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert failed.returncode == 1, failed.stderr
+    conversation = failed.stderr.split()[1]
+    # The model went away mid-answer: the run can be resumed, and the line that does it is printed.
+    assert "the run failed: MODEL_UNAVAILABLE" in failed.stderr
+    hint = failed.stderr.strip().splitlines()[-1]
+    command = f"./sophos chat --resume --conversation {conversation} --url {api.api_url} --token {TOKEN}"
+    assert hint == f"sophos: resume it with: {command}"
+
+    model.script(Text("Whole now."))
+    resumed = subprocess.run(shlex.split(command), env=env, cwd=checkout, capture_output=True, text=True,
+                             timeout=60)
+    assert resumed.returncode == 0 and resumed.stdout == "Whole now.\n", resumed.stderr
+
+
+def test_a_queued_chat_says_its_place_until_it_starts(api: SophosEnv, model: FakeOllama) -> None:
+    held = Hang(text="first")
+    model.script(held, Text("Second, after the wait."))
+    post_chat(api.api_url, "hold the worker", token=TOKEN)
+    held.wait_started(TIMEOUT)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "sophos_cli", "chat", "wait your turn"], env=dict(api), cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: get_json(api.api_url, "/api/runs", token=TOKEN, status="queued")["runs"],
+                 timeout=TIMEOUT, message="the chat's run queued")
+        held.release()
+        out, err = waiting.communicate(timeout=TIMEOUT)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 0, err
+    assert out == "Second, after the wait.\n"
+    assert "sophos: queued (position 1)\n" in err
+
+
+@pytest.mark.parametrize("decoding", ["utf-8:strict", "utf-8:surrogateescape"])
+def test_input_that_is_not_utf8_is_one_line_and_exit_2(decoding: str) -> None:
+    """Refused before any request (no API here): from standard input, at the prompt, as an argument.
+    Python reads standard input strictly in a UTF-8 locale, keeping bad bytes as surrogates in others."""
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": decoding,
+           "SOPHOS_URL": "http://127.0.0.1:9"}
+    for args, given in ((["chat", "-"], b"caf\xe9 au lait\n"), (["chat"], b"caf\xe9\n"),
+                        ([b"chat", b"caf\xe9"], None)):
+        done = subprocess.run([sys.executable, "-m", "sophos_cli", *args], env=env, cwd=ROOT, input=given,
+                              capture_output=True, timeout=60)
+        err = done.stderr.decode()
+        assert done.returncode == 2, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+        assert "is not UTF-8 text" in err

@@ -7,6 +7,7 @@ pseudo-terminal.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for
 from tests.support.env import SophosEnv
 from tests.test_approvals import _require_approval, wait_approval
-from tests.test_cli import Session, Terminal, cli, ok
+from tests.test_cli import CLIENT, Session, Terminal, cli, ok
 
 
 @pytest.fixture
@@ -129,9 +130,9 @@ def test_the_printed_command_asks_on_a_terminal_and_asks_again_when_the_next_run
     assert waited.returncode == 4, waited.stderr
     command = waited.stderr.strip().splitlines()[-1].split("decide with: ", 1)[1]
     conversation = waited.stderr.split()[1]
-    assert command == f"sophos approve {conversation}"
+    assert command == f"{CLIENT} approve {conversation}"
 
-    terminal = Terminal(stack, *command.split()[1:])
+    terminal = Terminal(stack, *shlex.split(command.removeprefix(CLIENT)))
     try:
         terminal.expect('approval needed: tools__add({"a": 2, "b": 3})')
         terminal.expect("[a/r/e] ")
@@ -207,8 +208,8 @@ def test_leaving_the_questions_posts_nothing_and_says_the_command(
             assert terminal.wait() == code, terminal.text
         finally:
             terminal.close()
-        assert f"no decision sent; the conversation still waits. Decide with: sophos approve {conversation}" \
-            in terminal.text
+        decide = f"Decide with: {CLIENT} approve {conversation}"
+        assert f"no decision sent; the conversation still waits. {decide}" in terminal.text
         assert pending(stack, conversation) == [request]
     assert len(model.requests) == 1 and tool_calls(stack.tools_log) == []
 
@@ -231,6 +232,6 @@ def test_lines_piped_into_the_prompt_answer_the_questions_and_end_of_input_while
         assert session.wait() == 4, session.stderr
     finally:
         session.kill()
-    assert f"Decide with: sophos approve {conversation} (or /approve here)" in session.stderr
+    assert f"Decide with: {CLIENT} approve {conversation} (or /approve here)" in session.stderr
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     assert [r["arguments"] for r in pending(stack, conversation)] == [{"a": 7, "b": 7}]

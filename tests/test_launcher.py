@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -183,7 +184,9 @@ def test_a_killed_worker_is_restarted_the_api_stays_up_and_the_conversation_resu
             watcher.communicate()
     assert watcher.returncode == 1, err
     assert out.startswith("Let me think")
-    assert f"resume it with: sophos chat --resume --conversation {conversation}" in err
+    # As it was run, with its --url (sophos_cli/invocation.py).
+    client = shlex.join([sys.executable, "-m", "sophos_cli"])
+    assert f"resume it with: {client} chat --resume --conversation {conversation} --url {env.api_url}" in err
 
     # The API never went down: same process, no death reported.
     assert pid_alive(api) and launched.said(r"api \(pid") is None

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
+from tests.fakes.ollama import Drop, FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 
@@ -339,6 +339,7 @@ def test_an_interrupted_run_shows_why_and_resumes(
     assert len(tool_calls(sophos_env.tools_log, "slow")) == 1
     card.get_by_label("Send again").check()
     page.get_by_role("button", name="Send decisions").click()
+    expect(page.locator("details.tool .decision")).to_have_text("Decision: approved by you")
     expect(answers(page).last.locator("strong")).to_have_text("done")
     idle(page)
     expect(answers(page).last).to_have_text("All done.")
@@ -347,6 +348,74 @@ def test_an_interrupted_run_shows_why_and_resumes(
     expect(page.locator("#conversation-status")).to_have_text("completed")
     sent = tool_calls(sophos_env.tools_log, "slow")
     assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # once more, decided, with its key
+
+
+def _worker_gone(url: str) -> bool:
+    """The API's heartbeat says no worker beats: none alive, or the newest beat missed two (every 2 s)."""
+    worker = get_json(url, "/api/runs?limit=1")["worker"]
+    return not worker["alive"] or worker.get("heartbeatAgeMs", 0) > 5000
+
+
+@pytest.mark.fault
+def test_a_killed_worker_shows_within_two_seconds_and_resume_gives_one_answer(
+    sophos_env: SophosEnv, start_worker, start_api, offline: Offline, model: FakeOllama, tmp_path: Path
+) -> None:
+    hang = Hang(text="The first half of the answer, ")
+    model.script(hang, Text("The whole answer, once."))
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    page = offline.page()
+    page.goto(api.url)
+    send(page, "write it slowly")
+    hang.wait_started(20)
+    expect(answers(page).last).to_contain_text("The first half")
+    worker.kill()
+    assert worker.wait(10) == -signal.SIGKILL
+    hang.release()
+    wait_for(lambda: _worker_gone(api.url), timeout=20, message="the heartbeat to say the worker is gone")
+
+    # Within two seconds of the heartbeat telling it, with no worker back yet.
+    partial = page.locator(".message.assistant.interrupted")
+    expect(partial.locator(".cut-label")).to_have_text("interrupted", timeout=2000)
+    expect(page.locator('.banner[data-code="WORKER_GONE"]')).to_be_visible(timeout=2000)
+    expect(partial.locator(".bubble")).to_have_text("The first half of the answer,")
+    expect(page.locator("#conversation-status")).to_have_text("interrupted")
+    screenshot(page, tmp_path, "interrupted")
+
+    start_worker(sophos_env)
+    expect(page.locator('.banner[data-code="INTERRUPTED"]')).to_be_visible()
+    expect(page.locator('.banner[data-code="WORKER_GONE"]')).to_have_count(0)
+    expect(partial).to_have_count(1)  # kept until the resume writes the answer again
+    page.get_by_role("button", name="Resume").click()
+    expect(answers(page).last).to_have_text("The whole answer, once.")
+    idle(page)
+    # One answer for the turn, as a reload shows it: the cut-off partial is gone.
+    expect(answers(page)).to_have_text(["The whole answer, once."])
+    expect(page.locator(".message.interrupted")).to_have_count(0)
+    page.reload()
+    expect(answers(page)).to_have_text(["The whole answer, once."])
+
+
+def test_a_model_gone_mid_answer_is_marked_and_resume_gives_one_answer(
+    service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    url = service()
+    model.script(Drop(after_tokens=3, text="Half an answer before the model went away"))
+    page = offline.page()
+    page.goto(url)
+    send(page, "answer, if the model lets you")
+    expect(page.locator('.banner[data-code="MODEL_UNAVAILABLE"]')).to_be_visible()
+    idle(page)
+    partial = page.locator(".message.assistant.interrupted")
+    expect(partial.locator(".bubble")).to_have_text("Half an answer")
+    expect(partial.locator(".cut-label")).to_have_text("interrupted")
+
+    model.script(Text("A whole answer."))
+    page.get_by_role("button", name="Resume").click()
+    expect(answers(page).last).to_have_text("A whole answer.")
+    idle(page)
+    expect(answers(page)).to_have_text(["A whole answer."])
+    expect(page.locator(".banner")).to_have_count(0)
 
 
 def test_errors_show_the_apis_own_message(
@@ -437,6 +506,11 @@ def test_stop_cancels_the_run(
     expect(page.locator("#conversation-status")).to_have_text("stopped")
     expect(answers(page).last).to_contain_text("Let me look that up")
     assert tool_calls(sophos_env.tools_log) == []  # the tool call it asked for never ran
+    # The cut answer says so, live and read back; it stays (the thread keeps it).
+    expect(page.locator(".message.assistant.stopped .cut-label")).to_have_text("stopped")
+    page.reload()
+    expect(page.locator(".message.assistant.stopped .cut-label")).to_have_text("stopped")
+    expect(answers(page)).to_have_count(1)
 
 
 def test_the_sidebar_pages_and_delete_removes_a_conversation(
@@ -519,10 +593,19 @@ def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
     screenshot(page, tmp_path, "approvals")
     page.get_by_role("button", name="Send decisions").click()
 
+    # At once, before a reload: each card says what was decided; the rejected one is no error.
+    decisions = page.locator("details.tool .decision")
+    expect(decisions).to_have_text(["Decision: approved by you", "Decision: rejected by you: not that one"])
     expect(answers(page).last).to_have_text("One sum done, the other refused.")
     idle(page)
     expect(page.locator("fieldset.approval")).to_have_count(0)
+    expect(page.locator("details.tool .tool-state")).to_have_text(["done", "rejected by you"])
+    expect(page.locator("details.tool.tool-error")).to_have_count(0)
     expect(page.locator("#conversation-status")).to_have_text("completed")
+    for summary in page.locator("details.tool summary").all():
+        summary.click()  # open, to show the decision under the arguments
+    expect(page.locator("details.tool .decision").first).to_be_visible()
+    screenshot(page, tmp_path, "approvals-decided")
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 1, "b": 1}]
     results = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert any("rejected" in r["content"] and "not that one" in r["content"] for r in results)
@@ -531,6 +614,8 @@ def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
     expect(page.locator("details.tool .decision")).to_have_text(
         ["Decision: approved by you", "Decision: rejected by you: not that one"]
     )
+    expect(page.locator("details.tool .tool-state")).to_have_text(["done", "rejected by you"])
+    expect(page.locator("details.tool.tool-error")).to_have_count(0)
 
 
 def test_edited_arguments_are_checked_in_the_page_and_run(
@@ -555,6 +640,7 @@ def test_edited_arguments_are_checked_in_the_page_and_run(
     expect(card.locator(".error-text")).to_contain_text("must be a JSON object")
     field.fill('{"text": "edited"}')
     page.get_by_role("button", name="Send decisions").click()
+    expect(page.locator("details.tool .decision")).to_have_text("Decision: edited by you before it ran")
     expect(answers(page).last).to_have_text("Echoed.")
     idle(page)
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "echo")] == [{"text": "edited"}]

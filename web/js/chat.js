@@ -12,6 +12,11 @@ import { approvalPanel } from "./approvals.js";
 import { highlightCode, plainText, renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
+// While a run streams, how often the page asks whether a worker still beats.
+const WORKER_CHECK_MS = 1000;
+// Workers beat every 2 s: a newest beat older than this has missed two, and its worker is gone
+// (its heartbeat key lasts 10 s, which is when the API itself stops counting it alive).
+const HEARTBEAT_STALE_MS = 5000;
 const STATUS_LABELS = {
   queued: "queued",
   running: "running",
@@ -150,17 +155,29 @@ function setResult(card, result, status) {
     card.append(pre);
   }
   pre.textContent = pretty(result);
-  const failed = status === "error";
+  // A call the user rejected is answered with an error for the model's sake; it did not fail.
+  const rejected = card.decided === "reject";
+  const failed = status === "error" && !rejected;
   card.classList.toggle("tool-error", failed);
-  card.state.textContent = failed ? "error" : "done";
+  card.state.textContent = rejected ? DECIDED.reject : failed ? "error" : "done";
 }
 
 const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
 
-/** Under a call that needed approval: what the user decided. */
+/** Under a call that needed approval: what the user decided (once, live or read back). */
 function decisionLine(card, approval) {
   const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
-  card.append(el("div", { class: "tool-section-title decision", text: `Decision: ${DECIDED[approval.action] || approval.action}${reason}` }));
+  const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;
+  card.decided = approval.action;
+  const line = card.querySelector(".decision") || card.appendChild(el("div", { class: "tool-section-title decision" }));
+  line.textContent = text;
+  if (!card.querySelector(".tool-result")) card.state.textContent = DECIDED[approval.action] || approval.action;
+}
+
+/** Is the worker gone, by the heartbeat `GET /api/runs` reports? (Unknown: not gone.) */
+function workerGone(worker) {
+  if (!worker) return false;
+  return !worker.alive || (worker.heartbeatAgeMs ?? 0) > HEARTBEAT_STALE_MS;
 }
 
 export class ChatView {
@@ -226,6 +243,7 @@ export class ChatView {
     this.cards = new Map();
     this.pending = null; // the requests of the last `approval` event of the stream
     this.panel = null;
+    this.goneBanner = null;
     this.resumeButton.hidden = true;
     this.setActive(false);
     this.showNotFound(null);
@@ -303,7 +321,10 @@ export class ChatView {
     for (const message of messages) {
       if (message.role === "user") this.appendUser(message.content);
       else if (message.role === "assistant") {
-        if (message.content) this.appendAssistant(message.content);
+        if (message.content) {
+          this.appendAssistant(message.content);
+          if (message.status === "stopped") this.cutAnswer("stopped");
+        }
         for (const call of message.toolCalls || []) {
           const card = this.appendCard(call.name, call.arguments, call.id);
           if (call.approval) decisionLine(card, call.approval);
@@ -346,6 +367,47 @@ export class ChatView {
     segment.body.innerHTML = renderMarkdown(segment.text);
     decorateCode(segment.body);
     segment.node.classList.remove("streaming");
+  }
+
+  /**
+   * The answer being written ends here, cut short: `why` is "interrupted" (the worker or the
+   * model went away: the thread never got this text, a resume writes the answer again) or
+   * "stopped" (the user's cut: the thread keeps it).
+   */
+  cutAnswer(why) {
+    const segment = this.segment;
+    this.closeSegment();
+    if (segment && segment.text) this.markCut(segment, why);
+  }
+
+  markCut(segment, why) {
+    const node = segment.node;
+    node.answer = segment.text; // as far as it came
+    node.classList.remove("streaming");
+    if (node.classList.contains(why)) return;
+    node.classList.add(why);
+    node.querySelector(".message-actions").append(el("span", { class: `cut-label cut-${why}`, text: why }));
+  }
+
+  unmarkInterrupted(node) {
+    node.classList.remove("interrupted");
+    node.querySelector(".cut-interrupted")?.remove();
+  }
+
+  /**
+   * Keep "interrupted" only on the partial answers the thread does not have (a worker killed
+   * after its answer's checkpoint left it whole): those a resume writes again.
+   */
+  settleCuts(messages) {
+    const kept = new Set(messages.filter((m) => m.role === "assistant").map((m) => m.content));
+    for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) {
+      if (kept.has(node.answer)) this.unmarkInterrupted(node);
+    }
+  }
+
+  /** The partial answers a crash left, once a new run starts: it writes them again, whole. */
+  dropInterrupted() {
+    for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) node.remove();
   }
 
   appendUser(text) {
@@ -433,7 +495,10 @@ export class ChatView {
         if (type === "token" || type === "trace") this.setStatus("running");
         handle(JSON.parse(event.data));
       });
-    on("token", (text) => this.appendToken(text));
+    on("token", (text) => {
+      this.workerBack();
+      this.appendToken(text);
+    });
     on("trace", (trace) => this.trace(trace));
     on("missed", () => {
       this.missed = true;
@@ -446,6 +511,7 @@ export class ChatView {
     source.addEventListener("open", () => {
       if (source === this.source) this.connection.hidden = true;
     });
+    this.watchWorker(run);
     source.addEventListener("error", () => {
       if (source !== this.source) return;
       if (source.readyState === EventSource.CLOSED) this.streamClosed(source);
@@ -456,6 +522,7 @@ export class ChatView {
   detach() {
     if (this.source) this.source.close();
     this.source = null;
+    clearTimeout(this.workerTimer);
     this.connection.hidden = true;
     this.missed = false;
   }
@@ -468,6 +535,51 @@ export class ChatView {
       const card = this.cards.get(data.tool_call_id) || this.appendCard(data.name || trace.name, {}, data.tool_call_id);
       setResult(card, data.result, data.status);
     }
+  }
+
+  /**
+   * While `run` streams, ask every second whether a worker still beats. The stream alone
+   * cannot tell: a worker killed mid-answer just stops sending, and its run is recorded
+   * interrupted only when a worker is back.
+   */
+  watchWorker(run) {
+    clearTimeout(this.workerTimer);
+    this.workerTimer = setTimeout(async () => {
+      if (run !== this.run || !this.source) return;
+      try {
+        const found = await api(`/api/runs?conversation=${encodeURIComponent(this.conversation)}&limit=1`);
+        const info = found.runs[0];
+        if (run === this.run && info && info.id === run && info.status === "running" && workerGone(found.worker)) {
+          this.workerStopped(found.worker);
+        }
+      } catch {
+        // Unreachable API: the stream's own reconnection says so.
+      }
+      if (run === this.run && this.source) this.watchWorker(run);
+    }, WORKER_CHECK_MS);
+  }
+
+  /** No worker beats for the running run: say so, and mark the partial answer interrupted. */
+  workerStopped(worker) {
+    if (this.goneBanner) return;
+    const age = worker.heartbeatAgeMs;
+    const ago = age !== undefined ? ` (its last heartbeat was ${Math.round(age / 1000)} s ago)` : "";
+    this.goneBanner = this.banners.show({
+      code: "WORKER_GONE",
+      message: `The worker writing this answer stopped${ago}. The answer is interrupted; `
+        + "Resume finishes it once a worker is back.",
+    });
+    // The answer stays open: should tokens come after all, they go on in the same bubble.
+    if (this.segment && this.segment.text) this.markCut(this.segment, "interrupted");
+    this.setStatus("interrupted");
+  }
+
+  /** Tokens came after all (the heartbeat was only late): take the warning back. */
+  workerBack() {
+    if (!this.goneBanner) return;
+    this.goneBanner.remove();
+    this.goneBanner = null;
+    if (this.segment) this.unmarkInterrupted(this.segment.node);
   }
 
   /** The browser gave up on the stream (an HTTP error, or 204: the run had ended). */
@@ -512,6 +624,7 @@ export class ChatView {
       const detail = await api(`/api/conversations/${encodeURIComponent(conversation)}`);
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
+      this.settleCuts(detail.messages);
       this.resumeButton.hidden = !detail.resumable;
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
@@ -519,6 +632,7 @@ export class ChatView {
   }
 
   ended(data) {
+    if (data.status === "cancelled") this.cutAnswer("stopped");
     this.closeSegment();
     this.setStatus(data.status); // at once; the conversation read in finish() confirms it
     if (data.status === "cancelled") this.note("Stopped.");
@@ -527,7 +641,10 @@ export class ChatView {
   }
 
   failed(data) {
-    this.closeSegment();
+    // Whatever failed the run (a crash, the model), its step is not in the thread.
+    this.cutAnswer("interrupted");
+    if (this.goneBanner) this.goneBanner.remove();
+    this.goneBanner = null;
     this.banners.show({ code: data.code, message: data.message });
     this.finish();
   }
@@ -560,6 +677,11 @@ export class ChatView {
     if (this.panel) this.panel.remove();
     this.panel = null;
     this.pending = null;
+    for (const decision of decisions) {
+      const card = this.cards.get(decision.id);
+      if (card) decisionLine(card, decision);
+    }
+    this.dropInterrupted();
     this.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
@@ -588,6 +710,7 @@ export class ChatView {
       return;
     }
     this.input.value = "";
+    this.dropInterrupted(); // not in the thread the new message continues
     if (!conversation) {
       this.conversation = accepted.conversation;
       this.onConversation(accepted.conversation);
@@ -619,6 +742,8 @@ export class ChatView {
     try {
       const accepted = await api("/api/chat", { method: "POST", body: { resume: true, conversation } });
       this.resumeButton.hidden = true;
+      this.banners.clear();
+      this.dropInterrupted();
       this.attach(accepted.run, 0, "queued");
       this.sidebar.refresh();
     } catch (error) {
