@@ -169,10 +169,15 @@ class Conversations:
 
     async def markdown(self, conversation_id: str) -> str:
         info = await self.info(conversation_id)
-        render = functools.partial(transcript.current_markdown, info)
+        calls = await self.store.tool_calls(conversation_id)
+        render = functools.partial(transcript.current_markdown, info, calls)
         text = await self.store.read_thread(conversation_id, render)
         return text if text is not None else transcript.markdown(info, [])
 
     async def checkpoint_lines(self, conversation_id: str) -> list[CheckpointLine]:
         await self.info(conversation_id)  # 404 for an unknown conversation
-        return await self.store.read_thread(conversation_id, transcript.checkpoint_lines) or []
+        lines = await self.store.read_thread(conversation_id, transcript.checkpoint_lines) or []
+        calls = await self.store.tool_calls(conversation_id)
+        for line in lines:  # each call as the ledger knows it now
+            ledger_view.annotate(line.messages, calls)
+        return lines

@@ -19,7 +19,8 @@ from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 from msgspec import UNSET
 
-from api.schemas import Approval, CheckpointLine, ConversationInfo, Message, ToolCall
+from api.ledger_view import LedgerRow, annotate
+from api.schemas import Approval, CheckpointLine, ConversationInfo, LedgerEntry, Message, ToolCall
 from shared.contracts import APPROVALS_MARK, STOPPED_MARK, text_of
 
 _START = "__start__"
@@ -108,10 +109,13 @@ def current_messages(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) 
 
 
 def current_markdown(
-    conversation: ConversationInfo, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+    conversation: ConversationInfo, ledger: list[LedgerRow], graph: Pregel[Any, Any, Any, Any],
+    config: RunnableConfig,
 ) -> str:
-    """The thread's Markdown transcript now."""
-    return markdown(conversation, current_messages(graph, config))
+    """The thread's Markdown transcript now, each call with what the ledger knows of it."""
+    messages = current_messages(graph, config)
+    annotate(messages, ledger)
+    return markdown(conversation, messages)
 
 
 def checkpoint_lines(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[CheckpointLine]:
@@ -178,6 +182,12 @@ def _decision(approval: Approval) -> str:
     return "*Approved by the user.*"
 
 
+def _sent(ledger: LedgerEntry) -> str:
+    times = "once" if ledger.attempts == 1 else f"{ledger.attempts} times"
+    told = "its outcome recorded" if ledger.state == "done" else "no outcome recorded: it may have run"
+    return f"*Sent {times} (idempotency key {_code(ledger.key)}), {told}.*"
+
+
 def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str:
     """A readable transcript: the conversation's messages, tool calls and results."""
     lines = [
@@ -204,6 +214,8 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
                 arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
                 lines += ["", f"**Tool call** {_code(call.name)} (id {_code(call.id)}):", "",
                           _fence(arguments, "json")]
+                if call.ledger:
+                    lines += ["", _sent(call.ledger)]
                 if call.approval:
                     lines += ["", _decision(call.approval)]
                 elif conversation.status == "waiting" and index == last_assistant:

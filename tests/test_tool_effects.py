@@ -156,6 +156,16 @@ def _executed_once_each_and_whole(
         fast[0]: "three", done[0]: "slept 0.5s", running[0]: "slept 3.0s",
     }
     assert detail["resumable"] is False
+    # Both exports say how often each call was sent, with which key.
+    markdown = get_json(api, f"/api/conversations/{conversation}/export", raw=True)
+    assert f"*Sent 2 times (idempotency key `{running[0]}`), its outcome recorded.*" in markdown
+    assert f"*Sent once (idempotency key `{fast[0]}`), its outcome recorded.*" in markdown
+    jsonl = get_json(api, f"/api/conversations/{conversation}/export", raw=True, format="jsonl")
+    exported = {c["ledger"]["key"]: c["ledger"] for line in jsonl.splitlines()
+                for m in json.loads(line)["messages"] for c in m.get("toolCalls", [])}
+    assert {k: (v["state"], v["attempts"]) for k, v in exported.items()} == {
+        fast[0]: ("done", 1), done[0]: ("done", 1), running[0]: ("done", 2),
+    }
     assert database_integrity(env) == "ok"
 
 
