@@ -256,17 +256,20 @@ def test_a_reload_mid_answer_shows_every_token_once(
 ) -> None:
     url = service()
     words = [f"w{i}" for i in range(1, 121)]
-    model.script(
-        ToolCalls([("tools__echo", {"text": "before"})]),
-        Text(" ".join(words), token_delay=0.03),
-    )
+    # Half the answer, then the model waits until the reloaded page follows the run (the reload's
+    # first read starts a reader process: seconds on a loaded machine), then the rest.
+    held = Hang(text=" ".join(words[:60]) + " ", then=Text(" ".join(words[60:]), token_delay=0.01))
+    model.script(ToolCalls([("tools__echo", {"text": "before"})]), held)
     page = offline.page()
     page.goto(url)
     send(page, "count slowly")
     expect(answers(page).last).to_contain_text("w15")
+    held.wait_started(20)
     page.reload()
     # The page picks the run up where it is: the answer goes on streaming after the reload.
     expect(page.locator(".message.streaming")).to_have_count(1)
+    expect(answers(page).last).to_contain_text("w60")
+    held.release()
     expect(answers(page).last).to_contain_text("w120")
     idle(page)
     assert answers(page).count() == 1

@@ -31,7 +31,7 @@ from pathlib import Path
 
 #: Workers for the real-process tiers on the 2-core CI machine: its tests mostly wait
 #: (on processes, signals, deadlines), so more workers than cores pays (README, "Tests").
-DEFAULT_WORKERS = 3
+DEFAULT_WORKERS = 4
 WORKERS_VARIABLE = "SOPHOS_TEST_WORKERS"
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 ROOT = Path(__file__).resolve().parent.parent.parent
