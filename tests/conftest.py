@@ -159,19 +159,22 @@ def redis_sync_client(redis_server: RedisServer) -> Iterator[redis_sync.Redis]:
 
 @pytest.fixture(scope="session")
 def fake_ollama() -> Iterator[FakeOllama]:
-    """The session's fake Ollama (model ``test-model``). Prefer ``model``, which resets it."""
+    """The session's fake Ollama (model ``test-model``), for module-scoped stacks. A test's
+    own is ``model``."""
     with FakeOllama(["test-model"]) as fake:
         yield fake
 
 
 @pytest.fixture
-def model(fake_ollama: FakeOllama) -> Iterator[FakeOllama]:
-    """The fake Ollama, script and records cleared for this test: ``model.script(Text(...))``."""
-    fake_ollama.reset()
-    fake_ollama.default_text = "ok"
-    fake_ollama.models = ["test-model:latest"]
-    yield fake_ollama
-    fake_ollama.reset()  # cuts replies still hanging, so no handler thread outlives the test
+def model() -> Iterator[FakeOllama]:
+    """A fake Ollama of this test's own (model ``test-model``): ``model.script(Text(...))``.
+
+    Its own port, so a process an earlier test left behind can neither take this test's
+    scripted replies nor be counted among its requests.
+    """
+    with FakeOllama(["test-model:latest"]) as fake:
+        yield fake
+        fake.reset()  # cuts replies still hanging, so no handler thread outlives the test
 
 
 # --- environment and processes -------------------------------------------------------------

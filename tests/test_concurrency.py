@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Reply, Text, ToolCalls
-from tests.support.client import get_json, post_chat, read_sse, tool_calls
+from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, integrity, queue_is_clean, transcript
 from tests.support.procs import wait_worker_ready
@@ -183,10 +183,16 @@ def test_kill_with_four_runs_in_flight_then_each_resumes_to_an_uninterrupted_tra
     assert integrity(env.database_path) == "ok"
 
     start_worker(env)
-    infos = {run: get_json(api.url, f"/api/runs/{run}") for _, run in runs}
+
+    def recovered() -> dict[str, Any] | None:
+        """The runs once the new worker has recorded the dead one's as interrupted (its
+        heartbeat can come before its start-up recovery)."""
+        infos = {run: get_json(api.url, f"/api/runs/{run}") for _, run in runs}
+        return infos if any(info["status"] == "interrupted" for info in infos.values()) else None
+
+    infos = wait_for(recovered, timeout=30, message="a run recorded interrupted by the new worker")
     # A run still queued at the kill was never started: the new worker runs it.
     assert {info["status"] for info in infos.values()} <= {"interrupted", "completed", "queued", "running"}
-    assert any(info["status"] == "interrupted" for info in infos.values()), infos
     kept = set()  # killed after their final checkpoint: the answer is kept, nothing to resume
     for i, (conversation, run) in enumerate(runs):
         if infos[run]["status"] != "interrupted":
