@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from shared.contracts import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, read_sse, read_sse_async, tool_calls, tool_log, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv
 from tests.support.faults import DatabaseLock, accepted
 
 #: The contract (DESIGN.md, docs/api.md "Cancelling"): from the cancel request to the run's
@@ -35,9 +35,6 @@ STREAM_TIMEOUT = 30.0
 
 @pytest.fixture
 def env(sophos_env: SophosEnv) -> SophosEnv:
-    """Only the fake tools server (the fetch server is not needed here)."""
-    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
-    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
     return sophos_env
 
 

@@ -14,7 +14,7 @@ import redis as redis_sync
 from shared.contracts import events_key
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
-from tests.support.env import SYSTEM_PROMPT, SophosEnv
+from tests.support.env import SYSTEM_PROMPT, SophosEnv, with_fetch
 
 # The chat contract holds on both databases.
 pytestmark = pytest.mark.backends
@@ -141,7 +141,12 @@ def page_server() -> Iterator[str]:
     server.server_close()
 
 
-def test_fetch_tool_reads_a_loopback_page(stack: SophosEnv, model: FakeOllama, page_server: str) -> None:
+def test_fetch_tool_reads_a_loopback_page(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, page_server: str
+) -> None:
+    stack = with_fetch(sophos_env)
+    start_worker(stack)
+    start_api(stack)
     model.script(ToolCalls([("fetch__fetch", {"url": f"{page_server}/page.txt"})]), Text("42 lanterns."))
     conversation, _ = chat(stack.api_url, "how many lanterns?")
     events = read_sse(stack.api_url, conversation)

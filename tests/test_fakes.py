@@ -46,7 +46,7 @@ from tests.support.client import (
     wait_for,
     wait_for_async,
 )
-from tests.support.env import TOOLS_SERVER, SophosEnv
+from tests.support.env import TOOLS_SERVER, SophosEnv, with_fetch
 from tests.support.procs import ProcessGroup, ProcessStartError, pid_alive
 from tests.support.redis_server import RedisServer
 
@@ -320,7 +320,7 @@ def site() -> Iterator[str]:
 
 
 async def test_fetch_server_from_the_test_config_reads_loopback(site: str, sophos_env: SophosEnv) -> None:
-    config = json.loads((sophos_env.config_dir / "mcp.json").read_text())["mcpServers"]["fetch"]
+    config = json.loads((with_fetch(sophos_env).config_dir / "mcp.json").read_text())["mcpServers"]["fetch"]
     connection = StdioConnection(
         transport="stdio", command=config["command"], args=config["args"], env=config["env"]
     )

@@ -22,7 +22,7 @@ import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Reply, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv
 from tests.support.faults import (
     Executions,
     accepted,
@@ -43,9 +43,6 @@ FINAL = Text("Two rounds done.")
 
 @pytest.fixture
 def env(sophos_env: SophosEnv) -> SophosEnv:
-    """Only the fake tools server: the fetch server would cost each of the many worker starts."""
-    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
-    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
     return sophos_env
 
 

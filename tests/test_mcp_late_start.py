@@ -37,7 +37,7 @@ def test_a_tool_server_down_at_start_is_offered_once_it_starts(
 ) -> None:
     closed = sophos_env.root / "late-server-closed"
     closed.touch()
-    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
+    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]
     sophos_env.write_mcp_config({"mcpServers": {
         "tools": tools,
         "late": {

@@ -47,7 +47,7 @@ from shared.metrics import (
 )
 from tests.fakes.ollama import FakeOllama, Hang, Status, ToolCalls
 from tests.support.client import get_json, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv
 from tests.support.faults import DatabaseLock, accepted
 from worker.sweep import SWEEP_SECONDS
 
@@ -120,9 +120,7 @@ BOUNDED: dict[str, tuple[str, Callable[[redis_sync.Redis], bool]]] = {
 
 @pytest.fixture
 def env(sophos_env: SophosEnv) -> SophosEnv:
-    """Only the fake tools server; no limit on submissions (but limited: its keys are written)."""
-    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
-    sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
+    """No limit on submissions (but limited: its keys are written)."""
     return sophos_env.with_(RATE_LIMIT_PER_MINUTE=1_000_000)
 
 

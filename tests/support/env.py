@@ -57,28 +57,36 @@ SETTINGS_VARIABLES = (
 )
 
 
-def mcp_servers(tools_log: Path, empty_dir: Path) -> dict[str, object]:
-    """``config/mcp.json`` for tests: the fake tools server and the real fetch server.
+def mcp_servers(tools_log: Path, empty_dir: Path, *, fetch: bool = False) -> dict[str, Any]:
+    """``config/mcp.json`` for tests: the fake tools server and, with ``fetch``, the real fetch
+    server (``with_fetch``). Without it by default: it is one more Python process for every
+    worker start, and only the tests of the fetch tool call it.
 
     The fetch server gets a PATH without node (``empty_dir``): with node on PATH,
     its first HTML page makes readabilipy run ``npm install`` into the venv, over
     the network, printing onto the JSON-RPC stdout. Without node it converts HTML
     in pure Python; text/plain is returned raw either way.
     """
-    return {
-        "mcpServers": {
-            "tools": {
-                "command": sys.executable,
-                "args": [str(TOOLS_SERVER)],
-                "env": {"TOOLS_LOG": str(tools_log)},
-            },
-            "fetch": {
-                "command": sys.executable,
-                "args": ["-m", "mcp_server_fetch", "--allow-private-ips"],
-                "env": {"PATH": str(empty_dir)},
-            },
-        }
+    servers: dict[str, Any] = {
+        "tools": {
+            "command": sys.executable,
+            "args": [str(TOOLS_SERVER)],
+            "env": {"TOOLS_LOG": str(tools_log)},
+        },
     }
+    if fetch:
+        servers["fetch"] = {
+            "command": sys.executable,
+            "args": ["-m", "mcp_server_fetch", "--allow-private-ips"],
+            "env": {"PATH": str(empty_dir)},
+        }
+    return {"mcpServers": servers}
+
+
+def with_fetch(env: SophosEnv) -> SophosEnv:
+    """``env`` with the real fetch server beside the fake tools server (its mcp.json rewritten)."""
+    env.write_mcp_config(mcp_servers(env.tools_log, env.root / "empty-bin", fetch=True))
+    return env
 
 
 def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
