@@ -22,7 +22,13 @@ import pytest
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
-from tests.support.faults import accepted, database_integrity, recorded_after_crash
+from tests.support.faults import (
+    accepted,
+    database_integrity,
+    ledger_rows,
+    recorded_after_crash,
+    tool_counters,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.backends]
 
@@ -39,44 +45,6 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
     # Taken as tools that act: a call that may have run is asked about (safeToRepeat: false).
     sophos_env.write_mcp_config(not_safe_to_repeat({"mcpServers": {"tools": tools}}))
     return sophos_env
-
-
-def ledger_rows(env: SophosEnv, conversation: str) -> list[dict[str, Any]]:
-    """The conversation's rows of the ledger (``tool_calls``), on whichever database the test uses."""
-    sql = (
-        "SELECT tool_call_id, tool, arguments, idempotency_key, attempt, state, status, result, run_id"
-        " FROM tool_calls WHERE conversation_id = {} ORDER BY intent_at"
-    )
-    columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id")
-    url = env.get("DATABASE_URL")
-    rows: list[Any]
-    if url:
-        import psycopg
-
-        with psycopg.connect(url) as pg:
-            rows = pg.execute(sql.format("%s"), (conversation,)).fetchall()
-    else:
-        conn = sqlite3.connect(f"{env.database_path.as_uri()}?mode=ro", uri=True)
-        try:
-            rows = conn.execute(sql.format("?"), (conversation,)).fetchall()
-        finally:
-            conn.close()
-    return [dict(zip(columns, row, strict=True)) for row in rows]
-
-
-def tool_counters(api: str) -> Counter[str]:
-    """``sophos_tool_calls_total`` by outcome and ``sophos_tool_calls_repeated_total`` by reason."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
-        text = http.get("/metrics").text
-    found: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in ("sophos_tool_calls_total", "sophos_tool_calls_repeated_total"):
-                label = sample.labels.get("outcome") or sample.labels.get("reason")
-                found[f"{sample.name}:{label}"] = int(sample.value)
-    return found
 
 
 def executions(env: SophosEnv, tool: str, **args: Any) -> list[str | None]:

@@ -22,7 +22,7 @@ from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
 from worker.deadlines import ApprovalDeadlines
-from worker.faults import kill_after_outcome, kill_at_checkpoint
+from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
 from worker.ledger import Ledger
@@ -100,7 +100,10 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await toolbox.open()
 
         # The application tables' connection, not the saver's (worker/store.py says why).
-        ledger = Ledger(store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome))
+        ledger = Ledger(
+            store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome),
+            hold=hold_call(settings.fault_hold_call),
+        )
         graph = build_graph(
             model=build_model(settings),
             tools=toolbox.current,
