@@ -21,6 +21,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -126,8 +127,10 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
 ) -> None:
     began = time.monotonic()
     point, env, api = POINTS[name], matrix.env, matrix.api
-    calls = [("tools__echo", {"text": name}), ("tools__add", {"a": 2, "b": len(name)}),
-             ("tools__slow", {"seconds": SLOW_SECONDS})]
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("tools__echo", {"text": name}), ("tools__add", {"a": 2, "b": len(name)}),
+        ("tools__slow", {"seconds": SLOW_SECONDS}),
+    ]
     model.script(ToolCalls(calls), Text(f"Three calls made ({name})."))
     doomed = start_worker(env.with_(**point.hook))
     conversation, run = accepted(api, f"three calls, killed {name}")
