@@ -30,7 +30,13 @@ import redis as redis_sync
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
-from tests.support.faults import accepted, database_integrity, ledger_rows, recorded_after_crash
+from tests.support.faults import (
+    accepted,
+    call_counters,
+    database_integrity,
+    ledger_rows,
+    recorded_after_crash,
+)
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
@@ -154,6 +160,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     assert ("tools__slow" in before) == (point.ran_at_kill > 0 or point.resume != "send")
 
     survivor = start_worker(env)
+    counted = call_counters(api)
     assert recorded_after_crash(api, run)["status"] == "interrupted"
     detail = get_json(api, f"/api/conversations/{conversation}")
     assert detail["resumable"] is True
@@ -208,6 +215,10 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     assert messages[-1]["content"] == f"Three calls made ({name})."
     assert detail["resumable"] is False and detail["resumePlan"] is None
     assert model.calls == 2  # no model call was made twice: the kill fell on the tools' step
+    moved = call_counters(api) - counted
+    assert moved["sophos_model_calls_repeated_total"] == 0
+    assert moved["sophos_tool_calls_repeated_total:decided"] == (point.resume == "ask")
+    assert moved["sophos_tool_calls_total:answered"] >= (point.resume == "answer")
     assert database_integrity(env) == "ok"
     survivor.kill()
     SPENT[matrix.engine] = SPENT.get(matrix.engine, 0.0) + time.monotonic() - began

@@ -24,10 +24,10 @@ from tests.support.client import get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 from tests.support.faults import (
     accepted,
+    call_counters,
     database_integrity,
     ledger_rows,
     recorded_after_crash,
-    tool_counters,
 )
 
 pytestmark = [pytest.mark.fault, pytest.mark.backends]
@@ -144,7 +144,7 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     repeat) stops the resume: the run ends ``waiting`` with an ``uncertain`` request, and only
     the decision sends it again, with the same key."""
     api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model)
-    counted = tool_counters(api)
+    counted = call_counters(api)
 
     _, resumed = accepted(api, conversation=conversation, resume=True)
     events = read_sse(api, conversation)
@@ -180,7 +180,7 @@ def test_a_call_that_may_have_run_is_put_to_a_person_and_approve_sends_it_again_
     assert events.text == "All three done."
     _executed_once_each_and_whole(env, api, conversation, (survivor, last), decided.json()["run"])
     # /metrics: the finished call answered from the ledger, the uncertain one sent again as decided.
-    moved = tool_counters(api) - counted
+    moved = call_counters(api) - counted
     assert moved["sophos_tool_calls_repeated_total:decided"] == 1
     assert moved["sophos_tool_calls_total:answered"] >= 1 and moved["sophos_tool_calls_total:success"] == 1
 
@@ -194,7 +194,7 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     config["mcpServers"]["tools"]["safeToRepeat"] = ["slow"]
     env.write_mcp_config(config)
     api, conversation, survivor = _killed_mid_turn(env, start_worker, start_api, model, safe=True)
-    counted = tool_counters(api)
+    counted = call_counters(api)
 
     _, resumed = accepted(api, conversation=conversation, resume=True)
     events = read_sse(api, conversation)
@@ -203,7 +203,7 @@ def test_a_call_safe_to_repeat_is_sent_again_with_its_key_without_asking(
     again = [r for r in survivor.log_records() if r.get("event") == "tool_call.sent_again"]
     assert [(r["tool"], r["reason"]) for r in again] == [("tools__slow", "safe_to_repeat")]
     _executed_once_each_and_whole(env, api, conversation, (survivor,), resumed)
-    moved = tool_counters(api) - counted
+    moved = call_counters(api) - counted
     assert moved["sophos_tool_calls_repeated_total:safe_to_repeat"] == 1 and "decided" not in str(moved)
 
 

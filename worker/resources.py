@@ -29,6 +29,7 @@ from worker.ledger import Ledger
 from worker.mcp_tools import McpToolbox, load_config
 from worker.metrics import TimedCheckpoints
 from worker.model import build_model
+from worker.model_calls import ModelCalls
 from worker.model_check import report_model
 from worker.recovery import recover
 from worker.retention import Retention
@@ -111,6 +112,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             checkpointer=saver,
             needs_approval=load_approvals(settings.mcp_config_path),
             ledger=ledger,
+            model_calls=ModelCalls(redis),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
         also: list[Callable[[], Awaitable[object]]] = []

@@ -102,8 +102,14 @@ def ledger_rows(env: Any, conversation: str) -> list[dict[str, Any]]:
     return [dict(zip(columns, row, strict=True)) for row in rows]
 
 
-def tool_counters(api: str) -> collections.Counter[str]:
-    """``sophos_tool_calls_total`` by outcome and ``sophos_tool_calls_repeated_total`` by reason."""
+#: the counters of tool and model calls, and their labels (none for a plain counter)
+_CALL_COUNTERS = {"sophos_tool_calls_total": "outcome", "sophos_tool_calls_repeated_total": "reason",
+                  "sophos_model_calls_repeated_total": None}
+
+
+def call_counters(api: str) -> collections.Counter[str]:
+    """``sophos_tool_calls_total`` by outcome (``"sophos_tool_calls_total:answered"``),
+    ``sophos_tool_calls_repeated_total`` by reason, and ``sophos_model_calls_repeated_total``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
@@ -111,9 +117,9 @@ def tool_counters(api: str) -> collections.Counter[str]:
     found: collections.Counter[str] = collections.Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in ("sophos_tool_calls_total", "sophos_tool_calls_repeated_total"):
-                label = sample.labels.get("outcome") or sample.labels.get("reason")
-                found[f"{sample.name}:{label}"] = int(sample.value)
+            if sample.name in _CALL_COUNTERS:
+                label = _CALL_COUNTERS[sample.name]
+                found[f"{sample.name}:{sample.labels[label]}" if label else sample.name] = int(sample.value)
     return found
 
 
