@@ -294,7 +294,8 @@ def model_call_key(conversation_id: str) -> str:
 
 
 #: how long a model call's mark is kept: a resume later than that is not counted as a repeat
-MODEL_CALL_MARK_TTL = 30 * 24 * 3600
+#: (as long as the longest-kept key, a cancelled run's record: what Redis holds stays bounded)
+MODEL_CALL_MARK_TTL = 7 * 24 * 3600
 
 
 def progress_key(run_id: str) -> str:
