@@ -2,13 +2,14 @@
 
 One model turn makes three calls, each its own task: ``echo`` (read-only: its MCP annotation
 says so), ``add`` and ``slow`` (``safeToRepeat: false`` in mcp.json: calls that act). The kill
-falls on ``slow``, the slow one, at each point below; its siblings have finished by then (a held
-call waits for them, worker/faults.py). The tools server logs every execution with the
-idempotency key it received (tests/fakes/tools_server.py), so executions are counted per call
-across the worker that died and the one that resumes. At each point the test asserts how many
-times each call ran, what the resume did with ``slow`` (sent for the first time, answered from
-the ledger, or asked about as ``uncertain`` and sent again on approval, with its key), and that
-the transcript is whole: every call answered once, the final answer there.
+falls on ``slow``, the slow one, at each point below (and once on ``echo``, read-only); its
+siblings have finished by then (a held call waits for them, worker/faults.py). The tools server
+logs every execution with the idempotency key it received (tests/fakes/tools_server.py), so
+executions are counted per call across the workers that died and the one that resumes. At each
+point the test asserts how many times each call ran, what the resume did with the call the kill
+fell on (sent for the first time, answered from the ledger, sent again without asking, or asked
+about as ``uncertain`` and sent again on approval, always with its key), and that the transcript
+is whole: every call answered once, the final answer there.
 
 Cheap by design (the suite's budget): the API and the database live for the whole module (one
 per engine), each case is a conversation of its own, one worker started with the fault and one
