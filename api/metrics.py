@@ -46,6 +46,7 @@ from shared.metrics import (
     FIRST_TOKEN,
     METRICS_KEY,
     MODEL_CALL,
+    MODEL_CALLS_REPEATED,
     QUEUE_WAIT,
     REPEAT_REASONS,
     RUN_DURATION,
@@ -177,6 +178,12 @@ class SharedStateCollector:
         for reason in REPEAT_REASONS:
             repeated.add_metric([reason], snapshot.counter(TOOL_CALLS_REPEATED, reason=reason))
         yield repeated
+        yield CounterMetricFamily(
+            MODEL_CALLS_REPEATED,
+            "Model calls a resume made again: the run that crashed had started the same step's call,"
+            " and its output was lost before the step's writes were saved",
+            value=snapshot.counter(MODEL_CALLS_REPEATED),
+        )
         yield CounterMetricFamily(
             CONVERSATIONS_EXPIRED,
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",

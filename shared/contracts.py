@@ -288,6 +288,16 @@ STOPPED_MARK = "stopped"
 APPROVALS_MARK = "approvals"
 
 
+def model_call_key(conversation_id: str) -> str:
+    """The task id of the conversation's last model call started (worker/model_calls.py)."""
+    return f"sophos:model-call:{conversation_id}"
+
+
+#: how long a model call's mark is kept: a resume later than that is not counted as a repeat
+#: (as long as the longest-kept key, a cancelled run's record: what Redis holds stays bounded)
+MODEL_CALL_MARK_TTL = 7 * 24 * 3600
+
+
 def progress_key(run_id: str) -> str:
     """Hash the worker keeps while a run is running: {node, step, started_at, updated_at}."""
     return f"sophos:progress:{run_id}"

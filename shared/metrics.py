@@ -39,6 +39,9 @@ TOOL_CALL_OUTCOMES = ("success", "error", "answered", "not_repeated")
 #: or ``decided`` (the user approved or edited it)
 TOOL_CALLS_REPEATED = "sophos_tool_calls_repeated"
 REPEAT_REASONS = ("safe_to_repeat", "decided")
+#: model calls a resume made again for a step whose model output, whole or in part, was lost
+#: with the run that crashed before the step's writes were saved (counter; worker/model_calls.py)
+MODEL_CALLS_REPEATED = "sophos_model_calls_repeated"
 #: seconds from a run's acceptance to its start by a worker (histogram)
 QUEUE_WAIT = "sophos_queue_wait_seconds"
 #: seconds from a run's start to its outcome, by status (histogram)

@@ -144,6 +144,21 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return raw
 
 
+#: where a test can hold a tool call (worker/faults.py ``hold_call``)
+HOLD_POINTS = ("before_intent", "after_intent", "before_outcome")
+
+
+def _hold_call(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name) or None
+    if raw is not None:
+        point, _, tool = raw.partition(":")
+        if point not in HOLD_POINTS or not tool:
+            raise SettingsError(
+                name, f"expected POINT:TOOL, POINT one of {', '.join(HOLD_POINTS)}, got {raw!r}"
+            )
+    return raw
+
+
 def _addresses(env: Mapping[str, str], name: str, default: str) -> str:
     """A comma-separated list of IP addresses and networks, or ``*``."""
     raw = env.get(name) or default
@@ -288,6 +303,9 @@ class Settings:
     fault_kill_before_checkpoint: int = 0
     # ... or right after its Nth commit of a tool call's outcome to the ledger (worker/ledger.py).
     fault_kill_after_outcome: int = 0
+    # ... or hold a call of a tool at a point of its way through the ledger until killed from
+    # outside: "before_intent:TOOL", "after_intent:TOOL" or "before_outcome:TOOL".
+    fault_hold_call: str | None = None
     # Test-only: the API's thread reads of this conversation never end (api/store.py).
     fault_hang_read: str | None = None
 
@@ -351,6 +369,7 @@ class Settings:
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
             fault_kill_after_outcome=_int(env, "SOPHOS_FAULT_KILL_AFTER_OUTCOME", 0),
+            fault_hold_call=_hold_call(env, "SOPHOS_FAULT_HOLD_CALL"),
             fault_hang_read=env.get("SOPHOS_FAULT_HANG_READ") or None,
         )
 

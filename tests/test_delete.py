@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import redis as redis_sync
 
-from shared.contracts import ACTIVE_RUNS, events_key, run_key
+from shared.contracts import ACTIVE_RUNS, events_key, model_call_key, run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
@@ -71,6 +71,7 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
     before = thread_rows(sophos_env.database_path, conversation)
     assert before["checkpoints"] > 0 and before["writes"] > 0 and before["runs"] == 2
     assert redis_sync_client.exists(events_key(first), events_key(second)) == 2
+    assert redis_sync_client.exists(model_call_key(conversation)) == 1  # its last model call's mark
 
     response = delete(api, conversation)
     assert response.status_code == 204, response.text
@@ -83,7 +84,7 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
         "conversations": 0,
     }
     kept = (events_key(first), events_key(second), run_key(first), run_key(second))
-    assert redis_sync_client.exists(*kept) == 0
+    assert redis_sync_client.exists(*kept, model_call_key(conversation)) == 0
     assert redis_sync_client.hget(ACTIVE_RUNS, conversation) is None
     assert listed(api) == [other]
     with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:

@@ -121,3 +121,22 @@ def test_docs_leads_to_the_api_document() -> None:
         answer = client.get("/docs", follow_redirects=False)
     assert answer.status_code in (302, 307), answer.text
     assert answer.headers["location"] == "/schema"
+
+
+@pytest.mark.fast
+def test_the_tool_call_promise_is_stated_and_never_weakened_to_at_least_once() -> None:
+    """README and the crash table say what the kill-point matrix proves (tests/test_kill_points.py);
+    no page promises only at-least-once."""
+    promise = "a tool call that finished never runs again; one that may have run is asked about"
+    table = (DOCS / "crash-semantics.md").read_text()
+    assert promise in README.read_text().lower()
+    assert promise in table.lower()
+    row = "| worker `kill -9` at each point of a tool"
+    rows = [line for line in table.splitlines() if line.startswith(row)]
+    assert len(rows) == 1
+    for point in ("before its intent", "while the tool server executes", "after its result",
+                  "after its outcome", "after the step's checkpoint"):
+        assert point in rows[0], point
+    for path in [README, *sorted(DOCS.glob("*.md"))]:
+        text = re.sub(r"\s+", " ", path.read_text().lower())
+        assert "at-least-once" not in text and "at least once" not in text, path.name

@@ -26,6 +26,7 @@ from tests.support.env import SophosEnv
 from tests.support.faults import (
     Executions,
     accepted,
+    call_counters,
     database_integrity,
     queue_is_clean,
     recorded_after_crash,
@@ -135,6 +136,8 @@ def test_kill_at_a_step_boundary_then_resume_equals_an_uninterrupted_run(
     assert events[-1].event == "end" and events[-1].data["run"] == resumed
     assert get_json(api.url, f"/api/conversations/{conversation}")["resumable"] is False
     after_fault = Executions.now(model, env.tools_log)
+    # /metrics counts the model calls the resume made again, and only those.
+    assert call_counters(api.url)["sophos_model_calls_repeated_total"] == case.repeated.model
 
     model.script(*case.baseline)
     control, _ = accepted(api.url, "two rounds please")

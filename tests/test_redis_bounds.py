@@ -36,6 +36,7 @@ from shared.metrics import (
     FIRST_TOKEN,
     METRICS_KEY,
     MODEL_CALL,
+    MODEL_CALLS_REPEATED,
     QUEUE_WAIT,
     REPEAT_REASONS,
     RUN_DURATION,
@@ -67,6 +68,7 @@ _FINISHED = len([s for s in RunStatus if s.finished])
 METRICS_FIELDS_BOUND = (
     _FINISHED + _PARTS[RUN_DURATION] * _FINISHED + sum(_PARTS[m] for m in _UNLABELLED)
     + _PARTS[TOOL_CALL] * len(TOOLS) + len(TOOL_CALL_OUTCOMES) + len(REPEAT_REASONS)
+    + 1  # MODEL_CALLS_REPEATED
 )
 
 
@@ -80,6 +82,8 @@ def _metrics_field_known(field: str) -> bool:
         return part == "total" and labels.get("outcome") in TOOL_CALL_OUTCOMES
     if metric == TOOL_CALLS_REPEATED:
         return part == "total" and labels.get("reason") in REPEAT_REASONS
+    if metric == MODEL_CALLS_REPEATED:
+        return part == "total" and labels == {}
     return metric == TOOL_CALL and labels.get("tool") in TOOLS
 
 

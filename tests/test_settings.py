@@ -62,6 +62,9 @@ def test_database_url_picks_postgresql_and_hides_its_password() -> None:
         ("DATABASE_URL", "postgresql://db:5432/"),
         ("RUN_LEASE_SECONDS", "0.5"),
         ("RUN_LEASE_SECONDS", "long"),
+        ("SOPHOS_FAULT_HOLD_CALL", "tools__slow"),
+        ("SOPHOS_FAULT_HOLD_CALL", "during:tools__slow"),
+        ("SOPHOS_FAULT_HOLD_CALL", "after_intent:"),
     ],
 )
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:

@@ -38,6 +38,7 @@ from shared.contracts import (
     conversation_deleted_key,
     deleted_key,
     events_key,
+    model_call_key,
     progress_key,
     protocol_run_key,
     protocol_thread_key,
@@ -97,7 +98,7 @@ async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -
             pipe.delete(events_key(run_id), run_key(run_id), progress_key(run_id), cancel_key(run_id))
         if cancelled:
             pipe.zrem(CANCELLED_RUNS, *cancelled)
-        pipe.delete(cancelled_run_key(conversation_id))
+        pipe.delete(cancelled_run_key(conversation_id), model_call_key(conversation_id))
         # Its thread, for the Agent Protocol (api/protocol/), goes with it.
         pipe.delete(protocol_thread_key(conversation_id), *(protocol_run_key(r) for r in run_ids))
         pipe.zrem(PROTOCOL_THREADS, conversation_id)

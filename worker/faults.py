@@ -10,6 +10,14 @@ results are saved): exactly what ``kill -9`` at that instant would do. With
 ``SOPHOS_FAULT_KILL_AFTER_OUTCOME=N`` it dies right after its Nth commit of a tool
 call's outcome to the ledger (worker/ledger.py), before LangGraph saves the call's
 task writes: the window where only the ledger knows the call ran.
+
+The other points of a tool call's way through the ledger are held, not killed:
+``SOPHOS_FAULT_HOLD_CALL=POINT:TOOL`` (POINT: ``before_intent``, ``after_intent`` or
+``before_outcome``) stops the first call of TOOL there for good, and logs
+``faults.holding``; the test kills the worker from outside once the turn's other calls
+have settled. The calls of a turn run side by side, so a kill at the instant one call
+reaches a point would catch its siblings anywhere; holding it there while they finish is
+one instant a real ``kill -9`` can hit, and the same one every time.
 """
 
 from __future__ import annotations
@@ -17,8 +25,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 
 class _KillAtCheckpoint:
@@ -70,3 +82,23 @@ def kill_after_outcome(number: int) -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return after_outcome
+
+
+def hold_call(spec: str | None) -> Callable[[str, str], Awaitable[None]] | None:
+    """The ledger's ``hold`` hook for ``SOPHOS_FAULT_HOLD_CALL`` (``POINT:TOOL``, checked by
+    shared/settings.py), None when it is not set: the first call of TOOL to reach POINT
+    never goes on."""
+    if not spec:
+        return None
+    point, _, tool = spec.partition(":")
+    held = False
+
+    async def hold(at: str, name: str) -> None:
+        nonlocal held
+        if held or at != point or name != tool:
+            return
+        held = True
+        log.warning("faults.holding", point=at, tool=name)
+        await asyncio.Event().wait()
+
+    return hold

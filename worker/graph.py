@@ -46,6 +46,7 @@ from shared.metrics import MODEL_CALL
 from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
 from worker.ledger import APPROVAL_KIND, CallRef, Ledger
 from worker.metrics import timed
+from worker.model_calls import ModelCalls
 from worker.tool_policy import safe_to_repeat
 
 __all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
@@ -87,6 +88,7 @@ def build_graph(
     checkpointer: BaseCheckpointSaver[Any],
     needs_approval: Callable[[str], bool] = lambda tool: False,
     ledger: Ledger | None = None,
+    model_calls: ModelCalls | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -99,6 +101,8 @@ def build_graph(
 
     ``ledger`` records each call's intent and outcome and answers a call already done
     (worker/ledger.py); without one (tests of the graph alone) calls are simply made.
+
+    ``model_calls`` counts the model calls a resume makes again (worker/model_calls.py).
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -120,8 +124,15 @@ def build_graph(
         prompt = system_prompt()
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
         bound, _ = for_tools()
+        if model_calls is not None:
+            await model_calls.starting(config)
         with timed(MODEL_CALL):
-            response = await bound.ainvoke(messages, config)
+            try:
+                response = await bound.ainvoke(messages, config)
+            except Exception:
+                if model_calls is not None:
+                    await model_calls.failed(config)
+                raise
         return {"messages": [response]}
 
     def route(state: AgentState) -> str | list[Send]:

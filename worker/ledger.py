@@ -131,13 +131,25 @@ def _entry(row: tuple[Any, ...]) -> Entry:
 class Ledger:
     """The ``tool_calls`` table, on the worker's application database (either engine).
 
-    ``after_outcome`` is called after each outcome commit (the test-only kill point,
-    worker/faults.py).
+    Test-only fault points (worker/faults.py): ``after_outcome`` is called after each outcome
+    commit; ``hold(point, tool)`` is awaited before the intent, after it (before the request)
+    and after the result (before the outcome's commit).
     """
 
-    def __init__(self, db: Database, *, after_outcome: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        after_outcome: Callable[[], None] | None = None,
+        hold: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> None:
         self.db = db
         self.after_outcome = after_outcome
+        self.hold = hold
+
+    async def _at(self, point: str, tool: str) -> None:
+        if self.hold is not None:
+            await self.hold(point, tool)
 
     async def entry(self, ref: CallRef) -> Entry | None:
         rows = await self.db.fetchall(
@@ -216,6 +228,7 @@ class Ledger:
         inside it leaves the intent without outcome.
         """
         name, arguments = call["name"], call.get("args") or {}
+        await self._at("before_intent", name)
         entry = await self.begin(ref, run_id, name, arguments, safe_to_repeat=safe_to_repeat)
         decided: dict[str, Any] | None = None
         if entry is None:
@@ -260,8 +273,10 @@ class Ledger:
                 if done is not None and done.state == DONE:
                     return self._answer(ref, name, done)
                 raise RuntimeError(f"tool call {ref.tool_call_id} changed under its attempt")
+        await self._at("after_intent", name)
         with _meta(entry.key):
             result = await send(arguments)
+        await self._at("before_outcome", name)
         if decided is not None:
             result.response_metadata = {**result.response_metadata, UNCERTAIN_MARK: decided}
         await self.record_outcome(ref, result.status, result.content)

@@ -22,13 +22,14 @@ from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
 from worker.deadlines import ApprovalDeadlines
-from worker.faults import kill_after_outcome, kill_at_checkpoint
+from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
 from worker.graph import build_graph, read_system_prompt
 from worker.leases import Leases
 from worker.ledger import Ledger
 from worker.mcp_tools import McpToolbox, load_config
 from worker.metrics import TimedCheckpoints
 from worker.model import build_model
+from worker.model_calls import ModelCalls
 from worker.model_check import report_model
 from worker.recovery import recover
 from worker.retention import Retention
@@ -100,7 +101,10 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await toolbox.open()
 
         # The application tables' connection, not the saver's (worker/store.py says why).
-        ledger = Ledger(store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome))
+        ledger = Ledger(
+            store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome),
+            hold=hold_call(settings.fault_hold_call),
+        )
         graph = build_graph(
             model=build_model(settings),
             tools=toolbox.current,
@@ -108,6 +112,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             checkpointer=saver,
             needs_approval=load_approvals(settings.mcp_config_path),
             ledger=ledger,
+            model_calls=ModelCalls(redis),
         )
         service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
         also: list[Callable[[], Awaitable[object]]] = []

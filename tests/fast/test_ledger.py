@@ -6,6 +6,8 @@ an in-memory saver with a scripted model and a local tool that notes the ``_meta
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from shared.storage.sqlite import SqliteDatabase
+from worker.faults import hold_call
 from worker.graph import TOOLS, build_graph
 from worker.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
 
@@ -71,6 +74,46 @@ async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_aga
         assert len(sent) == 1 and set(sent[0]) == {IDEMPOTENCY_META_KEY}
         assert (second.content, second.status, second.tool_call_id) == (first.content, "error", "call-1")
         assert request_meta() is None  # only around the request
+    finally:
+        await db.close()
+
+
+async def test_the_fault_points_are_where_the_kill_matrix_holds_a_call(tmp_path: Path) -> None:
+    """Before the intent, after it (before the request), after the result (before the outcome);
+    a call answered from the ledger passes only the first. ``hold_call`` stops only its tool there."""
+    ledger, db, conversation = await _ledger(tmp_path)
+    reached: list[tuple[str, str]] = []
+    sent: list[str] = []
+
+    async def note(point: str, tool: str) -> None:
+        reached.append((point, tool))
+
+    async def send(arguments: dict[str, Any]) -> ToolMessage:
+        sent.append(str(arguments))
+        reached.append(("request", "tools__echo"))
+        return ToolMessage("a", tool_call_id="call-1", name="tools__echo")
+
+    try:
+        ledger.hold = note
+        ref, call = CallRef(conversation, "m1", "call-1"), {"name": "tools__echo", "args": {"text": "a"}}
+        await ledger.run(ref, "run-1", call, send)
+        assert [p for p, _ in reached] == ["before_intent", "after_intent", "request", "before_outcome"]
+        reached.clear()
+        await ledger.run(ref, "run-2", call, send)
+        assert reached == [("before_intent", "tools__echo")]
+
+        ledger.hold = hold_call("after_intent:tools__echo")
+        other = CallRef(conversation, "m1", "call-2")
+        assert (await ledger.run(other, "run-3", {"name": "tools__add", "args": {}}, send)).content == "a"
+        held = asyncio.create_task(ledger.run(CallRef(conversation, "m1", "call-3"), "run-3", call, send))
+        deadline = asyncio.get_running_loop().time() + 10
+        while (entry := await ledger.entry(CallRef(conversation, "m1", "call-3"))) is None:
+            assert asyncio.get_running_loop().time() < deadline, "the intent was never committed"
+            await asyncio.sleep(0.01)
+        assert entry.state == INTENT and not held.done() and len(sent) == 2  # held before its request
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
     finally:
         await db.close()
 

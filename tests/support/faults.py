@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis as redis_sync
 
 from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
@@ -76,6 +77,50 @@ def database_integrity(env: Any) -> str:
     names = ("checkpoints without parent", "writes without checkpoint", "unowned running runs")
     orphans = dict(zip(names, row, strict=True))
     return "ok" if not any(orphans.values()) else repr(orphans)
+
+
+def ledger_rows(env: Any, conversation: str) -> list[dict[str, Any]]:
+    """The conversation's rows of the ledger (``tool_calls``), on whichever database the test uses."""
+    sql = (
+        "SELECT tool_call_id, tool, arguments, idempotency_key, attempt, state, status, result, run_id"
+        " FROM tool_calls WHERE conversation_id = {} ORDER BY intent_at"
+    )
+    columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id")
+    url = env.get("DATABASE_URL")
+    rows: list[Any]
+    if url:
+        import psycopg
+
+        with psycopg.connect(url) as pg:
+            rows = pg.execute(sql.format("%s"), (conversation,)).fetchall()
+    else:
+        conn = sqlite3.connect(f"{env.database_path.as_uri()}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(sql.format("?"), (conversation,)).fetchall()
+        finally:
+            conn.close()
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+#: the counters of tool and model calls, and their labels (none for a plain counter)
+_CALL_COUNTERS = {"sophos_tool_calls_total": "outcome", "sophos_tool_calls_repeated_total": "reason",
+                  "sophos_model_calls_repeated_total": None}
+
+
+def call_counters(api: str) -> collections.Counter[str]:
+    """``sophos_tool_calls_total`` by outcome (``"sophos_tool_calls_total:answered"``),
+    ``sophos_tool_calls_repeated_total`` by reason, and ``sophos_model_calls_repeated_total``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+        text = http.get("/metrics").text
+    found: collections.Counter[str] = collections.Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in _CALL_COUNTERS:
+                label = _CALL_COUNTERS[sample.name]
+                found[f"{sample.name}:{sample.labels[label]}" if label else sample.name] = int(sample.value)
+    return found
 
 
 def recorded_after_crash(api_url: str, run: str, timeout: float = 20) -> dict[str, Any]:
