@@ -25,11 +25,12 @@ from bench.client import BenchError, chat_once, http_client
 from bench.runs import MESSAGE
 from bench.stack import Stack, running_stack
 from bench.stats import Summary, ratio
-from tests.support.otlp import OtlpReceiver
+from tests.support.otlp import OtlpReceiver, Span
 
 ON, OFF = "traced (OTLP to loopback)", "tracing off"
 ROLES = ("worker", "API")
 HEADING = "## The cost of tracing (figure 15)"
+RUN = "run"  # the worker's span of a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +130,7 @@ def measure(
         traced_runs = asyncio.run(_measure(stacks, sizes, rng, result))
         # The batch processor exports every OTEL_BSP_SCHEDULE_DELAY (5 s by default).
         try:
-            otlp.wait(
-                lambda spans: traced_runs <= {s.attributes.get("sophos.run.id") for s in spans if s.name == "run"},
-                timeout=30, message="the run span of every traced run",
-            )
+            otlp.wait(lambda spans: traced_runs <= _ended_runs(spans), timeout=30, message="every traced run")
         except TimeoutError as exc:
             raise BenchError(f"figure 15: {exc}") from None
         spans = otlp.snapshot()
@@ -144,6 +142,10 @@ def measure(
     result.spans_per_run = len(spans) / max(1, len(traced_runs) + sizes.warm)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def _ended_runs(spans: list[Span]) -> set[str]:
+    return {str(s.attributes.get("sophos.run.id")) for s in spans if s.name == RUN}
 
 
 def _fmt(value: float) -> str:
