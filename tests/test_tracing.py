@@ -186,13 +186,19 @@ def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
 def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama) -> None:
     hang = Hang(text="thinking")
     model.script(hang)
-    conversation, run = chat(stack.api, "think for ever")
-    hang.wait_started(20)
+    caller = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")  # a client's own trace
     with httpx.Client(base_url=stack.api, timeout=10, trust_env=False) as http:
+        accepted = http.post("/api/chat", json={"message": "think for ever"},
+                             headers={"traceparent": f"00-{caller[0]}-{caller[1]}-01"})
+        assert accepted.status_code == 202, accepted.text
+        conversation, run = accepted.json()["conversation"], accepted.json()["run"]
+        hang.wait_started(20)
         assert http.post(f"/api/runs/{run}/cancel").status_code == 202
     assert read_sse(stack.api, conversation)[-1].data["status"] == "cancelled"
     hang.release()
-    spans = run_trace(stack.otlp, run)
+    spans = run_trace(stack.otlp, run, named("POST /api/chat"))
+    request = one(spans, "POST /api/chat")
+    assert (request.trace_id, request.parent_id) == caller  # the run's trace continues the caller's
     job = one(spans, "run")
     assert job.attributes["sophos.run.status"] == "cancelled" and job.status != 2
     step = one(spans, "step agent")
@@ -203,6 +209,22 @@ def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama)
     # The cut is closed in the thread after the step (worker/stopping.py): its writes are in the trace.
     closing = [s for s in children(spans, job, "checkpoint write") if s.start_ns >= step.end_ns]
     assert closing, "the thread's closing write"
+
+
+def test_spans_still_buffered_are_sent_when_a_process_stops(stack: Stack, model: FakeOllama) -> None:
+    """An API that would send its batch only in ten minutes sends it when it is stopped (SIGTERM)."""
+    api = stack.group.start_api(stack.env.with_(OTEL_BSP_SCHEDULE_DELAY=600_000))
+    conversation, run = chat(api.url, "hello")
+    assert read_sse(api.url, conversation)[-1].data["status"] == "completed"
+
+    def enqueued(spans: list[Span]) -> list[Span]:
+        return [s for s in spans if s.name == "enqueue run" and s.attributes["sophos.run.id"] == run]
+
+    run_trace(stack.otlp, run)  # the worker's spans came; the API's are still buffered
+    assert not enqueued(stack.otlp.snapshot())
+    api.terminate()
+    assert api.wait(20) in (0, -signal.SIGTERM)
+    stack.otlp.wait(enqueued, message="the stopped API's spans")
 
 
 #: What tracing loads when it is on: the SDK's export pipeline, the OTLP exporter, protobuf. (A
