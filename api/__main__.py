@@ -77,6 +77,12 @@ def main() -> int:
             draining.set()  # a plain flag: safe to set from a signal handler
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            # Here, not after run(): uvicorn raises the signal that stopped it again once it
+            # has shut down, which ends the process before run() returns.
+            tracing.shutdown()  # the spans still buffered are exported
+
     config = uvicorn.Config(
         create_app(settings, draining=draining),
         host=settings.api_host,
@@ -99,7 +105,7 @@ def main() -> int:
     try:
         server.run(sockets=[listening_socket(config, settings.sse_client_timeout)])
     finally:
-        tracing.shutdown()  # the spans still buffered are exported
+        tracing.shutdown()  # a server that never started (shutdown above did it otherwise)
     return 0 if server.started else 1
 
 
