@@ -20,7 +20,7 @@ import redis as redis_sync
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, make_sophos_env
+from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
 from tests.support.otlp import OtlpReceiver, Span
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup, ServiceProcess
@@ -33,7 +33,8 @@ class Stack:
     def __init__(self, env: SophosEnv, group: ProcessGroup, otlp: OtlpReceiver) -> None:
         self.env, self.group, self.otlp = env, group, otlp
         self.worker: ServiceProcess = group.start_worker(env)
-        self.api = group.start_api(env).url
+        group.start_api(env)
+        self.api = env.api_url
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,9 @@ def stack(
             root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port(),
             OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, OTEL_BSP_SCHEDULE_DELAY="50",
         )
+        config = mcp_servers(env.tools_log, root / "empty-bin")
+        config["mcpServers"]["tools"]["requireApproval"] = ["echo"]  # type: ignore[index]
+        env.write_mcp_config(config)
         group = ProcessGroup(log_dir=root / "logs", cwd=root)
         try:
             yield Stack(env, group, otlp)
@@ -138,8 +142,10 @@ def test_a_run_with_a_tool_call_is_one_trace_from_the_request_to_its_end(
 
     # The worker's logs of this run carry its trace and the span current when they were written.
     logs = stack.worker.log_records()
-    started = next(r for r in logs if r.get("event") == "run.started" and r["run_id"] == run)
-    assert (started["trace_id"], started["span_id"]) == (job.trace_id, job.span_id)
+    for event in ("run.started", "run.finished"):
+        line = next(r for r in logs if r.get("event") == event and r["run_id"] == run)
+        assert (line["trace_id"], line["span_id"]) == (job.trace_id, job.span_id), event
+    assert all("trace_id" not in r for r in logs if r.get("event") == "worker.ready")  # no span then
 
 
 def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
@@ -183,6 +189,29 @@ def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
     assert tool.attributes["sophos.tool.idempotency_key"] == tool_calls(stack.env.tools_log, "slow")[0]["key"]
 
 
+def test_a_decision_links_to_the_run_that_waited_for_it(stack: Stack, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__echo", {"text": "hi"})]), Text("Echoed."))
+    conversation, waited = chat(stack.api, "echo hi")
+    assert read_sse(stack.api, conversation)[-1].data["status"] == "waiting"
+    first = run_trace(stack.otlp, waited)
+    asked = one(first, "step approval")
+    assert asked.attributes["sophos.stopped"] == "GraphInterrupt" and asked.status != 2  # no failure
+    assert one(first, "run").attributes["sophos.run.status"] == "waiting"
+    [request] = get_json(stack.api, f"/api/conversations/{conversation}")["pendingApproval"]
+    with httpx.Client(base_url=stack.api, timeout=10, trust_env=False) as http:
+        decided = http.post("/api/chat", json={
+            "conversation": conversation, "decisions": [{"id": request["id"], "action": "approve"}],
+        })
+    assert decided.status_code == 202, decided.text
+    assert read_sse(stack.api, conversation)[-1].data["status"] == "completed"
+    spans = run_trace(stack.otlp, decided.json()["run"])
+    job = one(spans, "run", **{"sophos.run.kind": "decide"})
+    waiting = one(first, "run")
+    assert (waiting.trace_id, waiting.span_id) in job.links
+    [tool] = [s for s in spans if s.name == "execute_tool tools__echo"]
+    assert tool.attributes["sophos.tool.ledger"] == "sent"
+
+
 def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama) -> None:
     hang = Hang(text="thinking")
     model.script(hang)
@@ -214,8 +243,9 @@ def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama)
 def test_spans_still_buffered_are_sent_when_a_process_stops(stack: Stack, model: FakeOllama) -> None:
     """An API that would send its batch only in ten minutes sends it when it is stopped (SIGTERM)."""
     api = stack.group.start_api(stack.env.with_(OTEL_BSP_SCHEDULE_DELAY=600_000))
-    conversation, run = chat(api.url, "hello")
-    assert read_sse(api.url, conversation)[-1].data["status"] == "completed"
+    url = api.url or ""
+    conversation, run = chat(url, "hello")
+    assert read_sse(url, conversation)[-1].data["status"] == "completed"
 
     def enqueued(spans: list[Span]) -> list[Span]:
         return [s for s in spans if s.name == "enqueue run" and s.attributes["sophos.run.id"] == run]
