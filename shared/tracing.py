@@ -3,10 +3,12 @@
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set
 (``Settings.tracing``), :func:`setup` loads the OpenTelemetry SDK and its OTLP/HTTP exporter
 behind a ``BatchSpanProcessor``; the SDK reads the other standard ``OTEL_*`` variables itself
-(headers, timeout, ``OTEL_BSP_SCHEDULE_DELAY``, ``OTEL_RESOURCE_ATTRIBUTES``...). Unset, nothing
-of OpenTelemetry is imported: every helper here starts with one look at a module global and
-does nothing else, and the hooks that only tracing needs (:func:`step`,
-:data:`TracedCheckpoints`, :func:`add_trace_ids`) are not even installed.
+(headers, timeout, ``OTEL_BSP_SCHEDULE_DELAY``, ``OTEL_RESOURCE_ATTRIBUTES``...). Unset, this
+module imports nothing of OpenTelemetry (no SDK pipeline, no exporter, no protobuf, no thread;
+langsmith, under langchain-core, imports the bare ``opentelemetry.sdk.trace`` by itself when it
+is installed): every helper here starts with one look at a module global and does nothing else,
+and the hooks that only tracing needs (:func:`step`, :class:`TracedCheckpoints`,
+:func:`add_trace_ids`) are not even installed.
 
 One trace per run, from ``POST /api/chat`` to the run's end: the request and the enqueue in
 the API; the job carries the enqueue span's W3C ``traceparent`` (``RunJob.traceparent``), and
