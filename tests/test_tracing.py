@@ -146,6 +146,9 @@ def test_a_run_with_a_tool_call_is_one_trace_from_the_request_to_its_end(
         line = next(r for r in logs if r.get("event") == event and r["run_id"] == run)
         assert (line["trace_id"], line["span_id"]) == (job.trace_id, job.span_id), event
     assert all("trace_id" not in r for r in logs if r.get("event") == "worker.ready")  # no span then
+    api_logs = next(p for p in stack.group.processes if p.module == "api").log_records()
+    accepted = next(r for r in api_logs if r.get("event") == "run.accepted" and r.get("run_id") == run)
+    assert (accepted["trace_id"], accepted["span_id"]) == (request.trace_id, request.span_id)
 
 
 def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
