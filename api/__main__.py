@@ -51,6 +51,7 @@ def main() -> int:
 
     from api.app import create_app
     from api.auth import exposure_problem
+    from shared import tracing
     from shared.logging import configure_logging
     from shared.settings import Settings, SettingsError
     from shared.speedups import Speedups
@@ -65,8 +66,9 @@ def main() -> int:
     if problem is not None:
         print(f"sophos-api: refusing to start: {problem}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, trace_ids=settings.tracing)
     speedups.apply_json_codec()
+    tracing.setup(settings, "sophos-api")
 
     draining = threading.Event()
 
@@ -74,6 +76,12 @@ def main() -> int:
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             draining.set()  # a plain flag: safe to set from a signal handler
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            # Here, not after run(): uvicorn raises the signal that stopped it again once it
+            # has shut down, which ends the process before run() returns.
+            tracing.shutdown()  # the spans still buffered are exported
 
     config = uvicorn.Config(
         create_app(settings, draining=draining),
@@ -94,7 +102,10 @@ def main() -> int:
         forwarded_allow_ips=settings.forwarded_allow_ips,
     )
     server = Server(config)
-    server.run(sockets=[listening_socket(config, settings.sse_client_timeout)])
+    try:
+        server.run(sockets=[listening_socket(config, settings.sse_client_timeout)])
+    finally:
+        tracing.shutdown()  # a server that never started (shutdown above did it otherwise)
     return 0 if server.started else 1
 
 

@@ -21,6 +21,7 @@ request, read from the thread's checkpoint, has exactly one decision (400).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -38,6 +39,7 @@ from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
 from api.status import waits_for_decision
 from api.store import Store
+from shared import tracing
 from shared.contracts import JobKind, RunJob
 from shared.errors import (
     ApprovalPending,
@@ -211,7 +213,13 @@ class ChatService:
         self, job: RunJob, title: str, message: str | None, new: bool, idempotency: Idempotency | None,
     ) -> ChatAccepted:
         conversation_id = job.conversation_id
-        submitted = await submit(self.redis, job, title=title, idempotency=idempotency)
+        with tracing.span("enqueue run", {
+            "sophos.run.id": job.run_id, "sophos.conversation.id": conversation_id,
+            "sophos.run.kind": job.kind.value, "messaging.system": "arq", "messaging.operation.type": "send",
+        }, kind="producer"):
+            # The worker continues this trace from the job (shared/tracing.py).
+            job = dataclasses.replace(job, traceparent=tracing.traceparent())
+            submitted = await submit(self.redis, job, title=title, idempotency=idempotency)
         if submitted.first is not None and idempotency is not None:
             return _answer(submitted.first, idempotency)
         # A holder equal to our own run id means a retried script had already run.

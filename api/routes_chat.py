@@ -19,6 +19,7 @@ from api.openapi import errors
 from api.relay import Ending, Relay, current_run, parse_last_event_id, run_of_conversation
 from api.resources import Resources
 from api.schemas import ChatAccepted, ChatRequest
+from shared import tracing
 from shared.errors import BadRequest
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -55,6 +56,7 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
     responses=errors(400, 401, 404, 409, 413, 422, 429, 503),
 )
 async def post_chat(
+    request: Request[Any, Any, Any],
     data: ChatRequest,
     resources: Resources,
     idempotency_key: Annotated[
@@ -65,7 +67,12 @@ async def post_chat(
         ),
     ] = None,
 ) -> ChatAccepted:
-    return await resources.chat.submit(data, idempotency_key)
+    # The run's trace starts here (or continues the caller's): the job carries it to the worker.
+    with tracing.span(
+        "POST /api/chat", {"http.request.method": "POST", "http.route": "/api/chat"},
+        kind="server", parent=tracing.incoming(request.headers),
+    ):
+        return await resources.chat.submit(data, idempotency_key)
 
 
 async def _once(chunk: bytes) -> AsyncIterator[bytes]:

@@ -18,6 +18,8 @@ from bench.scaling import Scaling
 from bench.stats import Summary, ratio
 from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
+from bench.tracing import TracingCost
+from bench.tracing import section as tracing_section
 from bench.variants import Switches, section
 
 MB = 1024 * 1024
@@ -56,6 +58,8 @@ class Results:
     postgres: Postgres | None = None
     #: figure 14, the ledger's cost, in-process on a fake model of its own
     ledger: LedgerCost | None = None
+    #: figure 15, the cost of tracing, on two stacks of its own
+    tracing: TracingCost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +600,7 @@ def markdown(r: Results) -> str:
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
+        *([tracing_section(r.tracing)] if r.tracing else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -655,12 +660,13 @@ def ledger_section(lc: LedgerCost) -> str:
     )
 
 
-def splice_ledger_section(text: str, section: str) -> str:
-    """``text`` (a results file) with figure 14's section replaced by ``section``, the rest kept:
-    the figure measured alone (``--only ledger``) leaves the other figures' results as they were."""
-    start = text.find(LEDGER_HEADING)
+def splice_section(text: str, heading: str, section: str) -> str:
+    """``text`` (a results file) with the section under ``heading`` replaced by ``section``, the rest
+    kept: a figure measured alone (``--only ledger``, ``--only tracing``) leaves the other figures'
+    results as they were. A section not there yet goes before the workload's."""
+    start = text.find(heading)
     if start >= 0:
-        end = text.find("\n## ", start + len(LEDGER_HEADING))
+        end = text.find("\n## ", start + len(heading))
         return text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     anchor = text.find("## Workload\n")
     if anchor < 0:
@@ -680,6 +686,8 @@ def console(r: Results) -> str:
         more += "\n" + postgres_section(r.postgres)
     if r.ledger is not None:
         more += "\n" + ledger_section(r.ledger)
+    if r.tracing is not None:
+        more += "\n" + tracing_section(r.tracing)
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
@@ -707,6 +715,7 @@ def raw(r: Results) -> dict[str, Any]:
         "switches": asdict(r.switches) if r.switches is not None else None,
         "postgres": asdict(r.postgres) if r.postgres is not None else None,
         "ledger": asdict(r.ledger) if r.ledger is not None else None,
+        "tracing": asdict(r.tracing) if r.tracing is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

@@ -72,6 +72,8 @@ class RunJob:
     new_conversation: bool = False
     #: a ``decide`` job's decisions, one per pending request (:class:`Decision` as dicts)
     decisions: tuple[dict[str, Any], ...] | None = None
+    #: the W3C trace context of the request that enqueued it (tracing on: shared/tracing.py)
+    traceparent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -79,6 +81,8 @@ class RunJob:
             del data["decisions"]  # jobs without decisions look as they always did
         else:
             data["decisions"] = list(self.decisions)
+        if self.traceparent is None:
+            del data["traceparent"]  # nor do jobs enqueued without tracing
         return data
 
     @classmethod
@@ -92,6 +96,7 @@ class RunJob:
             enqueued_at=float(data["enqueued_at"]),
             new_conversation=bool(data.get("new_conversation", False)),
             decisions=tuple(dict(d) for d in decisions) if decisions is not None else None,
+            traceparent=str(data["traceparent"]) if data.get("traceparent") else None,
         )
 
 

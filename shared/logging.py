@@ -12,12 +12,16 @@ import structlog
 EVENTS_LOGGER = "sophos"
 
 
-def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> None:
+def configure_logging(
+    log_format: str = "auto", level: int = logging.INFO, *, trace_ids: bool = False
+) -> None:
     """JSON lines (``json``) or readable lines (``console``) on stderr; ``auto``:
     readable on a terminal, JSON otherwise (a file, a pipe, a container's log).
 
     Context (run_id, conversation_id, job_id) is bound with
-    ``structlog.contextvars.bind_contextvars`` at the start of a job or request.
+    ``structlog.contextvars.bind_contextvars`` at the start of a job or request;
+    ``trace_ids`` (tracing on, shared/tracing.py): each event made while a span is
+    current carries its ``trace_id`` and ``span_id``.
 
     One handler writes every line: our events and the records of the libraries that log
     through the standard library (uvicorn, arq, LangGraph, httpx, asyncio, warnings),
@@ -29,6 +33,10 @@ def configure_logging(log_format: str = "auto", level: int = logging.INFO) -> No
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if trace_ids:
+        from shared.tracing import add_trace_ids
+
+        shared.append(add_trace_ids)
     renderer: structlog.types.Processor
     if log_format == "auto":
         log_format = "console" if sys.stderr.isatty() else "json"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arq.constants import expires_extra_ms
-from arq.jobs import serialize_job
+from arq.jobs import deserialize_job, serialize_job
 from redis.asyncio import Redis
 
 from shared.contracts import (
@@ -39,6 +39,7 @@ from shared.contracts import (
     dumps,
     events_key,
     idempotency_key,
+    loads,
     run_key,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -136,6 +137,17 @@ async def submit(
     if kind == "first":
         return Submission(first=FirstAnswer.parse(value))
     return Submission(holder=value)
+
+
+async def queued_job(redis: Redis, run_id: str) -> RunJob | None:
+    """The job of ``run_id`` as arq keeps it (until the job ends), or None (gone, or not a run's)."""
+    raw = await redis.get(arq_job_key(run_id))
+    if raw is None:
+        return None
+    try:
+        return RunJob.from_dict(deserialize_job(raw, deserializer=loads).args[0])
+    except Exception:
+        return None
 
 
 async def release_conversation(redis: Redis, conversation_id: str, run_id: str) -> bool:

@@ -224,6 +224,17 @@ def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(raw).expanduser().absolute()
 
 
+def _otlp_traces(env: Mapping[str, str]) -> bool:
+    """Whether the standard OpenTelemetry variables ask for traces over OTLP."""
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return False
+    if _bool(env, "OTEL_SDK_DISABLED", False):
+        return False
+    exporters = (env.get("OTEL_TRACES_EXPORTER") or "otlp").lower()
+    return "otlp" in {e.strip() for e in exporters.split(",")}
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything a Sophos process can be configured with."""
@@ -296,6 +307,10 @@ class Settings:
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
     json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts.py)
+    # Traces exported over OTLP (shared/tracing.py): on when OTEL_EXPORTER_OTLP_ENDPOINT or
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and neither OTEL_SDK_DISABLED nor
+    # OTEL_TRACES_EXPORTER=none says otherwise); the SDK reads the other OTEL_* variables itself.
+    tracing: bool = False
     # Test-only fault hook, off by default: the worker SIGKILLs itself right after
     # its Nth checkpoint write of a run (see worker/faults.py).
     fault_kill_after_checkpoint: int = 0
@@ -366,6 +381,7 @@ class Settings:
             event_loop=_choice(env, "EVENT_LOOP", d.event_loop, ("auto", "uvloop", "asyncio")),
             redis_parser=_choice(env, "REDIS_PARSER", d.redis_parser, ("auto", "hiredis", "python")),
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
+            tracing=_otlp_traces(env),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
             fault_kill_after_outcome=_int(env, "SOPHOS_FAULT_KILL_AFTER_OUTCOME", 0),

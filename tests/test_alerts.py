@@ -420,6 +420,8 @@ def test_the_dashboard_is_grafana_json_with_queries_on_every_panel() -> None:
         "sophos_outcomes_deferred", "sophos_runs_finished_total", "sophos_run_duration_seconds_bucket",
         "sophos_model_call_duration_seconds_bucket", "sophos_tool_call_duration_seconds_bucket",
         "sophos_sse_subscribers", "process_cpu_seconds_total", "process_resident_memory_bytes",
+        "sophos_queue_wait_seconds_bucket", "sophos_time_to_first_token_seconds_bucket",
+        "sophos_checkpoint_write_duration_seconds_bucket",
     }
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

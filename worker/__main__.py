@@ -48,11 +48,13 @@ def main() -> int:
     from shared.storage.engines import single_writer
     from worker.lock import WorkerLockHeld, WriterLock
 
-    configure_logging(settings.log_format)
+    configure_logging(settings.log_format, trace_ids=settings.tracing)
     if sys.argv[1:2] == ["--copy-to"]:
         from worker.copy import copy_to
 
         return copy_to(settings, sys.argv[2:])
+    from shared import tracing
+
     # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
@@ -62,10 +64,12 @@ def main() -> int:
         print(f"sophos-worker: {exc}", file=sys.stderr)
         return 1
     speedups.apply_json_codec()
+    tracing.setup(settings, "sophos-worker")  # before the graph is built: its steps are traced
     try:
         with asyncio.Runner(loop_factory=speedups.loop_factory()) as runner:
             runner.run(serve(settings, speedups))
     finally:
+        tracing.shutdown()  # the spans still buffered are exported
         lock.release()
     return 0
 

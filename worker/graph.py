@@ -41,6 +41,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
+from shared import tracing
 from shared.contracts import APPROVALS_MARK, Decision, DecisionAction
 from shared.metrics import MODEL_CALL
 from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
@@ -109,6 +110,7 @@ def build_graph(
     the model, never written to the thread.
     """
     tools_now: Callable[[], Sequence[BaseTool]] = tools if callable(tools) else (lambda: tools)
+    model_name = getattr(model, "model", None) or type(model).__name__
     # (the tools they were made for, the bound model, the tools node): replaced as one.
     made: list[tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode]] = []
 
@@ -126,13 +128,14 @@ def build_graph(
         bound, _ = for_tools()
         if model_calls is not None:
             await model_calls.starting(config)
-        with timed(MODEL_CALL):
+        with timed(MODEL_CALL), tracing.model_call(model_name) as call:
             try:
-                response = await bound.ainvoke(messages, config)
+                response = await bound.ainvoke(messages, call.config(config))
             except Exception:
                 if model_calls is not None:
                     await model_calls.failed(config)
                 raise
+            call.answered(response)
         return {"messages": [response]}
 
     def route(state: AgentState) -> str | list[Send]:
@@ -221,10 +224,11 @@ def build_graph(
 
     # Messages stored once per thread (DeltaChannel): see shared/thread.py.
     graph = StateGraph(AgentState)
-    graph.add_node(AGENT, agent)
-    graph.add_node(APPROVAL, approval, destinations=(TOOLS, AGENT))
+    # Each node's execution is a step's span when tracing is on (shared/tracing.py).
+    graph.add_node(AGENT, tracing.step(AGENT, agent))
+    graph.add_node(APPROVAL, tracing.step(APPROVAL, approval), destinations=(TOOLS, AGENT))
     # Its input is a Send's payload, or the state: no one type the stubs accept.
-    graph.add_node(TOOLS, run_tools)  # type: ignore[arg-type]
+    graph.add_node(TOOLS, tracing.step(TOOLS, run_tools))
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, route, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)

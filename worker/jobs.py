@@ -9,6 +9,7 @@ import structlog
 from arq import func
 from arq.worker import Function
 
+from shared import tracing
 from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RunJob
 from shared.settings import Settings
 from worker.deletion import delete_job
@@ -17,13 +18,15 @@ from worker.runs import RunService
 
 
 async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """Decode, bind log context, hand over to the run service."""
+    """Decode, bind log and trace context, hand over to the run service."""
     job = RunJob.from_dict(payload)
     with structlog.contextvars.bound_contextvars(
         run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
-    ):
+    ), tracing.run(job) as span:
         service: RunService = ctx["service"]
-        return await service.execute(job)
+        status = await service.execute(job)
+        span.set_attribute("sophos.run.status", status)
+        return status
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ import structlog
 from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 
+from shared import tracing
 from shared.contracts import Decision, DecisionAction
 from shared.metrics import TOOL_CALLS, TOOL_CALLS_REPEATED
 from shared.schema import now_iso
@@ -225,8 +226,24 @@ class Ledger:
 
         ``send`` makes the request (its ``_meta`` carries the key, :func:`request_meta`) and
         returns the ToolMessage the model gets, an error included. A cancellation or a crash
-        inside it leaves the intent without outcome.
+        inside it leaves the intent without outcome. With tracing, the call is a span
+        (GenAI's ``execute_tool``) saying what the ledger made of it (``sophos.tool.ledger``).
         """
+        with tracing.span(f"execute_tool {call['name']}", {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call["name"],
+            "gen_ai.tool.call.id": ref.tool_call_id, "sophos.tool.safe_to_repeat": safe_to_repeat,
+        }):
+            return await self._run(ref, run_id, call, send, safe_to_repeat=safe_to_repeat)
+
+    async def _run(
+        self,
+        ref: CallRef,
+        run_id: str,
+        call: dict[str, Any],
+        send: Callable[[dict[str, Any]], Awaitable[ToolMessage]],
+        *,
+        safe_to_repeat: bool,
+    ) -> ToolMessage:
         name, arguments = call["name"], call.get("args") or {}
         await self._at("before_intent", name)
         entry = await self.begin(ref, run_id, name, arguments, safe_to_repeat=safe_to_repeat)
@@ -236,6 +253,7 @@ class Ledger:
             if known is None:  # deleted meanwhile (its conversation was): nothing to answer from
                 raise RuntimeError(f"tool call {ref.tool_call_id} vanished from the ledger")
             if known.state == DONE:
+                _traced("answered", known)
                 return self._answer(ref, name, known)
             if safe_to_repeat:
                 log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
@@ -252,6 +270,7 @@ class Ledger:
                 decided = {"action": decision.action.value, "attempts": known.attempt,
                            **({"message": decision.message} if decision.message else {})}
                 if decision.action is DecisionAction.REJECT:
+                    _traced("not_repeated", known)
                     result = ToolMessage(
                         uncertain_rejection_text(decision), tool_call_id=ref.tool_call_id, name=name,
                         status="error", id=str(uuid.uuid4()), response_metadata={UNCERTAIN_MARK: decided},
@@ -271,9 +290,11 @@ class Ledger:
             if entry is None:  # done meanwhile
                 done = await self.entry(ref)
                 if done is not None and done.state == DONE:
+                    _traced("answered", done)
                     return self._answer(ref, name, done)
                 raise RuntimeError(f"tool call {ref.tool_call_id} changed under its attempt")
         await self._at("after_intent", name)
+        _traced("sent" if entry.attempt == 1 else f"sent_again_{'decided' if decided else 'safe'}", entry)
         with _meta(entry.key):
             result = await send(arguments)
         await self._at("before_outcome", name)
@@ -297,6 +318,13 @@ class Ledger:
             entry.content if entry.content is not None else "", tool_call_id=ref.tool_call_id,
             name=name, status=entry.status or "success", id=str(uuid.uuid4()),
         )
+
+
+def _traced(state: str, entry: Entry) -> None:
+    """What the ledger made of the call, on its span: sent (first attempt), sent again (its tool
+    is safe to repeat, or a person decided), answered from the ledger, or not repeated."""
+    tracing.annotate({"sophos.tool.ledger": state, "sophos.tool.attempt": entry.attempt,
+                      "sophos.tool.idempotency_key": entry.key})
 
 
 def _decision_for(tool_call_id: str, answer: Any) -> Decision:

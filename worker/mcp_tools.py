@@ -33,6 +33,7 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from mcp import ClientSession
 from mcp.types import CallToolResult, TextContent, Tool
 
+from shared import tracing
 from shared.metrics import TOOL_CALL
 from worker.ledger import request_meta
 from worker.mcp_stdio import open_stdio_session
@@ -231,6 +232,7 @@ class McpServer:
         )
 
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+        tracing.annotate({"sophos.tool.server": self.name})  # on the call's span (worker/ledger.py)
         session = self.session
         if session is None:
             await self.reopen()

@@ -100,7 +100,7 @@ def timed(metric: str, labels: Mapping[str, str] | None = None) -> Iterator[None
 
 
 class TimedCheckpoints:
-    """Mixed in before the saver's class (``open_checkpointer(hook=...)``, shared/storage/engines.py):
+    """Mixed in before the saver's class (``open_checkpointer(hooks=...)``, shared/storage/engines.py):
     a run's checkpoint writes are timed, a step's checkpoint and a finished task's writes alike."""
 
     async def aput(self, *args: Any, **kwargs: Any) -> Any:

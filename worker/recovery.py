@@ -31,6 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.exceptions import RedisError
 
+from shared import tracing
 from shared.contracts import (
     QUEUE_NAME,
     JobKind,
@@ -42,6 +43,7 @@ from shared.contracts import (
     cancel_key,
     progress_key,
 )
+from shared.queue import queued_job
 from shared.storage import checkpoints
 from worker.ending import Outcome
 from worker.runs import RunService
@@ -83,7 +85,21 @@ async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig
 
 
 async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
-    """End one orphaned run (worker/ending.py), then clear its job and what its worker left in Redis."""
+    """End one orphaned run (worker/ending.py), then clear its job and what its worker left in Redis.
+
+    With tracing, the ending is a span in the run's own trace (its job, still in arq's keeping,
+    carries its traceparent): the trace of a run whose worker died shows how it ended.
+    """
+    job = await queued_job(service.redis, run.id) if tracing.enabled() else None
+    with tracing.span("recover run", {
+        "sophos.run.id": run.id, "sophos.conversation.id": run.conversation_id,
+        "sophos.recovery": "lease_lapsed" if service.store.owner is not None else "worker_restarted",
+    }, parent=job.traceparent if job is not None else None) as span:
+        status = await _reconcile(service, saver, run)
+        span.set_attribute("sophos.run.status", status)
+
+
+async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> str:
     recorded = await input_recorded(saver, service.thread_config(run.conversation_id), run.id)
     # A thread that cannot be read (a crafted or damaged checkpoint) must not keep the
     # worker from starting: the run ends all the same, without counts.
@@ -111,6 +127,7 @@ async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: R
         run_id=run.id, conversation_id=run.conversation_id, status=outcome.status.value,
         input_recorded=recorded, resumable=thread.pending,
     )
+    return outcome.status.value
 
 
 async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: ClaimSweep) -> int:

@@ -15,6 +15,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from shared import tracing
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 from shared.liveness import new_worker_id
 from shared.redis_protocol import scripts
@@ -76,8 +77,9 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
         kill = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
-        # Every checkpoint write of a run is timed (worker/metrics.py); a fault, when asked, comes first.
-        hook = TimedCheckpoints if kill is None else type("KillTimed", (kill, TimedCheckpoints), {})
+        # Every checkpoint write of a run is timed (worker/metrics.py), and traced when tracing is
+        # on (shared/tracing.py); a fault, when asked, comes first.
+        hooks = [*([kill] if kill is not None else []), TimedCheckpoints, *tracing.checkpoint_hooks()]
         if kill is not None:
             log.warning(
                 "faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint,
@@ -85,7 +87,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             )
         # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
         saver = await stack.enter_async_context(
-            open_checkpointer(settings, size=settings.worker_concurrency + 1, hook=hook)
+            open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
         )
 
         variables = {

@@ -43,6 +43,7 @@ from langgraph.types import Command
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from shared import tracing
 from shared.contracts import (
     JobKind,
     RunErrorCode,
@@ -306,6 +307,7 @@ class RunService:
             # Taken over while it ended: the new owner recorded it and told the client.
             log.warning("run.dropped", reason=str(exc))
             return
+        tracing.annotate({"sophos.run.error_code": ended.code, "sophos.run.steps": tracker.steps})
         log.info(
             "run.finished", status=ended.status.value, error_code=ended.code,
             steps=tracker.steps, duration_ms=round((time.monotonic() - started) * 1000),
@@ -377,8 +379,9 @@ class RunService:
         config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id},
             # Stored on every checkpoint this run writes: exports can tell runs apart,
-            # and start-up can tell whether the run's input was ever recorded.
-            "metadata": {"run_id": job.run_id},
+            # and start-up can tell whether the run's input was ever recorded. With
+            # tracing, the run's traceparent too: a resume links to the run it continues.
+            "metadata": {"run_id": job.run_id, **tracing.stamp()},
             "recursion_limit": self.settings.agent_recursion_limit,
         }
         graph_input: dict[str, Any] | Command[Any] | None = None
@@ -397,6 +400,7 @@ class RunService:
             graph_input = {"messages": [live.input]}
         else:
             state = await self.graph.aget_state(self.thread_config(job.conversation_id))
+            tracing.link_to(state.metadata)  # the run whose thread this one continues
             if not state.tasks:
                 raise NotResumable("the conversation has no unfinished step to resume")
             waiting = any(task.interrupts for task in state.tasks)

@@ -8,7 +8,7 @@ under a lease (worker/leases.py). The rest of the service asks what an engine gu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -49,20 +49,22 @@ def open_reader(settings: Settings) -> Reader:
 
 @asynccontextmanager
 async def open_checkpointer(
-    settings: Settings, *, size: int, hook: type | None = None
+    settings: Settings, *, size: int, hooks: Sequence[type] = ()
 ) -> AsyncIterator[BaseCheckpointSaver[Any]]:
     """LangGraph's saver for the engine, set up: SQLite's on a connection of its own (it commits
     its own writes and must not share a transaction with the application tables), or
     PostgreSQL's fenced one on a pool of ``size`` (migrating the application tables first, under
-    one lock, whoever starts first). ``hook``: a class mixed in before the saver's own
-    (worker/faults.py), so a test can stop the worker at a chosen write on either engine.
+    one lock, whoever starts first). ``hooks``: classes mixed in before the saver's own, the
+    first outermost: a fault (worker/faults.py), so a test can stop the worker at a chosen
+    write on either engine; the timing of writes (worker/metrics.py); their spans
+    (shared/tracing.py).
     """
     if settings.database_url is not None:
         from shared.storage.postgres import FencedPostgresSaver, migrate, open_pool
 
         pool = await open_pool(settings.database_url, max_size=size, dict_rows=True)
         try:
-            cls = _hooked(FencedPostgresSaver, hook)
+            cls = _hooked(FencedPostgresSaver, hooks)
             saver = cls(pool, size=size)
             await migrate(settings.database_url, also=saver.setup)
             yield saver
@@ -75,12 +77,14 @@ async def open_checkpointer(
 
     conn = await connect(settings.database_path)
     try:
-        sqlite_saver = _hooked(AsyncSqliteSaver, hook)(conn)
+        sqlite_saver = _hooked(AsyncSqliteSaver, hooks)(conn)
         await sqlite_saver.setup()
         yield sqlite_saver
     finally:
         await conn.close()
 
 
-def _hooked(base: type[Any], hook: type | None) -> type[Any]:
-    return base if hook is None else type(f"{hook.__name__}{base.__name__}", (hook, base), {})
+def _hooked(base: type[Any], hooks: Sequence[type]) -> type[Any]:
+    if not hooks:
+        return base
+    return type("".join(h.__name__ for h in hooks) + base.__name__, (*hooks, base), {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -42,6 +43,9 @@ def test_a_run_job_goes_through_the_queue_unchanged(codec: str) -> None:
     decide = RunJob(RUN, CONVERSATION, JobKind.RUN, None, 1.0,
                     decisions=({"id": "call-1", "action": "approve", "arguments": None, "message": None},))
     assert RunJob.from_dict(loads(dumps(decide.to_dict()))) == decide
+    assert "traceparent" not in data  # nor does one enqueued without tracing
+    traced = dataclasses.replace(job, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    assert RunJob.from_dict(loads(dumps(traced.to_dict()))) == traced
 
 
 def test_a_job_from_before_new_fields_still_decodes() -> None:

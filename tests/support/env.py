@@ -55,6 +55,11 @@ SETTINGS_VARIABLES = (
     "SOPHOS_FAULT_HANG_READ",
     "SOPHOS_FAULT_KILL_AFTER_OUTCOME",
     "SOPHOS_FAULT_HOLD_CALL",
+    # Tracing (shared/tracing.py): a developer's own collector never receives the tests' runs.
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
 )
 
 
