@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -18,8 +18,14 @@ from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, U
 
 from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import get_json, wait_for_async
-from tests.support.env import SophosEnv
+from tests.support.client import get_json, tool_calls, wait_for_async
+from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
+from tests.support.ports import free_port
+from tests.support.procs import ProcessGroup
+from tests.support.redis_server import RedisServer
+
+#: the tests on the module's shared stack run in one xdist worker, which starts it once
+shared_stack = pytest.mark.xdist_group("test_agent_protocol")
 
 
 def said(text: str, role: str = "user") -> dict[str, Any]:
@@ -44,6 +50,34 @@ async def client(sophos_env: SophosEnv, start_worker, start_api) -> AsyncIterato
     start_worker(sophos_env)
     api = start_api(sophos_env)
     async with get_client(url=api.url) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
+    """One API and worker for the tests that share them, on a Redis of their own (the other tests
+    flush theirs). The fake tools server's ``add`` asks for approval."""
+    root = tmp_path_factory.mktemp("protocol")
+    redis_server = RedisServer(root / "redis", appendonly=False)
+    redis_server.start()
+    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
+    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
+    env.write_mcp_config(config)
+    group = ProcessGroup(log_dir=root / "logs", cwd=root)
+    try:
+        group.start_worker(env)
+        group.start_api(env)
+        yield env
+    finally:
+        group.close()
+        redis_server.stop()
+
+
+@pytest.fixture
+async def shared(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
+    """The SDK's client on the module's shared API and worker."""
+    async with get_client(url=stack.api_url) as sdk:
         yield sdk
 
 
@@ -343,3 +377,82 @@ async def test_api_token_as_bearer_or_x_api_key(
                 else:
                     assert response.status_code == 401, (method, url, headers)
                     assert response.json()["error"]["code"] == "UNAUTHORIZED"
+
+
+def _interrupt_of(values: dict[str, Any]) -> dict[str, Any]:
+    [interrupt] = values["__interrupt__"]
+    return dict(interrupt)
+
+
+@shared_stack
+async def test_an_approval_is_an_interrupt_decided_with_command_resume(
+    shared: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    client = shared
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    parts = [
+        p async for p in client.runs.stream(
+            thread_id, "agent", input=said("add 2 and 3"), stream_mode=["updates", "values"]
+        )
+    ]
+    asked = [p.data["__interrupt__"] for p in parts if p.event == "updates" and "__interrupt__" in p.data]
+    assert parts[-1].data["status"] == "success"  # as the Agent Server ends a paused run
+    [[interrupt]] = asked
+    assert interrupt["value"] == {
+        "action_requests": [{
+            "name": "tools__add", "args": {"a": 2, "b": 3},
+            "description": 'Tool execution requires approval\n\nTool: tools__add\nArgs: {"a": 2, "b": 3}',
+        }],
+        "review_configs": [{"action_name": "tools__add", "allowed_decisions": ["approve", "edit", "reject"]}],
+    }
+    assert _interrupt_of(parts[-2].data) == interrupt  # the last values carry it too
+    thread = await client.threads.get(thread_id)
+    assert thread["status"] == "interrupted"
+    [(task_id, [by_task])] = thread["interrupts"].items()
+    assert by_task == interrupt
+    state = await client.threads.get_state(thread_id)
+    assert state["interrupts"] == [interrupt] and state["next"] == ["approval"]
+    assert [(t["id"], t["interrupts"]) for t in state["tasks"]] == [(task_id, [interrupt])]
+    assert tool_calls(stack.tools_log, "add") == []
+
+    # Refusals change nothing: a count that does not match, a new message over the decision.
+    with pytest.raises(UnprocessableEntityError, match="2 decision"):
+        await client.runs.create(
+            thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}] * 2}}
+        )
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("never mind"))
+
+    # Approve: the call runs once, the answer follows.
+    values = await client.runs.wait(thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}]}})
+    assert isinstance(values, dict) and "__interrupt__" not in values
+    assert text_of(values["messages"][-1]) == "The sum is 5."
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    assert (await client.threads.get(thread_id))["status"] == "idle"
+    with pytest.raises(ConflictError):  # acted on once: nothing waits any more
+        await client.runs.create(thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}]}})
+
+    # Reject, by the interrupt's id: never sent; the model hears the message.
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 1})]), Text("I will not add them."))
+    paused = await client.runs.wait(thread_id, "agent", input=said("add 1 and 1"))
+    assert isinstance(paused, dict)
+    interrupt = _interrupt_of(paused)
+    assert interrupt["value"]["action_requests"][0]["args"] == {"a": 1, "b": 1}
+    rejected = await client.runs.wait(
+        thread_id, "agent",
+        command={"resume": {interrupt["id"]: {"decisions": [{"type": "reject", "message": "not today"}]}}},
+    )
+    assert isinstance(rejected, dict) and text_of(rejected["messages"][-1]) == "I will not add them."
+    told = model.requests[-1]["messages"][-1]
+    assert told["role"] == "tool" and "not today" in told["content"]
+    assert len(tool_calls(stack.tools_log, "add")) == 1
+
+    # Edit: the call runs with the edited arguments.
+    model.script(ToolCalls([("tools__add", {"a": 5, "b": 5})]), Text("Done, edited."))
+    await client.runs.wait(thread_id, "agent", input=said("add 5 and 5"))
+    edit = {"type": "edit", "edited_action": {"name": "tools__add", "args": {"a": 40, "b": 2}}}
+    run = await client.runs.create(thread_id, "agent", command={"resume": {"decisions": [edit]}})
+    edited = await client.runs.join(thread_id, run["run_id"])
+    assert text_of(edited["messages"][-1]) == "Done, edited."
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")][-1] == {"a": 40, "b": 2}

@@ -3,11 +3,12 @@ parse, call the thread or run service, shape the answer (docs/agent-protocol.md)
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import msgspec
 import structlog
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -17,8 +18,16 @@ from api import metrics
 from api.conversations import Conversations
 from api.openapi import errors
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
+from api.protocol.state import values_with_interrupts
 from api.protocol.stream import ProtocolStream
-from api.protocol.threads import ThreadCreate, Threads, ThreadSearch, thread_id_of
+from api.protocol.threads import (
+    ThreadCreate,
+    ThreadHistory,
+    Threads,
+    ThreadSearch,
+    ThreadUpdate,
+    thread_id_of,
+)
 from api.protocol.translate import after_id, stream_modes
 from api.resources import Resources
 from api.routes_chat import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -48,9 +57,18 @@ def _threads(state: State) -> Threads:
     return Threads(resources.store, resources.redis, Conversations(resources.store, resources.redis))
 
 
+async def _ended(resources: Resources, thread_id: str, run_id: str) -> None:
+    """Wait for the run's terminal event."""
+    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, ())
+    await stream.open()
+    await stream.outcome()
+
+
 def _protocol_runs(state: State) -> ProtocolRuns:
     resources: Resources = state.resources
-    return ProtocolRuns(resources.chat, resources.runs, _threads(state), resources.redis)
+    return ProtocolRuns(
+        resources.chat, resources.runs, _threads(state), resources.redis, functools.partial(_ended, resources)
+    )
 
 
 DEPENDENCIES = {
@@ -135,6 +153,19 @@ class ThreadsController(Controller):
     @get("/{thread_id:str}", summary="A thread, with its values", responses=errors(401, 404, 422))
     async def get_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
         return await threads.get(thread_id_of(thread_id))
+
+    @patch("/{thread_id:str}", summary="Merge metadata into a thread's", responses=errors(401, 404, 422))
+    async def update_thread(
+        self, thread_id: ThreadId, data: ThreadUpdate, threads: Threads
+    ) -> dict[str, Any]:
+        return await threads.update(thread_id_of(thread_id), data)
+
+    @post("/{thread_id:str}/history", status_code=200,
+          summary="The thread's checkpoints, newest first, each as a state", responses=errors(401, 404, 422))
+    async def history(
+        self, thread_id: ThreadId, data: ThreadHistory, threads: Threads
+    ) -> list[dict[str, Any]]:
+        return await threads.history(thread_id_of(thread_id), data)
 
     @delete("/{thread_id:str}", status_code=204, summary="Delete a thread and its conversation",
             responses=errors(401, 404, 409, 422))
@@ -272,9 +303,7 @@ async def _outcome(
     status, error = await stream.outcome()
     if errors_as_body and status == "error":
         return {"__error__": error}
-    state = await threads.state(thread_id)
-    values: dict[str, Any] = state["values"]
-    return values
+    return values_with_interrupts(await threads.state(thread_id))
 
 
 ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController]

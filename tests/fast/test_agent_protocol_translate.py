@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
+from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
-from api.protocol.translate import VALUES, Part, Translator, after_id, number, stream_modes
+from api.protocol.translate import VALUES, Asked, Part, Translator, after_id, number, stream_modes
 from api.relay import PING
-from api.schemas import ConversationInfo
+from api.schemas import ConversationInfo, DecisionBody
 from shared.contracts import RunStatus
 from shared.errors import BadRequest
 
@@ -106,7 +107,59 @@ def test_values_come_once_at_the_end_before_error_and_end() -> None:
 
 def test_other_events_translate_to_nothing() -> None:
     others: list[tuple[str, Any]] = [("approval", {"requests": []}), ("missed", {})]
-    assert translate(("values", "updates", "messages-tuple"), others) == []
+    assert translate(("values", "messages-tuple"), others) == []
+    assert translate(("updates",), [("missed", {})]) == []
+
+
+def test_an_approval_is_an_interrupt_in_updates() -> None:
+    request = {"id": "c1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}
+    [(part_id, asked)] = translate(("updates",), [("approval", {"requests": [request]})])
+    assert part_id == "1-0" and asked == Asked((request,))
+
+
+APPROVAL = {"id": "c1", "name": "tools__add", "arguments": {"a": 2, "b": 3}, "kind": "approval"}
+UNCERTAIN = {"id": "c2", "name": "tools__slow", "arguments": {"s": 1}, "kind": "uncertain", "attempts": 1}
+
+
+def test_requests_show_in_the_middlewares_shape() -> None:
+    value = hitl_value({"requests": [APPROVAL, UNCERTAIN, {**APPROVAL, "id": "c3"}]})
+    assert [(a["name"], a["args"]) for a in value["action_requests"]] == [
+        ("tools__add", {"a": 2, "b": 3}), ("tools__slow", {"s": 1}), ("tools__add", {"a": 2, "b": 3}),
+    ]
+    approval, uncertain, _ = (a["description"] for a in value["action_requests"])
+    assert approval.startswith("Tool execution requires approval") and "may already have run" not in approval
+    assert uncertain.startswith("This call may already have run") and "sent 1 time(s)" in uncertain
+    assert value["review_configs"] == [
+        {"action_name": "tools__add", "allowed_decisions": ["approve", "edit", "reject"]},
+        {"action_name": "tools__slow", "allowed_decisions": ["approve", "edit", "reject"]},
+    ]
+    assert hitl_value({"other": 1}) == {"other": 1}  # a value that is not Sophos's requests: as it is
+    assert interrupts_of([("i1", [APPROVAL])]) == [{"value": hitl_value({"requests": [APPROVAL]}), "id": "i1"}]
+
+
+def test_decisions_map_in_order_onto_the_pending_requests() -> None:
+    pending = [("i1", [APPROVAL]), ("i2", [UNCERTAIN])]
+    given = [{"type": "edit", "edited_action": {"name": "tools__add", "args": {"a": 9}}},
+             {"type": "reject", "message": "no"}]
+    expected = [DecisionBody(id="c1", action="edit", arguments={"a": 9}),
+                DecisionBody(id="c2", action="reject", message="no")]
+    assert decisions_of({"decisions": given}, pending) == expected
+    assert decisions_of({"i2": {"decisions": given[1:]}, "i1": {"decisions": given[:1]}}, pending) == expected
+    assert decisions_of({"decisions": [{"type": "approve"}]}, pending[:1]) == [
+        DecisionBody(id="c1", action="approve")
+    ]
+    for wrong, says in [
+        ({"decisions": [{"type": "approve"}]}, "1 decision"),
+        ({"decisions": [{"type": "approve"}, {"type": "respond"}]}, "type must be"),
+        ({"decisions": [{"type": "edit", "edited_action": {"name": "other", "args": {}}}, {"type": "approve"}]},
+         "keeps the tool"),
+        ({"decisions": [{"type": "edit"}, {"type": "approve"}]}, "edited_action"),
+        ({"i1": {"decisions": [{"type": "approve"}]}}, "no decisions for interrupt"),
+        ("approve", "command.resume must be"),
+        ({"decisions": [{"type": "approve"}, {"type": "reject", "message": 3}]}, "message must be text"),
+    ]:
+        with pytest.raises(BadRequest, match=says):
+            decisions_of(wrong, pending)
 
 
 def test_last_event_id() -> None:
