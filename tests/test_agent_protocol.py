@@ -18,7 +18,7 @@ from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, U
 
 from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import get_json, tool_calls, wait_for_async
+from tests.support.client import chat, get_json, tool_calls, wait_for_async
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup
@@ -456,3 +456,44 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
     edited = await client.runs.join(thread_id, run["run_id"])
     assert text_of(edited["messages"][-1]) == "Done, edited."
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")][-1] == {"a": 40, "b": 2}
+
+
+@shared_stack
+async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient, model: FakeOllama) -> None:
+    client = shared
+    thread_id = (await client.threads.create(metadata={"user": "ada"}))["thread_id"]
+    assert await client.threads.get_history(thread_id) == []  # empty: no checkpoint yet
+    model.script(ToolCalls([("tools__echo", {"text": "hi"})]), Text("Echoed."))
+    await wait(client, thread_id, "echo hi")
+
+    history = [dict(s) for s in await client.threads.get_history(thread_id, limit=100)]
+    state = await client.threads.get_state(thread_id)
+    assert history[0]["checkpoint"] == state["checkpoint"] and history[0]["values"] == state["values"]
+    for newer, older in zip(history, history[1:], strict=False):
+        assert newer["parent_checkpoint"]["checkpoint_id"] == older["checkpoint"]["checkpoint_id"]
+        assert len(newer["values"].get("messages", [])) >= len(older["values"].get("messages", []))
+    assert history[-1]["parent_checkpoint"] is None  # the thread's first checkpoint
+    assert history[0]["next"] == [] and [t["name"] for t in history[1]["tasks"]] == ["agent"]
+    assert [m["type"] for m in history[0]["values"]["messages"]] == ["human", "ai", "tool", "ai"]
+    assert text_of(history[0]["values"]["messages"][-1]) == "Echoed."
+    # limit and before page through it.
+    page = await client.threads.get_history(thread_id, limit=2, before=history[1]["checkpoint"])
+    assert [s["checkpoint"] for s in page] == [s["checkpoint"] for s in history[2:4]]
+    with pytest.raises(UnprocessableEntityError):
+        await client.threads.get_history(thread_id, before="not a checkpoint id!")
+
+    # Update merges metadata; a conversation started on /api/chat takes metadata too.
+    updated = await client.threads.update(thread_id, metadata={"topic": "echo"})
+    assert updated["metadata"] == {"user": "ada", "topic": "echo"}
+    assert (await client.threads.get(thread_id))["metadata"] == {"user": "ada", "topic": "echo"}
+    found = await client.threads.search(metadata={"topic": "echo"})
+    assert [t["thread_id"] for t in found] == [thread_id]
+    model.script(Text("Native."))
+    native, native_run = chat(str(client.http.client.base_url), "from /api/chat")
+    assert text_of((await client.runs.join(native, native_run))["messages"][-1]) == "Native."
+    assert (await client.threads.update(native, metadata={"via": "api"}))["metadata"] == {"via": "api"}
+    assert [t["thread_id"] for t in await client.threads.search(metadata={"via": "api"})] == [native]
+    with pytest.raises(NotFoundError):
+        await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
+    with pytest.raises(UnprocessableEntityError, match="ttl"):
+        await client.threads.update(thread_id, metadata={}, ttl=60)
