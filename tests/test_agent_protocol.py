@@ -497,3 +497,30 @@ async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient
         await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
     with pytest.raises(UnprocessableEntityError, match="ttl"):
         await client.threads.update(thread_id, metadata={}, ttl=60)
+
+
+@shared_stack
+async def test_multitask_reject_or_interrupt(shared: LangGraphClient, model: FakeOllama) -> None:
+    client = shared
+    hang = Hang(text="Working on it")
+    model.script(hang, Text("Instead, this."))
+    thread_id = (await client.threads.create())["thread_id"]
+    first = await client.runs.create(thread_id, "agent", input=said("slowly"))
+    await hang.wait_started_async(20)
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="reject")
+    for strategy in ("enqueue", "rollback"):
+        with pytest.raises(UnprocessableEntityError, match=strategy):
+            await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy=strategy)
+    assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "running"
+
+    # interrupt: the run holding the thread is cancelled, then the new one starts.
+    second = await client.runs.create(thread_id, "agent", input=said("instead"), multitask_strategy="interrupt")
+    assert second["multitask_strategy"] == "interrupt"
+    assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
+    values = await client.runs.join(thread_id, second["run_id"])
+    assert [text_of(m) for m in values["messages"]] == ["slowly", "Working on it", "instead", "Instead, this."]
+    # On an idle thread it simply starts the run.
+    model.script(Text("Idle start."))
+    values = await wait(client, thread_id, "again", multitask_strategy="interrupt")
+    assert text_of(values["messages"][-1]) == "Idle start."
