@@ -4,6 +4,7 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import uuid
@@ -15,14 +16,18 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, UnprocessableEntityError
+from langgraph_sdk.schema import Command
 
 from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for_async
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
+from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_to_repeat
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup
 from tests.support.redis_server import RedisServer
+
+#: the one decision that approves the one pending call
+APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol")
@@ -251,6 +256,9 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
 ) -> None:
     hang = Hang(text="half an ")
     model.script(hang, Text("answer, after the crash."))
+    (sophos_env.root / "empty").mkdir(exist_ok=True)
+    config = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty")
+    sophos_env.write_mcp_config(not_safe_to_repeat(config))
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
@@ -260,7 +268,7 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
         worker.kill()
         assert worker.wait(10) == -signal.SIGKILL
 
-        start_worker(sophos_env)
+        restarted = start_worker(sophos_env)
         crashed = await run_status(client, thread_id, run["run_id"], "interrupted", "error", "success")
         assert crashed["status"] == "interrupted"
         thread = await client.threads.get(thread_id)
@@ -276,7 +284,31 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
         assert (await client.threads.get(thread_id))["status"] == "idle"
         with pytest.raises(ConflictError):  # nothing left to resume
             await client.runs.create(thread_id, "agent")
-    assert model.calls == 2
+
+        # Killed while a call was out, of a tool not safe to repeat: the resume asks before it
+        # sends the call again, as an interrupt describing it as a call that may already have run.
+        model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
+        slow = await client.runs.create(thread_id, "agent", input=said("do the slow thing"))
+        await wait_for_async(
+            lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20, message="the slow call sent"
+        )
+        restarted.kill()
+        assert restarted.wait(10) == -signal.SIGKILL
+        start_worker(sophos_env)
+        crashed = await run_status(client, thread_id, slow["run_id"], "interrupted", "error", "success")
+        assert crashed["status"] == "interrupted"
+        assert (await client.threads.get(thread_id))["status"] == "interrupted"
+        asked = await client.runs.wait(thread_id, "agent")  # no input: resume
+        assert isinstance(asked, dict)
+        [request] = _interrupt_of(asked)["value"]["action_requests"]
+        assert request["name"] == "tools__slow" and request["args"] == {"seconds": 1.5}
+        assert request["description"].startswith("This call may already have run")
+        assert len(tool_calls(sophos_env.tools_log, "slow")) == 1
+        done = await client.runs.wait(thread_id, "agent", command=APPROVE)
+        assert isinstance(done, dict) and text_of(done["messages"][-1]) == "All done."
+        sent = tool_calls(sophos_env.tools_log, "slow")
+        assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # sent once more, with its key
+    assert model.calls == 4
 
 
 async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient, model: FakeOllama) -> None:
@@ -425,13 +457,13 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
         await client.runs.create(thread_id, "agent", input=said("never mind"))
 
     # Approve: the call runs once, the answer follows.
-    values = await client.runs.wait(thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}]}})
+    values = await client.runs.wait(thread_id, "agent", command=APPROVE)
     assert isinstance(values, dict) and "__interrupt__" not in values
     assert text_of(values["messages"][-1]) == "The sum is 5."
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     assert (await client.threads.get(thread_id))["status"] == "idle"
     with pytest.raises(ConflictError):  # acted on once: nothing waits any more
-        await client.runs.create(thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}]}})
+        await client.runs.create(thread_id, "agent", command=APPROVE)
 
     # Reject, by the interrupt's id: never sent; the model hears the message.
     model.script(ToolCalls([("tools__add", {"a": 1, "b": 1})]), Text("I will not add them."))
@@ -466,10 +498,10 @@ async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient
     model.script(ToolCalls([("tools__echo", {"text": "hi"})]), Text("Echoed."))
     await wait(client, thread_id, "echo hi")
 
-    history = [dict(s) for s in await client.threads.get_history(thread_id, limit=100)]
+    history: list[Any] = list(await client.threads.get_history(thread_id, limit=100))
     state = await client.threads.get_state(thread_id)
     assert history[0]["checkpoint"] == state["checkpoint"] and history[0]["values"] == state["values"]
-    for newer, older in zip(history, history[1:], strict=False):
+    for newer, older in itertools.pairwise(history):
         assert newer["parent_checkpoint"]["checkpoint_id"] == older["checkpoint"]["checkpoint_id"]
         assert len(newer["values"].get("messages", [])) >= len(older["values"].get("messages", []))
     assert history[-1]["parent_checkpoint"] is None  # the thread's first checkpoint
@@ -515,11 +547,14 @@ async def test_multitask_reject_or_interrupt(shared: LangGraphClient, model: Fak
     assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "running"
 
     # interrupt: the run holding the thread is cancelled, then the new one starts.
-    second = await client.runs.create(thread_id, "agent", input=said("instead"), multitask_strategy="interrupt")
+    second = await client.runs.create(
+        thread_id, "agent", input=said("instead"), multitask_strategy="interrupt"
+    )
     assert second["multitask_strategy"] == "interrupt"
     assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
     values = await client.runs.join(thread_id, second["run_id"])
-    assert [text_of(m) for m in values["messages"]] == ["slowly", "Working on it", "instead", "Instead, this."]
+    texts = [text_of(m) for m in values["messages"]]
+    assert texts == ["slowly", "Working on it", "instead", "Instead, this."]
     # On an idle thread it simply starts the run.
     model.script(Text("Idle start."))
     values = await wait(client, thread_id, "again", multitask_strategy="interrupt")

@@ -117,8 +117,12 @@ def test_an_approval_is_an_interrupt_in_updates() -> None:
     assert part_id == "1-0" and asked == Asked((request,))
 
 
-APPROVAL = {"id": "c1", "name": "tools__add", "arguments": {"a": 2, "b": 3}, "kind": "approval"}
-UNCERTAIN = {"id": "c2", "name": "tools__slow", "arguments": {"s": 1}, "kind": "uncertain", "attempts": 1}
+APPROVAL: dict[str, Any] = {
+    "id": "c1", "name": "tools__add", "arguments": {"a": 2, "b": 3}, "kind": "approval",
+}
+UNCERTAIN: dict[str, Any] = {
+    "id": "c2", "name": "tools__slow", "arguments": {"s": 1}, "kind": "uncertain", "attempts": 1,
+}
 
 
 def test_requests_show_in_the_middlewares_shape() -> None:
@@ -134,11 +138,12 @@ def test_requests_show_in_the_middlewares_shape() -> None:
         {"action_name": "tools__slow", "allowed_decisions": ["approve", "edit", "reject"]},
     ]
     assert hitl_value({"other": 1}) == {"other": 1}  # a value that is not Sophos's requests: as it is
-    assert interrupts_of([("i1", [APPROVAL])]) == [{"value": hitl_value({"requests": [APPROVAL]}), "id": "i1"}]
+    shown = hitl_value({"requests": [APPROVAL]})
+    assert interrupts_of([("i1", [APPROVAL])]) == [{"value": shown, "id": "i1"}]
 
 
 def test_decisions_map_in_order_onto_the_pending_requests() -> None:
-    pending = [("i1", [APPROVAL]), ("i2", [UNCERTAIN])]
+    pending: list[tuple[str, list[dict[str, Any]]]] = [("i1", [APPROVAL]), ("i2", [UNCERTAIN])]
     given = [{"type": "edit", "edited_action": {"name": "tools__add", "args": {"a": 9}}},
              {"type": "reject", "message": "no"}]
     expected = [DecisionBody(id="c1", action="edit", arguments={"a": 9}),
@@ -151,8 +156,8 @@ def test_decisions_map_in_order_onto_the_pending_requests() -> None:
     for wrong, says in [
         ({"decisions": [{"type": "approve"}]}, "1 decision"),
         ({"decisions": [{"type": "approve"}, {"type": "respond"}]}, "type must be"),
-        ({"decisions": [{"type": "edit", "edited_action": {"name": "other", "args": {}}}, {"type": "approve"}]},
-         "keeps the tool"),
+        ({"decisions": [{"type": "edit", "edited_action": {"name": "other", "args": {}}},
+                        {"type": "approve"}]}, "keeps the tool"),
         ({"decisions": [{"type": "edit"}, {"type": "approve"}]}, "edited_action"),
         ({"i1": {"decisions": [{"type": "approve"}]}}, "no decisions for interrupt"),
         ("approve", "command.resume must be"),
