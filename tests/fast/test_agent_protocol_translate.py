@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from api.schemas import ConversationInfo, DecisionBody
 from shared.contracts import RunStatus
 from shared.errors import BadRequest
 
+ROOT = Path(__file__).resolve().parents[2]
+
 #: docs/agent-protocol.md, "Statuses": Sophos run status -> the SDK's run status
 RUN_TABLE = {
     "queued": "pending", "running": "running", "completed": "success", "failed": "error",
@@ -26,6 +29,25 @@ RUN_TABLE = {
 
 def test_every_run_status_maps_as_the_manual_says() -> None:
     assert {s.value: run_status(s) for s in RunStatus} == RUN_TABLE
+
+
+def _status_table(path: Path) -> list[list[str]]:
+    """The rows of the status table of ``path`` (the one headed "Sophos run status")."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Sophos run status |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_readme_and_the_manual_show_the_same_status_table() -> None:
+    readme, manual = (_status_table(ROOT / name) for name in ("README.md", "docs/agent-protocol.md"))
+    assert readme == manual
+    shown = {row[0].split("`")[1]: row[1].split("`")[1] for row in readme}
+    assert shown == RUN_TABLE
 
 
 def info(status: RunStatus, resumable: bool = False) -> ConversationInfo:
