@@ -4,11 +4,14 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import re
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,9 +25,12 @@ from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for_async
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_to_repeat
+from tests.support.js_sdk import run_script
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup
 from tests.support.redis_server import RedisServer
+
+JS_DIR = Path(__file__).parent / "js"
 
 #: the one decision that approves the one pending call
 APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
@@ -559,3 +565,24 @@ async def test_multitask_reject_or_interrupt(shared: LangGraphClient, model: Fak
     model.script(Text("Idle start."))
     values = await wait(client, thread_id, "again", multitask_strategy="interrupt")
     assert text_of(values["messages"][-1]) == "Idle start."
+
+
+@shared_stack
+async def test_the_javascript_sdk_streams_and_rejoins_a_run(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(Text("Hello from Sophos, in JavaScript."))
+    done = await asyncio.to_thread(run_script, JS_DIR / "stream_a_run.mjs", stack.api_url, "hi from node")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    thread_id, run_id = out["thread"]["thread_id"], out["created"][0]["run_id"]
+    assert out["created"] == [{"run_id": run_id, "thread_id": thread_id}]  # from Content-Location
+    streamed = out["streamed"]
+    events = [p["event"] for p in streamed]
+    assert events[0] == "metadata" and events[-2:] == ["values", "end"]
+    tokens = "".join(p["data"][0]["content"] for p in streamed if p["event"] == "messages")
+    assert tokens == "Hello from Sophos, in JavaScript."
+    assert [text_of(m) for m in streamed[-2]["data"]["messages"]] == ["hi from node", tokens]
+    ids = [p["id"] for p in streamed[1:]]
+    assert None not in ids and len(set(ids)) == len(ids)
+    assert out["rejoined"] == [{"event": p["event"], "id": p["id"]} for p in streamed[1:]]  # "-1": all
+    assert out["state"]["values"] == streamed[-2]["data"] and out["run"]["status"] == "success"
+    assert out["thread"]["metadata"] == {"via": "js"}
