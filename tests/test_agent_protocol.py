@@ -55,13 +55,6 @@ def text_of(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
 
 
-@pytest.fixture
-async def client(sophos_env: SophosEnv, start_worker, start_api) -> AsyncIterator[LangGraphClient]:
-    """The SDK's client on a fresh API and worker."""
-    start_worker(sophos_env)
-    api = start_api(sophos_env)
-    async with get_client(url=api.url) as sdk:
-        yield sdk
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +79,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> 
 
 
 @pytest.fixture
-async def shared(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
+async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
     """The SDK's client on the module's shared API and worker."""
     async with get_client(url=stack.api_url) as sdk:
         yield sdk
@@ -109,6 +102,7 @@ async def run_status(
     return await wait_for_async(reached, timeout=30, message=f"run {run_id} {' or '.join(statuses)}")
 
 
+@shared_stack
 async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama) -> None:
     assistants = await client.assistants.search()
     assert [(a["assistant_id"], a["graph_id"]) for a in assistants] == [(ASSISTANT_ID, "agent")]
@@ -148,13 +142,16 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert got["status"] == "idle" and got["metadata"] == {"user": "ada"}
     assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
 
-    # Search: both kinds of thread, newest first, by metadata, by status, by ids.
-    found = [t["thread_id"] for t in await client.threads.search(limit=10)]
+    # Search: both kinds of thread, newest first, by metadata, by status, by ids (the stack is
+    # shared: other tests' threads are there too).
+    both = [thread_id, chosen]
+    found = [t["thread_id"] for t in await client.threads.search(ids=both)]
     assert found == [chosen, thread_id]
+    assert [t["thread_id"] for t in await client.threads.search(limit=2)] == found  # the newest
     assert [t["thread_id"] for t in await client.threads.search(metadata={"user": "ada"})] == [thread_id]
     assert [t["thread_id"] for t in await client.threads.search(ids=[chosen])] == [chosen]
-    assert await client.threads.search(status="busy") == []
-    assert [t["thread_id"] for t in await client.threads.search(limit=1, offset=1)] == [thread_id]
+    assert await client.threads.search(status="busy", ids=both) == []
+    assert [t["thread_id"] for t in await client.threads.search(ids=both, limit=1, offset=1)] == [thread_id]
 
     # Delete: the conversation with it, and the empty one.
     await client.threads.delete(thread_id)
@@ -162,9 +159,11 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     for gone in (thread_id, chosen):
         with pytest.raises(NotFoundError):
             await client.threads.get(gone)
-    assert await client.threads.search() == []
+    assert await client.threads.search(ids=both) == []
+    assert await client.threads.search(metadata={"user": "ada"}) == []
 
 
+@shared_stack
 async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model: FakeOllama) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(Text("First answer."))
@@ -217,6 +216,7 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     assert [r["run_id"] for r in await client.runs.list(thread_id, status="success", limit=1)] == [run_id]
 
 
+@shared_stack
 async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: FakeOllama) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
@@ -235,6 +235,7 @@ async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: Fake
     assert text_of(updates[2]["agent"]["messages"][0]) == "Echoed."
 
 
+@shared_stack
 async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) -> None:
     hang = Hang(text="Thinking about it")
     model.script(hang)
@@ -317,6 +318,7 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
     assert model.calls == 4
 
 
+@shared_stack
 async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient, model: FakeOllama) -> None:
     base = str(client.http.client.base_url)
     thread_id = (await client.threads.create(metadata={"keep": True}))["thread_id"]
@@ -424,9 +426,8 @@ def _interrupt_of(values: dict[str, Any]) -> dict[str, Any]:
 
 @shared_stack
 async def test_an_approval_is_an_interrupt_decided_with_command_resume(
-    shared: LangGraphClient, stack: SophosEnv, model: FakeOllama
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
 ) -> None:
-    client = shared
     thread_id = (await client.threads.create())["thread_id"]
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
     parts = [
@@ -497,9 +498,8 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
 
 
 @shared_stack
-async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient, model: FakeOllama) -> None:
-    client = shared
-    thread_id = (await client.threads.create(metadata={"user": "ada"}))["thread_id"]
+async def test_history_newest_first_and_metadata_updates(client: LangGraphClient, model: FakeOllama) -> None:
+    thread_id = (await client.threads.create(metadata={"user": "grace"}))["thread_id"]
     assert await client.threads.get_history(thread_id) == []  # empty: no checkpoint yet
     model.script(ToolCalls([("tools__echo", {"text": "hi"})]), Text("Echoed."))
     await wait(client, thread_id, "echo hi")
@@ -522,8 +522,8 @@ async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient
 
     # Update merges metadata; a conversation started on /api/chat takes metadata too.
     updated = await client.threads.update(thread_id, metadata={"topic": "echo"})
-    assert updated["metadata"] == {"user": "ada", "topic": "echo"}
-    assert (await client.threads.get(thread_id))["metadata"] == {"user": "ada", "topic": "echo"}
+    assert updated["metadata"] == {"user": "grace", "topic": "echo"}
+    assert (await client.threads.get(thread_id))["metadata"] == {"user": "grace", "topic": "echo"}
     found = await client.threads.search(metadata={"topic": "echo"})
     assert [t["thread_id"] for t in found] == [thread_id]
     model.script(Text("Native."))
@@ -538,8 +538,7 @@ async def test_history_newest_first_and_metadata_updates(shared: LangGraphClient
 
 
 @shared_stack
-async def test_multitask_reject_or_interrupt(shared: LangGraphClient, model: FakeOllama) -> None:
-    client = shared
+async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: FakeOllama) -> None:
     hang = Hang(text="Working on it")
     model.script(hang, Text("Instead, this."))
     thread_id = (await client.threads.create())["thread_id"]
