@@ -519,6 +519,10 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
     assert [s["checkpoint"] for s in page] == [s["checkpoint"] for s in history[2:4]]
     with pytest.raises(UnprocessableEntityError):
         await client.threads.get_history(thread_id, before="not a checkpoint id!")
+    with pytest.raises(UnprocessableEntityError, match="metadata keys"):
+        await client.threads.get_history(thread_id, metadata={"a') OR 1=1 --": 1})
+    [first] = await client.threads.get_history(thread_id, metadata={"step": -1})
+    assert first["checkpoint"] == history[-1]["checkpoint"]  # LangGraph's own metadata filters
 
     # Update merges metadata; a conversation started on /api/chat takes metadata too.
     updated = await client.threads.update(thread_id, metadata={"topic": "echo"})

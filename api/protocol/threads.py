@@ -86,6 +86,8 @@ class ThreadHistory(msgspec.Struct):
 
 HISTORY_LIMIT_MAX = 1000
 _CHECKPOINT_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
+#: the metadata keys a history can filter on: what LangGraph's savers take in a filter
+_FILTER_KEY = re.compile(r"[0-9A-Za-z_.-]{1,128}")
 
 
 def _before(value: str | dict[str, Any] | None) -> str | None:
@@ -247,6 +249,9 @@ class Threads:
         if not 1 <= query.limit <= HISTORY_LIMIT_MAX:
             raise BadRequest(f"limit must be 1 to {HISTORY_LIMIT_MAX}")
         before = _before(query.before)
+        bad = [k for k in query.metadata or {} if not _FILTER_KEY.fullmatch(k)]
+        if bad:
+            raise BadRequest(f"metadata keys are letters, digits, '_', '.' and '-'; not {bad[0][:64]!r}")
         found = await self.find(thread_id)
         if found.info is None:
             return []
