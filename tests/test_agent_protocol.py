@@ -111,6 +111,17 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert await client.assistants.search(graph_id="other") == []
     with pytest.raises(NotFoundError):
         await client.assistants.get("other")
+    drawn = await client.assistants.get_graph("agent", xray=True)
+    assert {n["id"] for n in drawn["nodes"]} == {"__start__", "agent", "approval", "tools", "__end__"}
+    edges = {(e["source"], e["target"]) for e in drawn["edges"]}
+    assert {("__start__", "agent"), ("agent", "tools"), ("agent", "approval"), ("tools", "agent")} <= edges
+    schemas = await client.assistants.get_schemas(ASSISTANT_ID)
+    assert schemas["graph_id"] == "agent" and schemas["config_schema"] is None
+    input_schema = schemas["input_schema"]
+    assert input_schema is not None and input_schema["properties"]["messages"]["maxItems"] == 1  # one message
+    assert await client.assistants.get_subgraphs("agent") == {}
+    with pytest.raises(NotFoundError):
+        await client.assistants.get_graph("other")
     info = await client.http.get("/info")
     assert info["flags"]["crons"] is False and info["flags"]["langsmith"] is False
 

@@ -17,6 +17,8 @@ from litestar.response import Stream
 from api import metrics
 from api.conversations import Conversations
 from api.openapi import errors
+from api.protocol.assistant import graph as agent_graph
+from api.protocol.assistant import schemas
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
 from api.protocol.state import values_with_interrupts
 from api.protocol.stream import ProtocolStream
@@ -134,6 +136,26 @@ class AssistantsController(Controller):
     async def get_assistant(self, assistant_id: AssistantId) -> dict[str, Any]:
         assistant_of(assistant_id)
         return assistant()
+
+    @get("/{assistant_id:str}/graph", summary="The agent's graph: its nodes and edges",
+         responses=errors(401, 404))
+    async def get_graph(
+        self, assistant_id: AssistantId,
+        xray: Annotated[str | None, Parameter(description="Ignored: the agent has no subgraphs")] = None,
+    ) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return agent_graph()
+
+    @get("/{assistant_id:str}/schemas", summary="What a run takes and the state it keeps",
+         responses=errors(401, 404))
+    async def get_schemas(self, assistant_id: AssistantId) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return schemas()
+
+    @get("/{assistant_id:str}/subgraphs", summary="The agent's subgraphs: none", responses=errors(401, 404))
+    async def get_subgraphs(self, assistant_id: AssistantId) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return {}
 
 
 class ThreadsController(Controller):
