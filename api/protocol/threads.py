@@ -265,7 +265,7 @@ class Threads:
             raise BadRequest("ttl is not served by Sophos (docs/agent-protocol.md)")
         found = await self.find(thread_id)
         key = protocol_thread_key(thread_id)
-        created = found.record.created_at if found.record is not None else found.info.created_at  # type: ignore[union-attr]
+        created = str(found.shape()["created_at"])  # a conversation started on /api/chat has no record yet
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -283,6 +283,12 @@ class Threads:
                     break
                 except WatchError:
                     continue  # another update came between: merge into it
+        if found.record is None and await self._info(thread_id) is None:
+            # Its conversation was deleted meanwhile: the record written above must not bring it
+            # back as an empty thread (deleting the conversation deletes the record).
+            await self.redis.delete(key)
+            await self.redis.zrem(PROTOCOL_THREADS, thread_id)
+            raise NotFound(f"thread {thread_id} not found")
         log.info("thread.updated", conversation_id=thread_id)
         found = await self.find(thread_id)
         state = await self.state_of(found)
