@@ -530,6 +530,15 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
     assert [s["checkpoint"] for s in page] == [s["checkpoint"] for s in history[2:4]]
     with pytest.raises(UnprocessableEntityError):
         await client.threads.get_history(thread_id, before="not a checkpoint id!")
+    # The state at one of its checkpoints, by id or by checkpoint.
+    older = history[2]
+    at = await client.threads.get_state(thread_id, checkpoint_id=older["checkpoint"]["checkpoint_id"])
+    assert at == older
+    assert await client.threads.get_state(thread_id, checkpoint=older["checkpoint"]) == older
+    with pytest.raises(NotFoundError):
+        await client.threads.get_state(thread_id, checkpoint_id=str(uuid.uuid4()))
+    with pytest.raises(UnprocessableEntityError, match="select"):
+        await client.threads.get_state(thread_id, select=["values.messages"])
     with pytest.raises(UnprocessableEntityError, match="metadata keys"):
         await client.threads.get_history(thread_id, metadata={"a') OR 1=1 --": 1})
     [first] = await client.threads.get_history(thread_id, metadata={"step": -1})

@@ -23,6 +23,7 @@ from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, a
 from api.protocol.state import values_with_interrupts
 from api.protocol.stream import ProtocolStream
 from api.protocol.threads import (
+    StateAt,
     ThreadCreate,
     ThreadHistory,
     Threads,
@@ -52,6 +53,15 @@ LastEventId = Annotated[
         header="Last-Event-ID", required=False, description="-1 (the whole run), or an id of this stream"
     ),
 ]
+
+
+Subgraphs = Annotated[bool, Parameter(description="Changes nothing: the agent has no subgraphs")]
+Select = Annotated[list[str] | None, Parameter(required=False, description="Not served: must be left out")]
+
+
+def _no_select(select: list[str] | None) -> None:
+    if select:
+        raise BadRequest("select is not served by Sophos: a state comes whole (docs/agent-protocol.md)")
 
 
 def _threads(state: State) -> Threads:
@@ -196,8 +206,33 @@ class ThreadsController(Controller):
 
     @get("/{thread_id:str}/state", summary="The thread's state: values, next, tasks, checkpoint",
          responses=errors(401, 404, 422))
-    async def state(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
+    async def state(
+        self, thread_id: ThreadId, threads: Threads, subgraphs: Subgraphs = False, select: Select = None
+    ) -> dict[str, Any]:
+        _no_select(select)
         return await threads.state(thread_id_of(thread_id))
+
+    @get("/{thread_id:str}/state/{checkpoint_id:str}", summary="The thread's state at one of its checkpoints",
+         responses=errors(401, 404, 422))
+    async def state_at(
+        self, thread_id: ThreadId, checkpoint_id: str, threads: Threads,
+        subgraphs: Subgraphs = False, select: Select = None,
+    ) -> dict[str, Any]:
+        _no_select(select)
+        return await threads.state(thread_id_of(thread_id), checkpoint_id)
+
+    @post("/{thread_id:str}/state/checkpoint", status_code=200,
+          summary="The thread's state at one of its checkpoints", responses=errors(401, 404, 422))
+    async def state_at_checkpoint(
+        self, thread_id: ThreadId, data: StateAt, threads: Threads
+    ) -> dict[str, Any]:
+        _no_select(data.select)
+        if data.checkpoint.get("checkpoint_ns"):
+            raise BadRequest("checkpoint_ns must be empty: the agent has no subgraphs")
+        checkpoint_id = data.checkpoint.get("checkpoint_id")
+        if not isinstance(checkpoint_id, str):
+            raise BadRequest("checkpoint must carry a checkpoint_id")
+        return await threads.state(thread_id_of(thread_id), checkpoint_id)
 
 
 def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:

@@ -106,6 +106,21 @@ def thread_history(
     return [state_of(thread_id, state) for state in history]
 
 
+def thread_state_at(
+    checkpoint_id: str, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> dict[str, Any] | None:
+    """In a reader process (a partial of this): the thread's state at one of its checkpoints;
+    None when the thread has no such checkpoint."""
+    thread_id = str(config["configurable"]["thread_id"])
+    at: RunnableConfig = {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    }
+    state = graph.get_state(at)
+    if state.created_at is None:
+        return None
+    return state_of(thread_id, state)
+
+
 def thread_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any]:
     """In a reader process: the thread's state now."""
     thread_id = str(config["configurable"]["thread_id"])

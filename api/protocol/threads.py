@@ -26,7 +26,7 @@ from api import live
 from api.conversations import Conversations, queued_only, summary
 from api.deletion import Deletions
 from api.ids import new_id, parse_id
-from api.protocol.state import empty_state, thread_history, thread_state
+from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.schemas import ConversationInfo
 from api.store import ConversationRow, Store
@@ -74,6 +74,14 @@ class ThreadUpdate(msgspec.Struct):
     ttl: Any = None
 
 
+class StateAt(msgspec.Struct):
+    """Body of ``POST /threads/{id}/state/checkpoint``."""
+
+    checkpoint: dict[str, Any]
+    subgraphs: bool | None = None
+    select: list[str] | None = None
+
+
 class ThreadHistory(msgspec.Struct):
     """Body of ``POST /threads/{id}/history``."""
 
@@ -97,7 +105,7 @@ def _before(value: str | dict[str, Any] | None) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str) or not _CHECKPOINT_ID.fullmatch(value):
-        raise BadRequest("before must be a checkpoint id (or a checkpoint with one)")
+        raise BadRequest("a checkpoint id is letters, digits and '-' (before: an id or a checkpoint)")
     return value
 
 
@@ -227,8 +235,20 @@ class Threads:
         state = await self.state_of(found)
         return found.shape(state["values"], _interrupts_by_task(state))
 
-    async def state(self, thread_id: str) -> dict[str, Any]:
-        return await self.state_of(await self.find(thread_id))
+    async def state(self, thread_id: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+        """The thread's state now, or at one of its checkpoints (NotFound for another)."""
+        if checkpoint_id is None:
+            return await self.state_of(await self.find(thread_id))
+        checkpoint_id = _before(checkpoint_id) or ""
+        if not checkpoint_id:
+            raise BadRequest("checkpoint_id must not be empty")
+        found = await self.find(thread_id)
+        state = None
+        if found.info is not None:
+            state = await self.store.read_thread(thread_id, functools.partial(thread_state_at, checkpoint_id))
+        if state is None:
+            raise NotFound(f"checkpoint {checkpoint_id} of thread {thread_id} not found")
+        return state
 
     async def state_of(self, found: Found) -> dict[str, Any]:
         if found.info is None:
