@@ -382,7 +382,8 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
     async with httpx.AsyncClient(base_url=base) as http:
-        run_body = {"assistant_id": "agent", "input": said("ok?")}
+        # checkpoint_during (deprecated in the SDK) is taken: every step is checkpointed anyway.
+        run_body = {"assistant_id": "agent", "input": said("ok?"), "checkpoint_during": False}
         accepted = await http.post(f"/threads/{thread_id}/runs", json=run_body)
     run_id = accepted.json()["run_id"]
     assert accepted.headers["location"] == f"/threads/{thread_id}/runs/{run_id}/stream"
@@ -474,8 +475,9 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
     with pytest.raises(ConflictError):
         await client.runs.create(thread_id, "agent", input=said("never mind"))
 
-    # Approve: the call runs once, the answer follows.
-    values = await client.runs.wait(thread_id, "agent", command=APPROVE)
+    # Approve: the call runs once, the answer follows (strict_resume is taken: decisions must
+    # match the pending requests anyway).
+    values = await client.runs.wait(thread_id, "agent", command=APPROVE, strict_resume=True)
     assert isinstance(values, dict) and "__interrupt__" not in values
     assert text_of(values["messages"][-1]) == "The sum is 5."
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
