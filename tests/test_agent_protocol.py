@@ -191,7 +191,7 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
         p async for p in client.runs.stream(
             thread_id, "agent", input=said("two"),
             stream_mode=["messages-tuple", "values"], metadata={"case": "stream"},
-            on_run_created=created.append,
+            on_run_created=created.append, stream_subgraphs=True,  # no subgraphs: the same stream
         )
     ]
     events = [p.event for p in parts]

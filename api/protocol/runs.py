@@ -102,8 +102,8 @@ def refuse_unserved(body: RunCreate) -> None:
             raise _unserved(name)
     if body.config or body.context:
         raise _unserved("config" if body.config else "context")
-    if body.stream_subgraphs:
-        raise _unserved("stream_subgraphs")
+    # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
+    # stream is the same with it or without it.
     if body.multitask_strategy in ("enqueue", "rollback"):
         raise _unserved(
             f"multitask_strategy {body.multitask_strategy!r}",
