@@ -460,6 +460,8 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
     assert _interrupt_of(parts[-2].data) == interrupt  # the last values carry it too
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "interrupted"
+    [listed] = await client.threads.search(ids=[thread_id])
+    assert listed["status"] == "interrupted" and listed["interrupts"] == {}  # a search reads no state
     [(task_id, [by_task])] = thread["interrupts"].items()
     assert by_task == interrupt
     state = await client.threads.get_state(thread_id)
