@@ -532,6 +532,9 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
     # limit and before page through it.
     page = await client.threads.get_history(thread_id, limit=2, before=history[1]["checkpoint"])
     assert [s["checkpoint"] for s in page] == [s["checkpoint"] for s in history[2:4]]
+    before = history[1]["checkpoint"]["checkpoint_id"]
+    by_get = await client.http.get(f"/threads/{thread_id}/history", params={"limit": 2, "before": before})
+    assert by_get == page
     with pytest.raises(UnprocessableEntityError):
         await client.threads.get_history(thread_id, before="not a checkpoint id!")
     # The state at one of its checkpoints, by id or by checkpoint.

@@ -199,6 +199,14 @@ class ThreadsController(Controller):
     ) -> list[dict[str, Any]]:
         return await threads.history(thread_id_of(thread_id), data)
 
+    @get("/{thread_id:str}/history", summary="The thread's checkpoints, newest first (limit, before)",
+         responses=errors(401, 404, 422))
+    async def history_by_get(
+        self, thread_id: ThreadId, threads: Threads, limit: Limit = 10,
+        before: Annotated[str | None, Parameter(description="A checkpoint id: only older ones")] = None,
+    ) -> list[dict[str, Any]]:
+        return await threads.history(thread_id_of(thread_id), ThreadHistory(limit=limit, before=before))
+
     @delete("/{thread_id:str}", status_code=204, summary="Delete a thread and its conversation",
             responses=errors(401, 404, 409, 422))
     async def delete_thread(self, thread_id: ThreadId, threads: Threads) -> None:
