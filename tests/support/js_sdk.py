@@ -19,7 +19,8 @@ import pytest
 #: the version the tests were written against (docs/agent-protocol.md); pinned so a run is repeatable
 JS_SDK_VERSION = "1.15.0"
 PACKAGE = "@langchain/langgraph-sdk"
-INSTALL_TIMEOUT = 300.0
+#: an unreachable registry must cost the suite seconds, not npm's minutes of retries
+INSTALL_TIMEOUT = 120.0
 
 
 def cache_dir() -> Path:
@@ -39,8 +40,8 @@ def js_sdk() -> Path:
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(staging),
-             f"{PACKAGE}@{JS_SDK_VERSION}"],
+            ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--fetch-retries=1",
+             "--fetch-timeout=20000", "--prefix", str(staging), f"{PACKAGE}@{JS_SDK_VERSION}"],
             capture_output=True, text=True, timeout=INSTALL_TIMEOUT, check=False,
         )
     except subprocess.TimeoutExpired:
@@ -48,7 +49,8 @@ def js_sdk() -> Path:
         pytest.skip(f"npm could not install {PACKAGE}@{JS_SDK_VERSION} within {INSTALL_TIMEOUT:.0f} s")
     if done.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        pytest.skip(f"npm could not install {PACKAGE}@{JS_SDK_VERSION}: {done.stderr.strip()[-400:]}")
+        said = " ".join(done.stderr.split())[:300]  # npm's first lines name the cause (ECONNREFUSED...)
+        pytest.skip(f"npm could not install {PACKAGE}@{JS_SDK_VERSION}: {said}")
     try:
         staging.rename(target)  # whole or not at all: a cut install is never taken for one
     except OSError:  # another process installed it meanwhile
