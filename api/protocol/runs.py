@@ -207,7 +207,8 @@ class ProtocolRuns:
         if body.command is not None:
             resume = resume_of(body)
             await self.threads.find(thread_id)
-            accepted = await self._taking_over(thread_id, options, lambda: self._decide(thread_id, resume))
+            # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
+            accepted = await self._decide(thread_id, resume)
             return await self._created(thread_id, accepted, options, kind="decide")
         message = message_of(body.input)
         record = await self.threads.record(thread_id)
