@@ -38,9 +38,11 @@ def cors_config(settings: Settings) -> CORSConfig | None:
         return None
     return CORSConfig(
         allow_origins=list(settings.cors_origins),
-        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
-        expose_headers=["Retry-After"],
+        # PATCH, x-api-key, Location and Content-Location: the Agent Protocol's (a thread's
+        # update, the SDKs' key, where to rejoin a run's stream), for the JavaScript SDK in a page.
+        allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID", "x-api-key"],
+        expose_headers=["Retry-After", "Location", "Content-Location"],
         allow_credentials=False,  # the token travels in a header, never in a cookie
     )
 

@@ -67,8 +67,9 @@ def reader_graph(checkpointer: BaseCheckpointSaver[Any]) -> CompiledStateGraph[A
     return graph.compile(checkpointer=checkpointer)
 
 
-def _pending(state: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each pending interrupt that asks for decisions: its id and its requests."""
+def pending_interrupts(state: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each pending interrupt that asks for decisions: its id and its requests, in the order of
+    the state's tasks (the Agent Protocol lists them, and takes decisions, in this order)."""
     found = []
     for task in state.tasks:
         for interrupt in task.interrupts:
@@ -87,7 +88,7 @@ def interrupt_requests(state: Any) -> list[dict[str, Any]] | None:
     worker/ledger.py). ``state`` is LangGraph's ``StateSnapshot`` of the thread: the worker's
     ending, its approval deadlines and the API's decision checks all read them through here.
     """
-    pending = _pending(state)
+    pending = pending_interrupts(state)
     return [r for _, requests in pending for r in requests] if pending else None
 
 
@@ -97,5 +98,5 @@ def resume_value(state: Any, decisions: list[dict[str, Any]]) -> dict[str, list[
     by_call = {str(d["id"]): d for d in decisions}
     return {
         interrupt_id: [by_call[str(r["id"])] for r in requests if str(r["id"]) in by_call]
-        for interrupt_id, requests in _pending(state)
+        for interrupt_id, requests in pending_interrupts(state)
     }

@@ -4,10 +4,14 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,11 +19,24 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, UnprocessableEntityError
+from langgraph_sdk.schema import Command
 
 from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import get_json, wait_for_async
-from tests.support.env import SophosEnv
+from tests.support.client import chat, get_json, tool_calls, wait_for_async
+from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_to_repeat
+from tests.support.js_sdk import run_script
+from tests.support.ports import free_port
+from tests.support.procs import ProcessGroup
+from tests.support.redis_server import RedisServer
+
+JS_DIR = Path(__file__).parent / "js"
+
+#: the one decision that approves the one pending call
+APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
+
+#: the tests on the module's shared stack run in one xdist worker, which starts it once
+shared_stack = pytest.mark.xdist_group("test_agent_protocol")
 
 
 def said(text: str, role: str = "user") -> dict[str, Any]:
@@ -38,12 +55,33 @@ def text_of(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
 
 
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
+    """One API and worker for the tests that share them, on a Redis of their own (the other tests
+    flush theirs). The fake tools server's ``add`` asks for approval."""
+    root = tmp_path_factory.mktemp("protocol")
+    redis_server = RedisServer(root / "redis", appendonly=False)
+    redis_server.start()
+    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
+    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
+    env.write_mcp_config(config)
+    group = ProcessGroup(log_dir=root / "logs", cwd=root)
+    try:
+        group.start_worker(env)
+        group.start_api(env)
+        yield env
+    finally:
+        group.close()
+        redis_server.stop()
+
+
 @pytest.fixture
-async def client(sophos_env: SophosEnv, start_worker, start_api) -> AsyncIterator[LangGraphClient]:
-    """The SDK's client on a fresh API and worker."""
-    start_worker(sophos_env)
-    api = start_api(sophos_env)
-    async with get_client(url=api.url) as sdk:
+async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
+    """The SDK's client on the module's shared API and worker."""
+    async with get_client(url=stack.api_url) as sdk:
         yield sdk
 
 
@@ -64,6 +102,7 @@ async def run_status(
     return await wait_for_async(reached, timeout=30, message=f"run {run_id} {' or '.join(statuses)}")
 
 
+@shared_stack
 async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama) -> None:
     assistants = await client.assistants.search()
     assert [(a["assistant_id"], a["graph_id"]) for a in assistants] == [(ASSISTANT_ID, "agent")]
@@ -72,6 +111,17 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert await client.assistants.search(graph_id="other") == []
     with pytest.raises(NotFoundError):
         await client.assistants.get("other")
+    drawn = await client.assistants.get_graph("agent", xray=True)
+    assert {n["id"] for n in drawn["nodes"]} == {"__start__", "agent", "approval", "tools", "__end__"}
+    edges = {(e["source"], e["target"]) for e in drawn["edges"]}
+    assert {("__start__", "agent"), ("agent", "tools"), ("agent", "approval"), ("tools", "agent")} <= edges
+    schemas = await client.assistants.get_schemas(ASSISTANT_ID)
+    assert schemas["graph_id"] == "agent" and schemas["config_schema"] is None
+    input_schema = schemas["input_schema"]
+    assert input_schema is not None and input_schema["properties"]["messages"]["maxItems"] == 1  # one message
+    assert await client.assistants.get_subgraphs("agent") == {}
+    with pytest.raises(NotFoundError):
+        await client.assistants.get_graph("other")
     info = await client.http.get("/info")
     assert info["flags"]["crons"] is False and info["flags"]["langsmith"] is False
 
@@ -103,13 +153,16 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert got["status"] == "idle" and got["metadata"] == {"user": "ada"}
     assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
 
-    # Search: both kinds of thread, newest first, by metadata, by status, by ids.
-    found = [t["thread_id"] for t in await client.threads.search(limit=10)]
+    # Search: both kinds of thread, newest first, by metadata, by status, by ids (the stack is
+    # shared: other tests' threads are there too).
+    both = [thread_id, chosen]
+    found = [t["thread_id"] for t in await client.threads.search(ids=both)]
     assert found == [chosen, thread_id]
+    assert [t["thread_id"] for t in await client.threads.search(limit=2)] == found  # the newest
     assert [t["thread_id"] for t in await client.threads.search(metadata={"user": "ada"})] == [thread_id]
     assert [t["thread_id"] for t in await client.threads.search(ids=[chosen])] == [chosen]
-    assert await client.threads.search(status="busy") == []
-    assert [t["thread_id"] for t in await client.threads.search(limit=1, offset=1)] == [thread_id]
+    assert await client.threads.search(status="busy", ids=both) == []
+    assert [t["thread_id"] for t in await client.threads.search(ids=both, limit=1, offset=1)] == [thread_id]
 
     # Delete: the conversation with it, and the empty one.
     await client.threads.delete(thread_id)
@@ -117,9 +170,11 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     for gone in (thread_id, chosen):
         with pytest.raises(NotFoundError):
             await client.threads.get(gone)
-    assert await client.threads.search() == []
+    assert await client.threads.search(ids=both) == []
+    assert await client.threads.search(metadata={"user": "ada"}) == []
 
 
+@shared_stack
 async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model: FakeOllama) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(Text("First answer."))
@@ -136,7 +191,7 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
         p async for p in client.runs.stream(
             thread_id, "agent", input=said("two"),
             stream_mode=["messages-tuple", "values"], metadata={"case": "stream"},
-            on_run_created=created.append,
+            on_run_created=created.append, stream_subgraphs=True,  # no subgraphs: the same stream
         )
     ]
     events = [p.event for p in parts]
@@ -172,6 +227,7 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     assert [r["run_id"] for r in await client.runs.list(thread_id, status="success", limit=1)] == [run_id]
 
 
+@shared_stack
 async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: FakeOllama) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
@@ -190,6 +246,7 @@ async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: Fake
     assert text_of(updates[2]["agent"]["messages"][0]) == "Echoed."
 
 
+@shared_stack
 async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) -> None:
     hang = Hang(text="Thinking about it")
     model.script(hang)
@@ -217,6 +274,9 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
 ) -> None:
     hang = Hang(text="half an ")
     model.script(hang, Text("answer, after the crash."))
+    (sophos_env.root / "empty").mkdir(exist_ok=True)
+    config = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty")
+    sophos_env.write_mcp_config(not_safe_to_repeat(config))
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
@@ -226,7 +286,7 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
         worker.kill()
         assert worker.wait(10) == -signal.SIGKILL
 
-        start_worker(sophos_env)
+        restarted = start_worker(sophos_env)
         crashed = await run_status(client, thread_id, run["run_id"], "interrupted", "error", "success")
         assert crashed["status"] == "interrupted"
         thread = await client.threads.get(thread_id)
@@ -242,9 +302,34 @@ async def test_crash_mid_run_then_a_run_without_input_resumes(
         assert (await client.threads.get(thread_id))["status"] == "idle"
         with pytest.raises(ConflictError):  # nothing left to resume
             await client.runs.create(thread_id, "agent")
-    assert model.calls == 2
+
+        # Killed while a call was out, of a tool not safe to repeat: the resume asks before it
+        # sends the call again, as an interrupt describing it as a call that may already have run.
+        model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
+        slow = await client.runs.create(thread_id, "agent", input=said("do the slow thing"))
+        await wait_for_async(
+            lambda: tool_calls(sophos_env.tools_log, "slow"), timeout=20, message="the slow call sent"
+        )
+        restarted.kill()
+        assert restarted.wait(10) == -signal.SIGKILL
+        start_worker(sophos_env)
+        crashed = await run_status(client, thread_id, slow["run_id"], "interrupted", "error", "success")
+        assert crashed["status"] == "interrupted"
+        assert (await client.threads.get(thread_id))["status"] == "interrupted"
+        asked = await client.runs.wait(thread_id, "agent")  # no input: resume
+        assert isinstance(asked, dict)
+        [request] = _interrupt_of(asked)["value"]["action_requests"]
+        assert request["name"] == "tools__slow" and request["args"] == {"seconds": 1.5}
+        assert request["description"].startswith("This call may already have run")
+        assert len(tool_calls(sophos_env.tools_log, "slow")) == 1
+        done = await client.runs.wait(thread_id, "agent", command=APPROVE)
+        assert isinstance(done, dict) and text_of(done["messages"][-1]) == "All done."
+        sent = tool_calls(sophos_env.tools_log, "slow")
+        assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # sent once more, with its key
+    assert model.calls == 4
 
 
+@shared_stack
 async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient, model: FakeOllama) -> None:
     base = str(client.http.client.base_url)
     thread_id = (await client.threads.create(metadata={"keep": True}))["thread_id"]
@@ -297,7 +382,8 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
     async with httpx.AsyncClient(base_url=base) as http:
-        run_body = {"assistant_id": "agent", "input": said("ok?")}
+        # checkpoint_during (deprecated in the SDK) is taken: every step is checkpointed anyway.
+        run_body = {"assistant_id": "agent", "input": said("ok?"), "checkpoint_during": False}
         accepted = await http.post(f"/threads/{thread_id}/runs", json=run_body)
     run_id = accepted.json()["run_id"]
     assert accepted.headers["location"] == f"/threads/{thread_id}/runs/{run_id}/stream"
@@ -343,3 +429,190 @@ async def test_api_token_as_bearer_or_x_api_key(
                 else:
                     assert response.status_code == 401, (method, url, headers)
                     assert response.json()["error"]["code"] == "UNAUTHORIZED"
+
+
+def _interrupt_of(values: dict[str, Any]) -> dict[str, Any]:
+    [interrupt] = values["__interrupt__"]
+    return dict(interrupt)
+
+
+@shared_stack
+async def test_an_approval_is_an_interrupt_decided_with_command_resume(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    parts = [
+        p async for p in client.runs.stream(
+            thread_id, "agent", input=said("add 2 and 3"), stream_mode=["updates", "values"]
+        )
+    ]
+    asked = [p.data["__interrupt__"] for p in parts if p.event == "updates" and "__interrupt__" in p.data]
+    assert parts[-1].data["status"] == "success"  # as the Agent Server ends a paused run
+    [[interrupt]] = asked
+    assert interrupt["value"] == {
+        "action_requests": [{
+            "name": "tools__add", "args": {"a": 2, "b": 3},
+            "description": 'Tool execution requires approval\n\nTool: tools__add\nArgs: {"a": 2, "b": 3}',
+        }],
+        "review_configs": [{"action_name": "tools__add", "allowed_decisions": ["approve", "edit", "reject"]}],
+    }
+    assert _interrupt_of(parts[-2].data) == interrupt  # the last values carry it too
+    thread = await client.threads.get(thread_id)
+    assert thread["status"] == "interrupted"
+    [listed] = await client.threads.search(ids=[thread_id])
+    assert listed["status"] == "interrupted" and listed["interrupts"] == {}  # a search reads no state
+    [(task_id, [by_task])] = thread["interrupts"].items()
+    assert by_task == interrupt
+    state = await client.threads.get_state(thread_id)
+    assert state["interrupts"] == [interrupt] and state["next"] == ["approval"]
+    assert [(t["id"], t["interrupts"]) for t in state["tasks"]] == [(task_id, [interrupt])]
+    assert tool_calls(stack.tools_log, "add") == []
+
+    # Refusals change nothing: a count that does not match, a new message over the decision.
+    with pytest.raises(UnprocessableEntityError, match="2 decision"):
+        await client.runs.create(
+            thread_id, "agent", command={"resume": {"decisions": [{"type": "approve"}] * 2}}
+        )
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("never mind"))
+
+    # Approve: the call runs once, the answer follows (strict_resume is taken: decisions must
+    # match the pending requests anyway).
+    values = await client.runs.wait(thread_id, "agent", command=APPROVE, strict_resume=True)
+    assert isinstance(values, dict) and "__interrupt__" not in values
+    assert text_of(values["messages"][-1]) == "The sum is 5."
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
+    assert (await client.threads.get(thread_id))["status"] == "idle"
+    with pytest.raises(ConflictError):  # acted on once: nothing waits any more
+        await client.runs.create(thread_id, "agent", command=APPROVE)
+
+    # Reject, by the interrupt's id: never sent; the model hears the message.
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 1})]), Text("I will not add them."))
+    paused = await client.runs.wait(thread_id, "agent", input=said("add 1 and 1"))
+    assert isinstance(paused, dict)
+    interrupt = _interrupt_of(paused)
+    assert interrupt["value"]["action_requests"][0]["args"] == {"a": 1, "b": 1}
+    rejected = await client.runs.wait(
+        thread_id, "agent",
+        command={"resume": {interrupt["id"]: {"decisions": [{"type": "reject", "message": "not today"}]}}},
+    )
+    assert isinstance(rejected, dict) and text_of(rejected["messages"][-1]) == "I will not add them."
+    told = model.requests[-1]["messages"][-1]
+    assert told["role"] == "tool" and "not today" in told["content"]
+    assert len(tool_calls(stack.tools_log, "add")) == 1
+
+    # Edit: the call runs with the edited arguments.
+    model.script(ToolCalls([("tools__add", {"a": 5, "b": 5})]), Text("Done, edited."))
+    await client.runs.wait(thread_id, "agent", input=said("add 5 and 5"))
+    edit = {"type": "edit", "edited_action": {"name": "tools__add", "args": {"a": 40, "b": 2}}}
+    run = await client.runs.create(thread_id, "agent", command={"resume": {"decisions": [edit]}})
+    edited = await client.runs.join(thread_id, run["run_id"])
+    assert text_of(edited["messages"][-1]) == "Done, edited."
+    assert [c["args"] for c in tool_calls(stack.tools_log, "add")][-1] == {"a": 40, "b": 2}
+
+
+@shared_stack
+async def test_history_newest_first_and_metadata_updates(client: LangGraphClient, model: FakeOllama) -> None:
+    thread_id = (await client.threads.create(metadata={"user": "grace"}))["thread_id"]
+    assert await client.threads.get_history(thread_id) == []  # empty: no checkpoint yet
+    model.script(ToolCalls([("tools__echo", {"text": "hi"})]), Text("Echoed."))
+    await wait(client, thread_id, "echo hi")
+
+    history: list[Any] = list(await client.threads.get_history(thread_id, limit=100))
+    state = await client.threads.get_state(thread_id)
+    assert history[0]["checkpoint"] == state["checkpoint"] and history[0]["values"] == state["values"]
+    for newer, older in itertools.pairwise(history):
+        assert newer["parent_checkpoint"]["checkpoint_id"] == older["checkpoint"]["checkpoint_id"]
+        assert len(newer["values"].get("messages", [])) >= len(older["values"].get("messages", []))
+    assert history[-1]["parent_checkpoint"] is None  # the thread's first checkpoint
+    assert history[0]["next"] == [] and [t["name"] for t in history[1]["tasks"]] == ["agent"]
+    assert [m["type"] for m in history[0]["values"]["messages"]] == ["human", "ai", "tool", "ai"]
+    assert text_of(history[0]["values"]["messages"][-1]) == "Echoed."
+    # limit and before page through it.
+    page = await client.threads.get_history(thread_id, limit=2, before=history[1]["checkpoint"])
+    assert [s["checkpoint"] for s in page] == [s["checkpoint"] for s in history[2:4]]
+    before = history[1]["checkpoint"]["checkpoint_id"]
+    by_get = await client.http.get(f"/threads/{thread_id}/history", params={"limit": 2, "before": before})
+    assert by_get == page
+    with pytest.raises(UnprocessableEntityError):
+        await client.threads.get_history(thread_id, before="not a checkpoint id!")
+    # The state at one of its checkpoints, by id or by checkpoint.
+    older = history[2]
+    at = await client.threads.get_state(thread_id, checkpoint_id=older["checkpoint"]["checkpoint_id"])
+    assert at == older
+    assert await client.threads.get_state(thread_id, checkpoint=older["checkpoint"]) == older
+    with pytest.raises(NotFoundError):
+        await client.threads.get_state(thread_id, checkpoint_id=str(uuid.uuid4()))
+    with pytest.raises(UnprocessableEntityError, match="select"):
+        await client.threads.get_state(thread_id, select=["values.messages"])
+    with pytest.raises(UnprocessableEntityError, match="metadata keys"):
+        await client.threads.get_history(thread_id, metadata={"a') OR 1=1 --": 1})
+    [first] = await client.threads.get_history(thread_id, metadata={"step": -1})
+    assert first["checkpoint"] == history[-1]["checkpoint"]  # LangGraph's own metadata filters
+
+    # Update merges metadata; a conversation started on /api/chat takes metadata too.
+    updated = await client.threads.update(thread_id, metadata={"topic": "echo"})
+    assert updated["metadata"] == {"user": "grace", "topic": "echo"}
+    assert (await client.threads.get(thread_id))["metadata"] == {"user": "grace", "topic": "echo"}
+    found = await client.threads.search(metadata={"topic": "echo"})
+    assert [t["thread_id"] for t in found] == [thread_id]
+    model.script(Text("Native."))
+    native, native_run = chat(str(client.http.client.base_url), "from /api/chat")
+    assert text_of((await client.runs.join(native, native_run))["messages"][-1]) == "Native."
+    assert (await client.threads.update(native, metadata={"via": "api"}))["metadata"] == {"via": "api"}
+    assert [t["thread_id"] for t in await client.threads.search(metadata={"via": "api"})] == [native]
+    with pytest.raises(NotFoundError):
+        await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
+    with pytest.raises(UnprocessableEntityError, match="ttl"):
+        await client.threads.update(thread_id, metadata={}, ttl=60)
+
+
+@shared_stack
+async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: FakeOllama) -> None:
+    hang = Hang(text="Working on it")
+    model.script(hang, Text("Instead, this."))
+    thread_id = (await client.threads.create())["thread_id"]
+    first = await client.runs.create(thread_id, "agent", input=said("slowly"))
+    await hang.wait_started_async(20)
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="reject")
+    for strategy in ("enqueue", "rollback"):
+        with pytest.raises(UnprocessableEntityError, match=strategy):
+            await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy=strategy)
+    assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "running"
+
+    # interrupt: the run holding the thread is cancelled, then the new one starts.
+    second = await client.runs.create(
+        thread_id, "agent", input=said("instead"), multitask_strategy="interrupt"
+    )
+    assert second["multitask_strategy"] == "interrupt"
+    assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
+    values = await client.runs.join(thread_id, second["run_id"])
+    texts = [text_of(m) for m in values["messages"]]
+    assert texts == ["slowly", "Working on it", "instead", "Instead, this."]
+    # On an idle thread it simply starts the run.
+    model.script(Text("Idle start."))
+    values = await wait(client, thread_id, "again", multitask_strategy="interrupt")
+    assert text_of(values["messages"][-1]) == "Idle start."
+
+
+@shared_stack
+async def test_the_javascript_sdk_streams_and_rejoins_a_run(stack: SophosEnv, model: FakeOllama) -> None:
+    model.script(Text("Hello from Sophos, in JavaScript."))
+    done = await asyncio.to_thread(run_script, JS_DIR / "stream_a_run.mjs", stack.api_url, "hi from node")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    thread_id, run_id = out["thread"]["thread_id"], out["created"][0]["run_id"]
+    assert out["created"] == [{"run_id": run_id, "thread_id": thread_id}]  # from Content-Location
+    streamed = out["streamed"]
+    events = [p["event"] for p in streamed]
+    assert events[0] == "metadata" and events[-2:] == ["values", "end"]
+    tokens = "".join(p["data"][0]["content"] for p in streamed if p["event"] == "messages")
+    assert tokens == "Hello from Sophos, in JavaScript."
+    assert [text_of(m) for m in streamed[-2]["data"]["messages"]] == ["hi from node", tokens]
+    ids = [p["id"] for p in streamed[1:]]
+    assert None not in ids and len(set(ids)) == len(ids)
+    assert out["rejoined"] == [{"event": p["event"], "id": p["id"]} for p in streamed[1:]]  # "-1": all
+    assert out["state"]["values"] == streamed[-2]["data"] and out["run"]["status"] == "success"
+    assert out["thread"]["metadata"] == {"via": "js"}

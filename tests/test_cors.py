@@ -68,6 +68,7 @@ def test_listed_origins_are_let_in_without_a_token(sophos_env: SophosEnv, start_
             assert set(asked.headers["access-control-allow-methods"].split(", ")) == {
                 "GET",
                 "POST",
+                "PATCH",
                 "DELETE",
                 "OPTIONS",
             }
@@ -76,7 +77,9 @@ def test_listed_origins_are_let_in_without_a_token(sophos_env: SophosEnv, start_
         listed = http.get("/api/conversations", headers={"Origin": LISTED})
         assert listed.status_code == 200 and allowed_origin(listed) == LISTED
         assert "origin" in listed.headers.get("vary", "").lower()
-        assert listed.headers["access-control-expose-headers"] == "Retry-After"  # a 429's wait
+        # A 429's wait; where the Agent Protocol's SDKs rejoin a run's stream.
+        exposed = listed.headers["access-control-expose-headers"].split(", ")
+        assert sorted(exposed) == ["Content-Location", "Location", "Retry-After"]
         assert "access-control-allow-credentials" not in listed.headers  # no cookies: the token is a header
         posted = http.post("/api/chat", json={"message": "hi"}, headers={"Origin": LISTED})
         assert posted.status_code == 202 and allowed_origin(posted) == LISTED
@@ -113,6 +116,12 @@ def test_with_a_token_the_preflight_needs_none_and_requests_still_do(
         asked = preflight(http, LISTED, "GET", "authorization, last-event-id")
         assert asked.status_code in (200, 204) and allowed_origin(asked) == LISTED, asked.text
         assert "authorization" in asked.headers["access-control-allow-headers"].lower()
+        # The SDKs' key: the JavaScript SDK in a page of a listed origin sends it.
+        asked = preflight(http, LISTED, "POST", "x-api-key, content-type")
+        assert asked.status_code in (200, 204) and allowed_origin(asked) == LISTED, asked.text
+        assert "x-api-key" in asked.headers["access-control-allow-headers"].lower()
+        keyed = http.post("/threads/search", json={}, headers={"Origin": LISTED, "x-api-key": TOKEN})
+        assert keyed.status_code == 200 and allowed_origin(keyed) == LISTED
         # The request itself still needs it; the 401 is readable by the page.
         anonymous = http.get("/api/conversations", headers={"Origin": LISTED})
         assert anonymous.status_code == 401 and allowed_origin(anonymous) == LISTED

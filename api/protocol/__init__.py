@@ -8,7 +8,9 @@ Nothing here is a second store of threads: a thread created empty is a small Red
 (:mod:`api.protocol.threads`) until its first run creates its conversation.
 
 Modules: ``status`` (Sophos statuses as the SDK's), ``translate`` (a run's native events as the
-Agent Server's stream modes, pure), ``state`` (a thread's state in the SDK's shape, read in a
-reader process), ``threads`` and ``runs`` (the services), ``routes`` (the controllers, which
+Agent Server's stream modes, pure), ``interrupts`` (approvals as langchain's
+``HumanInTheLoopMiddleware`` interrupts, and their decisions back, pure), ``state`` (a thread's
+state and history in the SDK's shape, read in a reader process), ``assistant`` (the agent's
+graph and schemas), ``threads`` and ``runs`` (the services), ``routes`` (the controllers, which
 only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
 """

@@ -3,11 +3,12 @@ parse, call the thread or run service, shape the answer (docs/agent-protocol.md)
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import msgspec
 import structlog
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -16,9 +17,20 @@ from litestar.response import Stream
 from api import metrics
 from api.conversations import Conversations
 from api.openapi import errors
+from api.protocol.assistant import graph as agent_graph
+from api.protocol.assistant import schemas
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
+from api.protocol.state import values_with_interrupts
 from api.protocol.stream import ProtocolStream
-from api.protocol.threads import ThreadCreate, Threads, ThreadSearch, thread_id_of
+from api.protocol.threads import (
+    StateAt,
+    ThreadCreate,
+    ThreadHistory,
+    Threads,
+    ThreadSearch,
+    ThreadUpdate,
+    thread_id_of,
+)
 from api.protocol.translate import after_id, stream_modes
 from api.resources import Resources
 from api.routes_chat import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -43,14 +55,32 @@ LastEventId = Annotated[
 ]
 
 
+Subgraphs = Annotated[bool, Parameter(description="Changes nothing: the agent has no subgraphs")]
+Select = Annotated[list[str] | None, Parameter(required=False, description="Not served: must be left out")]
+
+
+def _no_select(select: list[str] | None) -> None:
+    if select:
+        raise BadRequest("select is not served by Sophos: a state comes whole (docs/agent-protocol.md)")
+
+
 def _threads(state: State) -> Threads:
     resources: Resources = state.resources
     return Threads(resources.store, resources.redis, Conversations(resources.store, resources.redis))
 
 
+async def _ended(resources: Resources, thread_id: str, run_id: str) -> None:
+    """Wait for the run's terminal event."""
+    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, ())
+    await stream.open()
+    await stream.outcome()
+
+
 def _protocol_runs(state: State) -> ProtocolRuns:
     resources: Resources = state.resources
-    return ProtocolRuns(resources.chat, resources.runs, _threads(state), resources.redis)
+    return ProtocolRuns(
+        resources.chat, resources.runs, _threads(state), resources.redis, functools.partial(_ended, resources)
+    )
 
 
 DEPENDENCIES = {
@@ -117,6 +147,26 @@ class AssistantsController(Controller):
         assistant_of(assistant_id)
         return assistant()
 
+    @get("/{assistant_id:str}/graph", summary="The agent's graph: its nodes and edges",
+         responses=errors(401, 404))
+    async def get_graph(
+        self, assistant_id: AssistantId,
+        xray: Annotated[str | None, Parameter(description="Ignored: the agent has no subgraphs")] = None,
+    ) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return agent_graph()
+
+    @get("/{assistant_id:str}/schemas", summary="What a run takes and the state it keeps",
+         responses=errors(401, 404))
+    async def get_schemas(self, assistant_id: AssistantId) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return schemas()
+
+    @get("/{assistant_id:str}/subgraphs", summary="The agent's subgraphs: none", responses=errors(401, 404))
+    async def get_subgraphs(self, assistant_id: AssistantId) -> dict[str, Any]:
+        assistant_of(assistant_id)
+        return {}
+
 
 class ThreadsController(Controller):
     path = "/threads"
@@ -136,6 +186,27 @@ class ThreadsController(Controller):
     async def get_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
         return await threads.get(thread_id_of(thread_id))
 
+    @patch("/{thread_id:str}", summary="Merge metadata into a thread's", responses=errors(401, 404, 422))
+    async def update_thread(
+        self, thread_id: ThreadId, data: ThreadUpdate, threads: Threads
+    ) -> dict[str, Any]:
+        return await threads.update(thread_id_of(thread_id), data)
+
+    @post("/{thread_id:str}/history", status_code=200,
+          summary="The thread's checkpoints, newest first, each as a state", responses=errors(401, 404, 422))
+    async def history(
+        self, thread_id: ThreadId, data: ThreadHistory, threads: Threads
+    ) -> list[dict[str, Any]]:
+        return await threads.history(thread_id_of(thread_id), data)
+
+    @get("/{thread_id:str}/history", summary="The thread's checkpoints, newest first (limit, before)",
+         responses=errors(401, 404, 422))
+    async def history_by_get(
+        self, thread_id: ThreadId, threads: Threads, limit: Limit = 10,
+        before: Annotated[str | None, Parameter(description="A checkpoint id: only older ones")] = None,
+    ) -> list[dict[str, Any]]:
+        return await threads.history(thread_id_of(thread_id), ThreadHistory(limit=limit, before=before))
+
     @delete("/{thread_id:str}", status_code=204, summary="Delete a thread and its conversation",
             responses=errors(401, 404, 409, 422))
     async def delete_thread(self, thread_id: ThreadId, threads: Threads) -> None:
@@ -143,8 +214,33 @@ class ThreadsController(Controller):
 
     @get("/{thread_id:str}/state", summary="The thread's state: values, next, tasks, checkpoint",
          responses=errors(401, 404, 422))
-    async def state(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
+    async def state(
+        self, thread_id: ThreadId, threads: Threads, subgraphs: Subgraphs = False, select: Select = None
+    ) -> dict[str, Any]:
+        _no_select(select)
         return await threads.state(thread_id_of(thread_id))
+
+    @get("/{thread_id:str}/state/{checkpoint_id:str}", summary="The thread's state at one of its checkpoints",
+         responses=errors(401, 404, 422))
+    async def state_at(
+        self, thread_id: ThreadId, checkpoint_id: str, threads: Threads,
+        subgraphs: Subgraphs = False, select: Select = None,
+    ) -> dict[str, Any]:
+        _no_select(select)
+        return await threads.state(thread_id_of(thread_id), checkpoint_id)
+
+    @post("/{thread_id:str}/state/checkpoint", status_code=200,
+          summary="The thread's state at one of its checkpoints", responses=errors(401, 404, 422))
+    async def state_at_checkpoint(
+        self, thread_id: ThreadId, data: StateAt, threads: Threads
+    ) -> dict[str, Any]:
+        _no_select(data.select)
+        if data.checkpoint.get("checkpoint_ns"):
+            raise BadRequest("checkpoint_ns must be empty: the agent has no subgraphs")
+        checkpoint_id = data.checkpoint.get("checkpoint_id")
+        if not isinstance(checkpoint_id, str):
+            raise BadRequest("checkpoint must carry a checkpoint_id")
+        return await threads.state(thread_id_of(thread_id), checkpoint_id)
 
 
 def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:
@@ -272,9 +368,7 @@ async def _outcome(
     status, error = await stream.outcome()
     if errors_as_body and status == "error":
         return {"__error__": error}
-    state = await threads.state(thread_id)
-    values: dict[str, Any] = state["values"]
-    return values
+    return values_with_interrupts(await threads.state(thread_id))
 
 
 ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController]

@@ -10,7 +10,10 @@ protocol adds to a run, its metadata and stream modes, is a Redis record beside 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +25,16 @@ from api import live
 from api.cancel import cancel_run
 from api.chat import ChatService
 from api.ids import parse_id
+from api.protocol.interrupts import decisions_of
+from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import DEFAULT_STREAM_MODES, GRAPH_ID, stream_modes
 from api.relay import run_of_conversation
 from api.runs import Runs, from_queued
-from api.schemas import RunInfo
+from api.schemas import ChatAccepted, ChatRequest, RunInfo
 from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, text_of
-from shared.errors import BadRequest, NotFound
+from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +42,12 @@ log = structlog.get_logger(__name__)
 #: a UUID5 of the graph id
 ASSISTANT_ID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), GRAPH_ID))
 RUNS_LIST_MAX = 1000
+#: ``reject`` (Sophos's default: a busy thread is 409) and ``interrupt`` (cancel the run holding the
+#: thread, then start); the Agent Server's ``enqueue`` and ``rollback`` are refused by name
+MULTITASK_STRATEGIES = ("reject", "interrupt")
+#: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
+#: running run within a second)
+INTERRUPT_WAIT_SECONDS = 30.0
 
 
 class RunCreate(msgspec.Struct):
@@ -85,22 +96,40 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: RunCreate) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
-    for name in ("command", "checkpoint", "checkpoint_id", "interrupt_before", "interrupt_after", "webhook",
+    for name in ("checkpoint", "checkpoint_id", "interrupt_before", "interrupt_after", "webhook",
                  "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
     if body.config or body.context:
         raise _unserved("config" if body.config else "context")
-    if body.stream_subgraphs:
-        raise _unserved("stream_subgraphs")
-    if body.multitask_strategy not in (None, "reject"):
-        raise _unserved(f"multitask_strategy {body.multitask_strategy!r}", "; a busy thread is refused (409)")
+    # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
+    # stream is the same with it or without it.
+    if body.multitask_strategy in ("enqueue", "rollback"):
+        raise _unserved(
+            f"multitask_strategy {body.multitask_strategy!r}",
+            "; use reject (a busy thread is 409) or interrupt",
+        )
+    if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
+        raise BadRequest(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
     if body.on_disconnect not in (None, "continue"):
         raise _unserved(f"on_disconnect {body.on_disconnect!r}", "; a run goes on when its stream closes")
     if body.durability not in (None, "sync"):
         raise _unserved(f"durability {body.durability!r}", "; every step is checkpointed (sync)")
     if body.if_not_exists not in (None, "reject", "create"):
         raise BadRequest("if_not_exists must be 'reject' or 'create'")
+
+
+def resume_of(body: RunCreate) -> Any:
+    """``command.resume``: the decisions that continue a thread waiting for them."""
+    command = body.command or {}
+    other = sorted(set(command) - {"resume"})
+    if other:
+        raise _unserved(f"command.{other[0]}", "; a command carries resume (the decisions) only")
+    if "resume" not in command:
+        raise BadRequest("command must carry resume: {\"resume\": {\"decisions\": [...]}}")
+    if body.input:
+        raise BadRequest("a run takes input or command.resume, not both")
+    return command["resume"]
 
 
 def message_of(graph_input: dict[str, Any] | None) -> str | None:
@@ -127,6 +156,7 @@ class Options:
 
     metadata: dict[str, Any]
     stream_mode: tuple[str, ...]
+    multitask_strategy: str = "reject"
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Options:
@@ -135,7 +165,10 @@ class Options:
             modes = msgspec.json.decode(fields.get("stream_mode") or "[]")
         except msgspec.DecodeError:
             metadata, modes = {}, []
-        return cls(metadata if isinstance(metadata, dict) else {}, tuple(modes) or DEFAULT_STREAM_MODES)
+        return cls(
+            metadata if isinstance(metadata, dict) else {}, tuple(modes) or DEFAULT_STREAM_MODES,
+            fields.get("multitask_strategy") or "reject",
+        )
 
 
 def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
@@ -149,7 +182,7 @@ def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
         "updated_at": info.finished_at or info.started_at or created,
         "status": run_status(info.status),
         "metadata": options.metadata,
-        "multitask_strategy": "reject",
+        "multitask_strategy": options.multitask_strategy,
         "kwargs": {"stream_mode": list(options.stream_mode)},
     }
 
@@ -160,12 +193,23 @@ class ProtocolRuns:
     runs: Runs
     threads: Threads
     redis: Redis
+    #: waits for the end of a run (thread id, run id): what ``interrupt`` needs after its cancel
+    ended: Callable[[str, str], Awaitable[Any]]
 
     async def create(self, thread_id: str, body: RunCreate) -> tuple[dict[str, Any], Options]:
-        """Accept a run on the thread (``reject`` when busy: 409); its ``Run`` and options."""
+        """Accept a run on the thread (busy: 409, or with ``interrupt`` cancel the run holding it
+        first); its ``Run`` and options. ``command.resume`` decides a waiting thread."""
         assistant_of(body.assistant_id)
         refuse_unserved(body)
-        options = Options(body.metadata or {}, stream_modes(body.stream_mode))
+        options = Options(
+            body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject"
+        )
+        if body.command is not None:
+            resume = resume_of(body)
+            await self.threads.find(thread_id)
+            # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
+            accepted = await self._decide(thread_id, resume)
+            return await self._created(thread_id, accepted, options, kind="decide")
         message = message_of(body.input)
         record = await self.threads.record(thread_id)
         if record is None:
@@ -176,18 +220,58 @@ class ProtocolRuns:
                     raise
                 await self.threads.create(ThreadCreate(thread_id=thread_id, if_exists="do_nothing"))
                 record = await self.threads.record(thread_id)
-        accepted = await self.chat.submit_to_thread(thread_id, message, may_be_new=record is not None)
+        accepted = await self._taking_over(
+            thread_id, options,
+            lambda: self.chat.submit_to_thread(thread_id, message, may_be_new=record is not None),
+        )
+        return await self._created(thread_id, accepted, options, kind="resume" if message is None else "run")
+
+    async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
+        """The decisions of ``command.resume``, mapped onto the pending requests, through the
+        native decision path (the same checks; acted on once)."""
+        pending = await self.threads.store.read_thread(thread_id, pending_of)
+        if not pending:
+            raise NoApprovalPending(f"thread {thread_id} waits for no decision: there is nothing to resume")
+        decisions = decisions_of(resume, pending)
+        return await self.chat.submit(ChatRequest(conversation=thread_id, decisions=decisions))
+
+    async def _taking_over(
+        self, thread_id: str, options: Options, submit: Callable[[], Awaitable[ChatAccepted]]
+    ) -> ChatAccepted:
+        """``submit()``; when the thread is busy and the strategy is ``interrupt``, cancel the run
+        holding it, wait for its end and submit once more (busy again: 409)."""
+        try:
+            return await submit()
+        except SessionInProgress:
+            if options.multitask_strategy != "interrupt":
+                raise
+        holder = await live.active_run(self.redis, thread_id)
+        if holder is not None:
+            log.info("protocol.interrupting", conversation_id=thread_id, run_id=holder)
+            with contextlib.suppress(RunFinished, NotFound):  # it ended by itself meanwhile
+                await cancel_run(self.runs, holder)
+            try:
+                async with asyncio.timeout(INTERRUPT_WAIT_SECONDS):
+                    await self.ended(thread_id, holder)
+            except TimeoutError as exc:
+                raise SessionInProgress(
+                    f"thread {thread_id}: run {holder} was cancelled but has not ended yet"
+                ) from exc
+        return await submit()
+
+    async def _created(
+        self, thread_id: str, accepted: ChatAccepted, options: Options, *, kind: str
+    ) -> tuple[dict[str, Any], Options]:
         key = protocol_run_key(accepted.run)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={
                 "metadata": msgspec.json.encode(options.metadata).decode(),
                 "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
+                "multitask_strategy": options.multitask_strategy,
             })
             pipe.expire(key, PROTOCOL_RUN_RETENTION_SECONDS)
             await pipe.execute()
-        log.info(
-            "protocol.run_created", conversation_id=thread_id, run_id=accepted.run, resume=message is None
-        )
+        log.info("protocol.run_created", conversation_id=thread_id, run_id=accepted.run, kind=kind)
         return await self.get(thread_id, accepted.run), options
 
     async def options(self, run_id: str) -> Options:

@@ -15,6 +15,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 
+from api.protocol.interrupts import hitl_value
+from shared.thread import pending_interrupts
+
 
 def _plain(value: Any) -> Any:
     """JSON-ready: what JSON cannot hold (a datetime in a model's metadata) becomes text."""
@@ -44,17 +47,19 @@ def _checkpoint(thread_id: str, config: RunnableConfig | None) -> dict[str, Any]
     }
 
 
+def _interrupt(interrupt: Any) -> dict[str, Any]:
+    return {"value": hitl_value(_plain(interrupt.value)), "id": interrupt.id}
+
+
 def state_of(thread_id: str, state: StateSnapshot) -> dict[str, Any]:
-    interrupts = [
-        {"value": _plain(i.value), "id": i.id} for task in state.tasks for i in task.interrupts
-    ]
+    interrupts = [_interrupt(i) for task in state.tasks for i in task.interrupts]
     return {
         "values": values_of(state),
         "next": list(state.next),
         "tasks": [
             {
                 "id": task.id, "name": task.name, "error": task.error,
-                "interrupts": [{"value": _plain(i.value), "id": i.id} for i in task.interrupts],
+                "interrupts": [_interrupt(i) for i in task.interrupts],
                 "checkpoint": None, "state": None, "result": None,
             }
             for task in state.tasks
@@ -65,6 +70,13 @@ def state_of(thread_id: str, state: StateSnapshot) -> dict[str, Any]:
         "parent_checkpoint": _checkpoint(thread_id, state.parent_config),
         "interrupts": interrupts,
     }
+
+
+def values_with_interrupts(state: dict[str, Any]) -> dict[str, Any]:
+    """A state's values, with its pending interrupts as ``__interrupt__`` (as the Agent Server's
+    last ``values`` of a paused run and its ``runs.wait`` answer carry them)."""
+    values: dict[str, Any] = state["values"]
+    return {**values, "__interrupt__": state["interrupts"]} if state["interrupts"] else values
 
 
 def empty_state(thread_id: str) -> dict[str, Any]:
@@ -78,6 +90,37 @@ def empty_state(thread_id: str) -> dict[str, Any]:
     }
 
 
+def thread_history(
+    limit: int, before: str | None, metadata: dict[str, Any] | None,
+    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+) -> list[dict[str, Any]]:
+    """In a reader process (a partial of this, with the request's options): the thread's
+    checkpoints, newest first, each as a ``ThreadState``."""
+    thread_id = str(config["configurable"]["thread_id"])
+    before_config: RunnableConfig | None = None
+    if before is not None:
+        before_config = {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}
+        }
+    history = graph.get_state_history(config, filter=metadata or None, before=before_config, limit=limit)
+    return [state_of(thread_id, state) for state in history]
+
+
+def thread_state_at(
+    checkpoint_id: str, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> dict[str, Any] | None:
+    """In a reader process (a partial of this): the thread's state at one of its checkpoints;
+    None when the thread has no such checkpoint."""
+    thread_id = str(config["configurable"]["thread_id"])
+    at: RunnableConfig = {
+        "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    }
+    state = graph.get_state(at)
+    if state.created_at is None:
+        return None
+    return state_of(thread_id, state)
+
+
 def thread_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any]:
     """In a reader process: the thread's state now."""
     thread_id = str(config["configurable"]["thread_id"])
@@ -85,3 +128,11 @@ def thread_state(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> d
     if not state.values and not state.tasks and state.created_at is None:
         return empty_state(thread_id)
     return state_of(thread_id, state)
+
+
+def pending_of(
+    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """In a reader process: the thread's pending interrupts that ask for decisions, with their
+    requests (``shared.thread.pending_interrupts``), to map ``command.resume`` onto."""
+    return pending_interrupts(graph.get_state(config))

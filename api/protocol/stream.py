@@ -17,8 +17,9 @@ import msgspec
 import structlog
 from litestar.response import ServerSentEventMessage
 
-from api.protocol.state import thread_state
-from api.protocol.translate import VALUES, Part, Translator, is_terminal, number
+from api.protocol.interrupts import hitl_value, interrupts_of
+from api.protocol.state import pending_of, thread_state, values_with_interrupts
+from api.protocol.translate import VALUES, Asked, Part, Translator, is_terminal, number
 from api.relay import PING, Ending, Relay
 from api.resources import Resources
 from shared.errors import SophosError
@@ -112,7 +113,20 @@ class ProtocolStream:
         except SophosError as exc:
             log.warning("protocol.values_unread", error=exc.message)
             return {}
-        return state["values"] if state is not None else {}
+        return values_with_interrupts(state) if state is not None else {}
+
+    async def interrupts(self, asked: Asked) -> list[dict[str, Any]]:
+        """The interrupts of an ``approval`` event: with their ids while the thread still has them
+        pending; else (decided since) as the event had them, without an id."""
+        try:
+            pending = await self.resources.store.read_thread(self.thread_id, pending_of) or []
+        except SophosError as exc:
+            log.warning("protocol.interrupts_unread", error=exc.message)
+            pending = []
+        calls = {str(r.get("id")) for r in asked.requests}
+        if pending and {str(r["id"]) for _, rs in pending for r in rs} == calls:
+            return interrupts_of(pending)
+        return [{"value": hitl_value({"requests": list(asked.requests)})}]
 
     async def parts(self) -> AsyncIterator[Part | None]:
         """The translated parts after ``after`` (None: a ping), up to the run's ``end``."""
@@ -130,6 +144,8 @@ class ProtocolStream:
                         continue
                     if part is VALUES:
                         yield Part("values", await self.values(), part_id)
+                    elif isinstance(part, Asked):
+                        yield Part("updates", {"__interrupt__": await self.interrupts(part)}, part_id)
                     elif isinstance(part, Part):
                         yield Part(part.event, part.data, part_id)
                 if is_terminal(native.event):

@@ -11,6 +11,8 @@ route or by retention, deletes the record (worker/deletion.py).
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +20,13 @@ from typing import Any
 import msgspec
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from api import live
 from api.conversations import Conversations, queued_only, summary
 from api.deletion import Deletions
 from api.ids import new_id, parse_id
-from api.protocol.state import empty_state, thread_state
+from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.schemas import ConversationInfo
 from api.store import ConversationRow, Store
@@ -62,6 +65,48 @@ class ThreadSearch(msgspec.Struct):
     sort_order: str | None = None
     select: list[str] | None = None
     extract: dict[str, str] | None = None
+
+
+class ThreadUpdate(msgspec.Struct):
+    """Body of ``PATCH /threads/{id}``: metadata merged into the thread's (``ttl`` is refused)."""
+
+    metadata: dict[str, Any] | None = None
+    ttl: Any = None
+
+
+class StateAt(msgspec.Struct):
+    """Body of ``POST /threads/{id}/state/checkpoint``."""
+
+    checkpoint: dict[str, Any]
+    subgraphs: bool | None = None
+    select: list[str] | None = None
+
+
+class ThreadHistory(msgspec.Struct):
+    """Body of ``POST /threads/{id}/history``."""
+
+    limit: int = 10
+    before: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    select: list[str] | None = None
+
+
+HISTORY_LIMIT_MAX = 1000
+_CHECKPOINT_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
+#: the metadata keys a history can filter on: what LangGraph's savers take in a filter
+_FILTER_KEY = re.compile(r"[0-9A-Za-z_.-]{1,128}")
+
+
+def _before(value: str | dict[str, Any] | None) -> str | None:
+    """The checkpoint id of ``before`` (an id, or a ``Checkpoint`` with one), checked."""
+    if isinstance(value, dict):
+        value = value.get("checkpoint_id")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _CHECKPOINT_ID.fullmatch(value):
+        raise BadRequest("a checkpoint id is letters, digits and '-' (before: an id or a checkpoint)")
+    return value
 
 
 def thread_id_of(value: str) -> str:
@@ -127,6 +172,11 @@ def _matches(found: Found, query: ThreadSearch) -> bool:
     return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
 
 
+def _interrupts_by_task(state: dict[str, Any]) -> dict[str, Any]:
+    """A ``Thread``'s ``interrupts``: each task's, by task id."""
+    return {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
+
+
 @dataclass(frozen=True, slots=True)
 class Threads:
     store: Store
@@ -183,17 +233,86 @@ class Threads:
     async def get(self, thread_id: str) -> dict[str, Any]:
         found = await self.find(thread_id)
         state = await self.state_of(found)
-        interrupts = {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
-        return found.shape(state["values"], interrupts)
+        return found.shape(state["values"], _interrupts_by_task(state))
 
-    async def state(self, thread_id: str) -> dict[str, Any]:
-        return await self.state_of(await self.find(thread_id))
+    async def state(self, thread_id: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+        """The thread's state now, or at one of its checkpoints (NotFound for another)."""
+        if checkpoint_id is None:
+            return await self.state_of(await self.find(thread_id))
+        checkpoint_id = _before(checkpoint_id) or ""
+        if not checkpoint_id:
+            raise BadRequest("checkpoint_id must not be empty")
+        found = await self.find(thread_id)
+        state = None
+        if found.info is not None:
+            state = await self.store.read_thread(thread_id, functools.partial(thread_state_at, checkpoint_id))
+        if state is None:
+            raise NotFound(f"checkpoint {checkpoint_id} of thread {thread_id} not found")
+        return state
 
     async def state_of(self, found: Found) -> dict[str, Any]:
         if found.info is None:
             return empty_state(found.id)
         state = await self.store.read_thread(found.id, thread_state)
         return state if state is not None else empty_state(found.id)
+
+    async def history(self, thread_id: str, query: ThreadHistory) -> list[dict[str, Any]]:
+        """The thread's checkpoints, newest first (an empty thread has none)."""
+        if query.select:
+            raise BadRequest("select is not served by Sophos (docs/agent-protocol.md)")
+        asked = query.checkpoint or {}
+        if asked.get("checkpoint_ns") or asked.get("checkpoint_id"):
+            raise BadRequest(
+                "checkpoint is not served for a history: the agent has no subgraphs, and a history "
+                "from a checkpoint is asked with before (docs/agent-protocol.md)"
+            )
+        if not 1 <= query.limit <= HISTORY_LIMIT_MAX:
+            raise BadRequest(f"limit must be 1 to {HISTORY_LIMIT_MAX}")
+        before = _before(query.before)
+        bad = [k for k in query.metadata or {} if not _FILTER_KEY.fullmatch(k)]
+        if bad:
+            raise BadRequest(f"metadata keys are letters, digits, '_', '.' and '-'; not {bad[0][:64]!r}")
+        found = await self.find(thread_id)
+        if found.info is None:
+            return []
+        read = functools.partial(thread_history, query.limit, before, query.metadata)
+        return await self.store.read_thread(thread_id, read) or []
+
+    async def update(self, thread_id: str, body: ThreadUpdate) -> dict[str, Any]:
+        """Merge ``body.metadata`` into the thread's (a conversation started on the native routes
+        gets its record here); the thread."""
+        if body.ttl is not None:
+            raise BadRequest("ttl is not served by Sophos (docs/agent-protocol.md)")
+        found = await self.find(thread_id)
+        key = protocol_thread_key(thread_id)
+        created = str(found.shape()["created_at"])  # a conversation started on /api/chat has no record yet
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    current = Record.parse(thread_id, await pipe.hgetall(key))  # type: ignore[misc]
+                    metadata = {**(current.metadata if current is not None else {}), **(body.metadata or {})}
+                    pipe.multi()
+                    pipe.hset(key, mapping={
+                        "created_at": current.created_at if current is not None else created,
+                        "metadata": msgspec.json.encode(metadata).decode(),
+                    })
+                    if current is None:
+                        pipe.zadd(PROTOCOL_THREADS, {thread_id: int(time.time() * 1000)})
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue  # another update came between: merge into it
+        if found.record is None and await self._info(thread_id) is None:
+            # Its conversation was deleted meanwhile: the record written above must not bring it
+            # back as an empty thread (deleting the conversation deletes the record).
+            await self.redis.delete(key)
+            await self.redis.zrem(PROTOCOL_THREADS, thread_id)
+            raise NotFound(f"thread {thread_id} not found")
+        log.info("thread.updated", conversation_id=thread_id)
+        found = await self.find(thread_id)
+        state = await self.state_of(found)
+        return found.shape(state["values"], _interrupts_by_task(state))
 
     async def delete(self, thread_id: str) -> None:
         """Delete the thread: its conversation as ``DELETE /api/conversations/{id}`` does (409 while

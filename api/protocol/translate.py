@@ -8,6 +8,8 @@ same relay as ``GET /api/chat``) and pass each entry through :class:`Translator`
   model turn it belongs to, each tool result as a ``tool`` message, with their metadata;
 * ``updates``: ``{"agent": {"messages": [the turn's answer]}}`` when a model turn ends,
   ``{"tools": {"messages": [result]}}`` per tool result;
+* ``updates`` also: ``{"__interrupt__": [...]}`` when the run pauses for a decision
+  (:class:`Asked`);
 * ``values``: the thread's state, once, when the run has ended (:data:`VALUES`: the caller
   reads it, as only it can);
 * then ``error`` (a run that failed or was interrupted) and ``end``.
@@ -42,6 +44,14 @@ class _Values:
 
 
 VALUES: Final = _Values()
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """An ``approval`` event's requests, which ``updates`` sends as ``{"__interrupt__": [...]}``:
+    the caller adds the interrupts' ids, which only the thread's state has."""
+
+    requests: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +126,7 @@ class Translator:
             "assistant_id": self.assistant_id, "langgraph_node": node, "langgraph_step": self.step,
         }
 
-    def entry(self, event: str, data: Any) -> list[Part | _Values]:
+    def entry(self, event: str, data: Any) -> list[Part | _Values | Asked]:
         """What the native event ``event`` (with its decoded ``data``) becomes, ids not yet set."""
         if event == EventType.TOKEN:
             text = data if isinstance(data, str) else text_of(data)
@@ -128,10 +138,12 @@ class Translator:
             return self._trace(data)
         if event in (EventType.END, EventType.CHAT_ERROR) and isinstance(data, dict):
             return self._ending(event, data)
-        # ``approval`` (its interrupt is in the thread's state: ``values``), ``missed``: nothing.
+        if event == EventType.APPROVAL and isinstance(data, dict) and "updates" in self.modes:
+            return [Asked(tuple(r for r in data.get("requests") or [] if isinstance(r, dict)))]
+        # ``missed``: nothing (the protocol has no such event).
         return []
 
-    def _trace(self, trace: dict[str, Any]) -> list[Part | _Values]:
+    def _trace(self, trace: dict[str, Any]) -> list[Part | _Values | Asked]:
         node, kind = trace.get("node"), trace.get("event")
         self.step = int(trace.get("step") or self.step)
         found = trace.get("data")
@@ -158,7 +170,7 @@ class Translator:
                 "id": f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
                 "status": "error" if body.get("status") == "error" else "success",
             }
-            parts: list[Part | _Values] = []
+            parts: list[Part | _Values | Asked] = []
             if "updates" in self.modes:
                 parts.append(Part("updates", {TOOLS: {"messages": [message]}}))
             if "messages-tuple" in self.modes:
@@ -166,12 +178,12 @@ class Translator:
             return parts
         return []
 
-    def _ending(self, event: str, data: dict[str, Any]) -> list[Part | _Values]:
+    def _ending(self, event: str, data: dict[str, Any]) -> list[Part | _Values | Asked]:
         try:
             status = run_status(RunStatus(str(data.get("status"))))
         except ValueError:
             status = "error"
-        parts: list[Part | _Values] = [VALUES] if "values" in self.modes else []
+        parts: list[Part | _Values | Asked] = [VALUES] if "values" in self.modes else []
         if event == EventType.CHAT_ERROR:
             code, message = data.get("code"), data.get("message")
             error = {"error": code or "AGENT_FAILURE", "message": message or "the run failed"}
@@ -180,7 +192,7 @@ class Translator:
         return parts
 
 
-def number(parts: list[Part | _Values], entry: int) -> list[tuple[str, Part | _Values]]:
+def number(parts: list[Part | _Values | Asked], entry: int) -> list[tuple[str, Part | _Values | Asked]]:
     """The parts of stream entry ``entry`` with their ids."""
     return [(f"{entry}-{k}", part) for k, part in enumerate(parts)]
 

@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
-from api.protocol.translate import VALUES, Part, Translator, after_id, number, stream_modes
+from api.protocol.translate import VALUES, Asked, Part, Translator, after_id, number, stream_modes
 from api.relay import PING
-from api.schemas import ConversationInfo
+from api.schemas import ConversationInfo, DecisionBody
 from shared.contracts import RunStatus
 from shared.errors import BadRequest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: docs/agent-protocol.md, "Statuses": Sophos run status -> the SDK's run status
 RUN_TABLE = {
@@ -25,6 +29,25 @@ RUN_TABLE = {
 
 def test_every_run_status_maps_as_the_manual_says() -> None:
     assert {s.value: run_status(s) for s in RunStatus} == RUN_TABLE
+
+
+def _status_table(path: Path) -> list[list[str]]:
+    """The rows of the status table of ``path`` (the one headed "Sophos run status")."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Sophos run status |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_readme_and_the_manual_show_the_same_status_table() -> None:
+    readme, manual = (_status_table(ROOT / name) for name in ("README.md", "docs/agent-protocol.md"))
+    assert readme == manual
+    shown = {row[0].split("`")[1]: row[1].split("`")[1] for row in readme}
+    assert shown == RUN_TABLE
 
 
 def info(status: RunStatus, resumable: bool = False) -> ConversationInfo:
@@ -106,7 +129,64 @@ def test_values_come_once_at_the_end_before_error_and_end() -> None:
 
 def test_other_events_translate_to_nothing() -> None:
     others: list[tuple[str, Any]] = [("approval", {"requests": []}), ("missed", {})]
-    assert translate(("values", "updates", "messages-tuple"), others) == []
+    assert translate(("values", "messages-tuple"), others) == []
+    assert translate(("updates",), [("missed", {})]) == []
+
+
+def test_an_approval_is_an_interrupt_in_updates() -> None:
+    request = {"id": "c1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}
+    [(part_id, asked)] = translate(("updates",), [("approval", {"requests": [request]})])
+    assert part_id == "1-0" and asked == Asked((request,))
+
+
+APPROVAL: dict[str, Any] = {
+    "id": "c1", "name": "tools__add", "arguments": {"a": 2, "b": 3}, "kind": "approval",
+}
+UNCERTAIN: dict[str, Any] = {
+    "id": "c2", "name": "tools__slow", "arguments": {"s": 1}, "kind": "uncertain", "attempts": 1,
+}
+
+
+def test_requests_show_in_the_middlewares_shape() -> None:
+    value = hitl_value({"requests": [APPROVAL, UNCERTAIN, {**APPROVAL, "id": "c3"}]})
+    assert [(a["name"], a["args"]) for a in value["action_requests"]] == [
+        ("tools__add", {"a": 2, "b": 3}), ("tools__slow", {"s": 1}), ("tools__add", {"a": 2, "b": 3}),
+    ]
+    approval, uncertain, _ = (a["description"] for a in value["action_requests"])
+    assert approval.startswith("Tool execution requires approval") and "may already have run" not in approval
+    assert uncertain.startswith("This call may already have run") and "sent 1 time(s)" in uncertain
+    assert value["review_configs"] == [
+        {"action_name": "tools__add", "allowed_decisions": ["approve", "edit", "reject"]},
+        {"action_name": "tools__slow", "allowed_decisions": ["approve", "edit", "reject"]},
+    ]
+    assert hitl_value({"other": 1}) == {"other": 1}  # a value that is not Sophos's requests: as it is
+    shown = hitl_value({"requests": [APPROVAL]})
+    assert interrupts_of([("i1", [APPROVAL])]) == [{"value": shown, "id": "i1"}]
+
+
+def test_decisions_map_in_order_onto_the_pending_requests() -> None:
+    pending: list[tuple[str, list[dict[str, Any]]]] = [("i1", [APPROVAL]), ("i2", [UNCERTAIN])]
+    given = [{"type": "edit", "edited_action": {"name": "tools__add", "args": {"a": 9}}},
+             {"type": "reject", "message": "no"}]
+    expected = [DecisionBody(id="c1", action="edit", arguments={"a": 9}),
+                DecisionBody(id="c2", action="reject", message="no")]
+    assert decisions_of({"decisions": given}, pending) == expected
+    assert decisions_of({"i2": {"decisions": given[1:]}, "i1": {"decisions": given[:1]}}, pending) == expected
+    assert decisions_of({"decisions": [{"type": "approve"}]}, pending[:1]) == [
+        DecisionBody(id="c1", action="approve")
+    ]
+    for wrong, says in [
+        ({"decisions": [{"type": "approve"}]}, "1 decision"),
+        ({"decisions": [{"type": "approve"}, {"type": "respond"}]}, "type must be"),
+        ({"decisions": [{"type": "edit", "edited_action": {"name": "other", "args": {}}},
+                        {"type": "approve"}]}, "keeps the tool"),
+        ({"decisions": [{"type": "edit"}, {"type": "approve"}]}, "edited_action"),
+        ({"i1": {"decisions": [{"type": "approve"}]}}, "no decisions for interrupt"),
+        ("approve", "command.resume must be"),
+        ({"decisions": [{"type": "approve"}, {"type": "reject", "message": 3}]}, "message must be text"),
+    ]:
+        with pytest.raises(BadRequest, match=says):
+            decisions_of(wrong, pending)
 
 
 def test_last_event_id() -> None:

@@ -1,0 +1,66 @@
+"""What Studio asks of the one assistant, ``agent``: its graph and its schemas.
+
+The graph is the agent's shape as the API knows it (shared.thread ``reader_graph``: the worker's
+nodes and edges, without their work), drawn by LangGraph. The schemas say what the protocol
+takes and gives, written out: a run's input is one new user message (api/protocol/runs.py
+``message_of``), the state is the thread's messages. LangGraph cannot derive them here
+(pydantic refuses ``typing.TypedDict`` before Python 3.12), and a derived input schema would
+claim more than a run takes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from langgraph.checkpoint.memory import InMemorySaver
+
+from api.protocol.translate import GRAPH_ID
+from shared.thread import reader_graph
+
+_MESSAGES_STATE: dict[str, Any] = {
+    "title": "AgentState",
+    "type": "object",
+    "properties": {
+        "messages": {
+            "type": "array",
+            "description": "The thread's messages (LangChain's: type human, ai or tool)",
+            "items": {"type": "object"},
+        },
+    },
+}
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "title": "Input",
+    "type": "object",
+    "description": "One new user message; no input (or no messages) resumes the thread",
+    "properties": {
+        "messages": {
+            "type": "array",
+            "maxItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "role": {"enum": ["user", "human"]},
+                    "content": {"type": ["string", "array"]},
+                },
+                "required": ["role", "content"],
+            },
+        },
+    },
+}
+
+
+@functools.cache
+def graph() -> dict[str, Any]:
+    """The SDK's drawable graph: ``{nodes: [{id, type, data}], edges: [{source, target, conditional?}]}``."""
+    drawn: dict[str, Any] = reader_graph(InMemorySaver()).get_graph().to_json()
+    return drawn
+
+
+def schemas() -> dict[str, Any]:
+    """The SDK's ``GraphSchema``: the agent takes no configuration and no context."""
+    return {
+        "graph_id": GRAPH_ID, "input_schema": INPUT_SCHEMA, "output_schema": _MESSAGES_STATE,
+        "state_schema": _MESSAGES_STATE, "config_schema": None, "context_schema": None,
+    }
