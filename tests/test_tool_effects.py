@@ -30,7 +30,7 @@ FAST = ("tools__echo", {"text": "three"})
 @pytest.fixture
 def env(sophos_env: SophosEnv) -> SophosEnv:
     """Only the fake tools server (the fetch server would cost each worker start)."""
-    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
+    tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]
     # Taken as tools that act: a call that may have run is asked about (safeToRepeat: false).
     sophos_env.write_mcp_config(not_safe_to_repeat({"mcpServers": {"tools": tools}}))
     return sophos_env

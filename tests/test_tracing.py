@@ -51,7 +51,7 @@ def stack(
             OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, OTEL_BSP_SCHEDULE_DELAY="50",
         )
         config = mcp_servers(env.tools_log, root / "empty-bin")
-        config["mcpServers"]["tools"]["requireApproval"] = ["echo"]  # type: ignore[index]
+        config["mcpServers"]["tools"]["requireApproval"] = ["echo"]
         env.write_mcp_config(config)
         group = ProcessGroup(log_dir=root / "logs", cwd=root)
         try:

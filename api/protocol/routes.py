@@ -45,6 +45,7 @@ ASSISTANT_CREATED_AT = "1970-01-01T00:00:00+00:00"
 ThreadId = Annotated[str, Parameter(description="The thread's id (a UUID): its conversation's id")]
 RunIdParam = Annotated[str, Parameter(description="The run's id (a UUID)")]
 AssistantId = Annotated[str, Parameter(description="`agent` (the graph id) or the assistant's id")]
+CheckpointId = Annotated[str, Parameter(description="One of the thread's checkpoints (from its history)")]
 Limit = Annotated[int, Parameter(description="How many to answer at most")]
 Offset = Annotated[int, Parameter(description="How many to skip first")]
 LastEventId = Annotated[
@@ -223,7 +224,7 @@ class ThreadsController(Controller):
     @get("/{thread_id:str}/state/{checkpoint_id:str}", summary="The thread's state at one of its checkpoints",
          responses=errors(401, 404, 422))
     async def state_at(
-        self, thread_id: ThreadId, checkpoint_id: str, threads: Threads,
+        self, thread_id: ThreadId, checkpoint_id: CheckpointId, threads: Threads,
         subgraphs: Subgraphs = False, select: Select = None,
     ) -> dict[str, Any]:
         _no_select(select)
