@@ -7,14 +7,13 @@ Redis is down, lists and details still come from SQLite, with SQLite's status.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import structlog
 from msgspec import UNSET
 from redis.asyncio import Redis
 
-from api import ledger_view, live, transcript
+from api import branches, ledger_view, live, transcript
 from api.approvals import pending_call, pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
@@ -153,15 +152,16 @@ class Conversations:
 
     async def detail(self, conversation_id: str) -> ConversationDetail:
         info = await self.info(conversation_id)
-        messages = await self.store.read_thread(conversation_id, transcript.current_messages)
+        read = await self.store.read_thread(conversation_id, branches.current)
+        messages, forks = read if read is not None else ([], [])
         pending = None
         if info.status is RunStatus.WAITING:
             requests = await self.store.read_thread(conversation_id, pending_requests)
             if requests is not None:
                 pending = [pending_call(r) for r in requests]
-        messages = messages or []
         calls = await self.store.tool_calls(conversation_id)
         ledger_view.annotate(messages, calls)
+        branches.annotate(messages, forks, calls)
         return ConversationDetail(
             conversation=info, messages=messages, resumable=info.resumable, pending_approval=pending,
             resume_plan=ledger_view.resume_plan(messages, calls) if info.resumable else None,
@@ -170,14 +170,21 @@ class Conversations:
     async def markdown(self, conversation_id: str) -> str:
         info = await self.info(conversation_id)
         calls = await self.store.tool_calls(conversation_id)
-        render = functools.partial(transcript.current_markdown, info, calls)
-        text = await self.store.read_thread(conversation_id, render)
-        return text if text is not None else transcript.markdown(info, [])
+        read = await self.store.read_thread(conversation_id, branches.current)
+        if read is None:
+            return transcript.markdown(info, [])
+        messages, forks = read
+        ledger_view.annotate(messages, calls)
+        branches.annotate(messages, forks, calls)
+        return transcript.markdown(info, messages)
 
     async def checkpoint_lines(self, conversation_id: str) -> list[CheckpointLine]:
         await self.info(conversation_id)  # 404 for an unknown conversation
-        lines = await self.store.read_thread(conversation_id, transcript.checkpoint_lines) or []
+        lines, forks = await self.store.read_thread(conversation_id, branches.lines) or ([], [])
         calls = await self.store.tool_calls(conversation_id)
+        at = {fork.checkpoint: fork for fork in forks}
         for line in lines:  # each call as the ledger knows it now
             ledger_view.annotate(line.messages, calls)
+            if (fork := at.get(line.checkpoint_id)) is not None:
+                line.fork = branches.branch_of(fork, calls)
         return lines

@@ -52,6 +52,8 @@ class JobKind(enum.StrEnum):
     RUN = "run"  # a new message
     RESUME = "resume"  # continue the thread from its last checkpoint
     DECIDE = "decide"  # continue a thread waiting for an approval with the user's decisions
+    #: make another branch of the thread the current one (``checkpoint_id``: its latest checkpoint)
+    SWITCH = "switch"
 
 
 # --- jobs -----------------------------------------------------------------------
@@ -72,6 +74,10 @@ class RunJob:
     new_conversation: bool = False
     #: a ``decide`` job's decisions, one per pending request (:class:`Decision` as dicts)
     decisions: tuple[dict[str, Any], ...] | None = None
+    #: the checkpoint the run starts from instead of the thread's latest: where an edit or a
+    #: regenerate forks, the head of the branch the conversation follows, or (``switch``) the
+    #: head of the branch it is to follow (Branches, docs/api.md)
+    checkpoint_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -79,6 +85,8 @@ class RunJob:
             del data["decisions"]  # jobs without decisions look as they always did
         else:
             data["decisions"] = list(self.decisions)
+        if self.checkpoint_id is None:
+            del data["checkpoint_id"]
         return data
 
     @classmethod
@@ -92,6 +100,7 @@ class RunJob:
             enqueued_at=float(data["enqueued_at"]),
             new_conversation=bool(data.get("new_conversation", False)),
             decisions=tuple(dict(d) for d in decisions) if decisions is not None else None,
+            checkpoint_id=data.get("checkpoint_id"),
         )
 
 

@@ -95,6 +95,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN breakdown TEXT;
     """,
+    # 8: the branch a conversation follows when it is not the thread's newest (an edit or a
+    # regenerate forked the thread, then the user switched back): the head checkpoint of that
+    # branch. NULL: the thread's latest checkpoint, as always. Set by a ``switch`` run, cleared
+    # by the next run, whose checkpoints are the thread's latest (worker/store.py start_run).
+    """
+    ALTER TABLE conversations ADD COLUMN branch_head TEXT;
+    """,
 )
 
 
