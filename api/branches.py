@@ -76,6 +76,8 @@ class Plan:
 @dataclass(slots=True)
 class _Tree:
     parent: dict[str, str | None]
+    #: each checkpoint's ``source`` (``input``: it received a message)
+    source: dict[str, str] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=dict)
     head: str = ""
     #: root first, head last
@@ -104,12 +106,15 @@ def _tree(graph: Graph, config: RunnableConfig) -> _Tree | None:
     if not isinstance(saver, BaseCheckpointSaver):
         raise TypeError("the reader's graph has no checkpointer")
     parents: dict[str, str | None] = {}
+    sources: dict[str, str] = {}
     for item in saver.list(_at(config)):
         parent = item.parent_config["configurable"].get("checkpoint_id") if item.parent_config else None
-        parents[str(item.config["configurable"]["checkpoint_id"])] = str(parent) if parent else None
+        checkpoint_id = str(item.config["configurable"]["checkpoint_id"])
+        parents[checkpoint_id] = str(parent) if parent else None
+        sources[checkpoint_id] = str((item.metadata or {}).get("source") or "")
     if not parents:
         return None
-    tree = _Tree(parents)
+    tree = _Tree(parents, sources)
     for child, parent in parents.items():
         if parent is not None:
             tree.children.setdefault(parent, []).append(child)
@@ -234,6 +239,13 @@ def plan(message_id: str, edit: bool, graph: Graph, config: RunnableConfig) -> P
     if fork is None:
         return MISSING
     base = len(_applied(graph, config, fork))
+    # A message that began a branch was received by an input checkpoint forked from another
+    # that received the message it replaced: its alternatives fork there, beside it.
+    while (
+        (parent := tree.parent.get(fork)) is not None and tree.source.get(parent) == "input"
+        and len(_applied(graph, config, parent)) == base
+    ):
+        fork = parent
     return Plan(fork, text_of(asked.content), _calls(messages[base:]))
 
 

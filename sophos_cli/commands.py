@@ -218,6 +218,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("message", nargs="?", help="the message; `-` reads standard input")
     p.add_argument("--conversation", "-c", help="continue this conversation (default: a new one)")
     p.add_argument("--resume", action="store_true", help="resume the conversation's unfinished run")
+    p.add_argument(
+        "--regenerate", action="store_true",
+        help="answer the conversation's last message again; the answer it had stays on another branch",
+    )
     p.epilog = ("A run that waits for an approval asks approve / reject / edit for each call when standard "
                 "input is a terminal (and at the prompt); otherwise it prints the calls and the `sophos "
                 "approve CONVERSATION` command that decides them, and exits 4.")

@@ -21,6 +21,7 @@ from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup
 from tests.support.redis_server import RedisServer
+from tests.test_cli import cli
 
 
 @pytest.fixture(scope="module")
@@ -155,27 +156,37 @@ def test_regenerate_answers_the_same_message_again_and_lists_calls_that_acted(
     stack: SophosEnv, model: FakeOllama
 ) -> None:
     url = stack.api_url
-    model.script(ToolCalls([("tools__echo", {"text": "sent to the world"})]), Text("Echoed."), Text("Again."))
+    model.script(
+        ToolCalls([("tools__echo", {"text": "sent to the world"})]), Text("Echoed."),
+        ToolCalls([("tools__echo", {"text": "once more"})]), Text("Echoed again."),
+        Text("Plain."),
+    )
     conversation = say(url, "first question")
-    answer = detail(url, conversation)["messages"][-1]
-    assert answer["content"] == "Echoed."
-    assert len(tool_calls(stack.tools_log, "echo")) == 1
+    assert detail(url, conversation)["messages"][-1]["content"] == "Echoed."
 
+    # The CLI answers the last message again, and says what the answer it leaves did.
+    result = cli(stack.with_(SOPHOS_URL=url), "chat", "--regenerate", "--conversation", conversation)
+    assert result.returncode == 0, result.stderr
+    assert "Echoed again." in result.stdout
+    assert "may have acted (its effects stay)" in result.stderr and "sent to the world" in result.stderr
+
+    answer = detail(url, conversation)["messages"][-1]
     body = accepted(post(url, "/api/chat", {"conversation": conversation, "regenerate": answer["id"]}))
-    assert [(c["name"], c["arguments"]) for c in body["abandonedCalls"]] == [
-        ("tools__echo", {"text": "sent to the world"})
-    ]
+    left = [(c["name"], c["arguments"]) for c in body["abandonedCalls"]]
+    assert left == [("tools__echo", {"text": "once more"})]
     assert finish(url, conversation) == "completed"
     now = detail(url, conversation)
-    assert said(now) == [("user", "first question"), ("assistant", "Again.")]
+    assert said(now) == [("user", "first question"), ("assistant", "Plain.")]
     branch = now["messages"][0]["branch"]
-    assert (branch["index"], branch["count"]) == (2, 2)
-    assert [a["content"] for a in branch["alternatives"]] == ["first question", "first question"]
-    assert [c["name"] for c in branch["alternatives"][0]["actingCalls"]] == ["tools__echo"]
-    assert branch["alternatives"][1]["actingCalls"] == []
-    assert len(tool_calls(stack.tools_log, "echo")) == 1  # the effect stays; it was not repeated
+    assert (branch["index"], branch["count"]) == (3, 3)
+    assert [a["content"] for a in branch["alternatives"]] == ["first question"] * 3
+    assert [[c["arguments"]["text"] for c in a["actingCalls"]] for a in branch["alternatives"]] == [
+        ["sent to the world"], ["once more"], [],
+    ]
+    assert len(tool_calls(stack.tools_log, "echo")) == 2  # the effects stay; none was repeated
     markdown = httpx.get(f"{url}/api/conversations/{conversation}/export", timeout=30, trust_env=False).text
-    assert "Branch 1 called `tools__echo`" in markdown and "its effects stay" in markdown
+    assert "Branch 3 of 3" in markdown and "Branch 1 called `tools__echo`" in markdown
+    assert "its effects stay" in markdown
 
 
 def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_bad_ids_change_nothing(
@@ -192,8 +203,10 @@ def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_ba
     hang.wait_started()
     edit = {"conversation": conversation, "message": "hi", "replaces": hello}
     refused(post(url, "/api/chat", edit), 409, "SESSION_IN_PROGRESS")
-    refused(post(url, "/api/chat", {"conversation": conversation, "regenerate": hello}), 409, "SESSION_IN_PROGRESS")
-    refused(post(url, f"/api/conversations/{conversation}/branch", {"message": hello}), 409, "SESSION_IN_PROGRESS")
+    switch = f"/api/conversations/{conversation}/branch"
+    again = {"conversation": conversation, "regenerate": hello}
+    refused(post(url, "/api/chat", again), 409, "SESSION_IN_PROGRESS")
+    refused(post(url, switch, {"message": hello}), 409, "SESSION_IN_PROGRESS")
     hang.release()
     assert finish(url, conversation) == "completed"
 
@@ -202,7 +215,7 @@ def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_ba
     assert finish(url, conversation) == "waiting"
     message = refused(post(url, "/api/chat", edit), 409, "APPROVAL_PENDING")
     assert "decision" in message
-    refused(post(url, f"/api/conversations/{conversation}/branch", {"message": hello}), 409, "APPROVAL_PENDING")
+    refused(post(url, switch, {"message": hello}), 409, "APPROVAL_PENDING")
     pending = detail(url, conversation)["pendingApproval"]
     model.script(Text("3"))
     accepted(post(url, "/api/chat", {"conversation": conversation,
@@ -217,13 +230,14 @@ def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_ba
     refused(post(url, "/api/chat", {**edit, "conversation": unknown}), 404, "NOT_FOUND")
     refused(post(url, "/api/chat", {**edit, "conversation": "not-a-uuid"}), 400, "BAD_REQUEST")
     answer = before["messages"][1]["id"]
-    assert "not a user message" in refused(post(url, "/api/chat", {**edit, "replaces": answer}), 422, "NOT_FORKABLE")
+    not_users = refused(post(url, "/api/chat", {**edit, "replaces": answer}), 422, "NOT_FORKABLE")
+    assert "not a user message" in not_users
     refused(post(url, "/api/chat", {**edit, "message": "  "}), 400, "BAD_REQUEST")
     refused(post(url, "/api/chat", {**edit, "regenerate": answer}), 400, "BAD_REQUEST")
     refused(post(url, "/api/chat", {"conversation": conversation, "regenerate": answer, "message": "x"}),
             400, "BAD_REQUEST")
     refused(post(url, "/api/chat", {"message": "x", "replaces": hello}), 400, "BAD_REQUEST")
-    refused(post(url, f"/api/conversations/{conversation}/branch", {"message": hello}), 404, "NOT_FOUND")
+    refused(post(url, switch, {"message": hello}), 404, "NOT_FOUND")  # no fork: no other branch
     refused(post(url, f"/api/conversations/{unknown}/branch", {"message": hello}), 404, "NOT_FOUND")
-    refused(post(url, f"/api/conversations/{conversation}/branch", {"nope": 1}), 400, "BAD_REQUEST")
+    refused(post(url, switch, {"nope": 1}), 400, "BAD_REQUEST")
     assert detail(url, conversation) == before  # nothing changed
