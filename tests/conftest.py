@@ -45,7 +45,9 @@ PROCESS_FIXTURES = frozenset({
 
 #: Modules whose tests share a module-scoped server or browser (or module state): one
 #: xdist worker runs all of a module's tests, so it is started once.
-ONE_WORKER_MODULES = frozenset({"test_fuzz.py", "test_web.py", "test_web_basics.py"})
+ONE_WORKER_MODULES = frozenset({
+    "test_fuzz.py", "test_web.py", "test_web_basics.py", "test_branches.py", "test_web_branches.py",
+})
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -241,3 +241,4 @@ def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_ba
     refused(post(url, f"/api/conversations/{unknown}/branch", {"message": hello}), 404, "NOT_FOUND")
     refused(post(url, switch, {"nope": 1}), 400, "BAD_REQUEST")
     assert detail(url, conversation) == before  # nothing changed
+
