@@ -1,5 +1,5 @@
 """Branches in the page, in Debian's Chromium against the real API and worker: Edit a message and
-switch back with the `‹ 2/3 ›` switcher, Regenerate an answer. The browser, the offline context
+switch back with the `< 2/3 >` switcher, Regenerate an answer. The browser, the offline context
 and the service come from tests/test_web.py (same rules: every request beyond loopback is
 aborted and fails the test, as does an uncaught error in the page). One service, one test: a
 started stack is the expensive part.
@@ -33,7 +33,7 @@ def users(page: Page) -> object:
 
 
 def test_edit_switch_back_and_regenerate(
-    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path
+    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path  # noqa: F811 - fixtures
 ) -> None:
     url = service()
     model.script(Text("Paris."), Text("Marseille is the oldest."), Text("It is Paris."))
