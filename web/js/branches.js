@@ -114,10 +114,11 @@ export class Branches {
       return false;
     }
     if (accepted.abandonedCalls?.length) {
-      view.banners.show({
+      view.notice = {
         code: "EFFECTS_STAY",
         message: `The branch you left made tool calls that may have acted; their effects stay: ${callsText(accepted.abandonedCalls)}`,
-      }, { kind: "info" });
+      };
+      view.banners.show(view.notice, { kind: "info" });
     }
     // The old branch is kept on the server; here the view goes on from the fork.
     while (node.nextElementSibling) node.nextElementSibling.remove();

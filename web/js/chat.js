@@ -133,6 +133,7 @@ export class ChatView {
     this.panel = null;
     this.goneBanner = null;
     this.reopen = false; // read the conversation again when the run ends (a fork, a switch)
+    this.notice = null; // a banner that outlives that reading (what a fork left behind)
     this.resumeButton.hidden = true;
     this.setActive(false);
     this.showNotFound(null);
@@ -509,7 +510,9 @@ export class ChatView {
     if (missed || this.reopen) {
       // Some events were no longer kept, or the thread forked or switched branches: the
       // checkpoint has the whole story, and the branches it has now.
+      const notice = this.notice;
       await this.open(conversation);
+      if (notice && conversation === this.conversation) this.banners.show(notice, { kind: "info" });
       return;
     }
     try {
