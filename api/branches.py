@@ -171,15 +171,18 @@ def _forks(graph: Graph, config: RunnableConfig, tree: _Tree) -> list[Fork]:
     return forks
 
 
-def current(graph: Graph, config: RunnableConfig) -> tuple[list[Message], list[Fork]]:
-    """The current branch's messages, and its fork points."""
+def current(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[Message], list[Fork]]:
+    """The current branch's messages, and its fork points. ``forked``: the thread may have
+    branches (``conversations.forked``); if not, its tree is not walked (every checkpoint read)."""
     messages = shown(thread_messages(graph.get_state(config)))
-    tree = _tree(graph, config)
+    tree = _tree(graph, config) if forked else None
     return messages, (_forks(graph, config, tree) if tree is not None else [])
 
 
-def lines(graph: Graph, config: RunnableConfig) -> tuple[list[CheckpointLine], list[Fork]]:
+def lines(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[CheckpointLine], list[Fork]]:
     """The JSON Lines export of the current branch (oldest first), and its fork points."""
+    if not forked:  # one branch: the whole history
+        return list(lines_of(reversed(list(graph.get_state_history(_at(config)))))), []
     tree = _tree(graph, config)
     if tree is None:
         return [], []

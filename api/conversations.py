@@ -7,6 +7,7 @@ Redis is down, lists and details still come from SQLite, with SQLite's status.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import structlog
@@ -135,24 +136,28 @@ class Conversations:
         return [i for i in infos if before is None or _key(i) < before]
 
     async def info(self, conversation_id: str) -> ConversationInfo:
+        return (await self._info(conversation_id))[0]
+
+    async def _info(self, conversation_id: str) -> tuple[ConversationInfo, bool]:
+        """The conversation, and whether its thread may have branches (api/branches.py)."""
         row = await self.store.conversation(conversation_id)
         claims = await self._claims()
         active = claims.get(conversation_id) if claims is not None else None
         if row is not None:
             active_row = await self.store.run(active) if active is not None else None
-            return summary(row, active, active_row)
+            return summary(row, active, active_row), row.forked
         if active is not None:
             try:
                 described = await live.described_runs(self.redis, [active])
             except REDIS_DOWN:
                 described = {}
             if active in described:
-                return queued_only(described[active])
+                return queued_only(described[active]), False
         raise NotFound(f"conversation {conversation_id} not found")
 
     async def detail(self, conversation_id: str) -> ConversationDetail:
-        info = await self.info(conversation_id)
-        read = await self.store.read_thread(conversation_id, branches.current)
+        info, forked = await self._info(conversation_id)
+        read = await self.store.read_thread(conversation_id, functools.partial(branches.current, forked))
         messages, forks = read if read is not None else ([], [])
         pending = None
         if info.status is RunStatus.WAITING:
@@ -168,9 +173,9 @@ class Conversations:
         )
 
     async def markdown(self, conversation_id: str) -> str:
-        info = await self.info(conversation_id)
+        info, forked = await self._info(conversation_id)
         calls = await self.store.tool_calls(conversation_id)
-        read = await self.store.read_thread(conversation_id, branches.current)
+        read = await self.store.read_thread(conversation_id, functools.partial(branches.current, forked))
         if read is None:
             return transcript.markdown(info, [])
         messages, forks = read
@@ -179,8 +184,9 @@ class Conversations:
         return transcript.markdown(info, messages)
 
     async def checkpoint_lines(self, conversation_id: str) -> list[CheckpointLine]:
-        await self.info(conversation_id)  # 404 for an unknown conversation
-        lines, forks = await self.store.read_thread(conversation_id, branches.lines) or ([], [])
+        _, forked = await self._info(conversation_id)  # 404 for an unknown conversation
+        read = functools.partial(branches.lines, forked)
+        lines, forks = await self.store.read_thread(conversation_id, read) or ([], [])
         calls = await self.store.tool_calls(conversation_id)
         at = {fork.checkpoint: fork for fork in forks}
         for line in lines:  # each call as the ledger knows it now

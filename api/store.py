@@ -50,11 +50,13 @@ class ConversationRow:
     last_error_message: str | None
     #: the head of the branch the conversation follows, when not the thread's latest checkpoint
     branch_head: str | None = None
+    #: a run of it started from a checkpoint of its choosing: its thread may have branches
+    forked: bool = False
 
 
 _CONVERSATION_SQL = """
 SELECT c.id, c.title, c.created_at, c.updated_at, c.message_count, c.pending_tasks, c.last_run_id,
-       r.status, r.error_code, r.error_message, c.branch_head
+       r.status, r.error_code, r.error_message, c.branch_head, c.forked
 FROM conversations c LEFT JOIN runs r ON r.id = c.last_run_id
 """
 _RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
@@ -83,7 +85,7 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
     return ConversationRow(
         id=row[0], title=row[1], created_at=row[2], updated_at=row[3], message_count=int(row[4] or 0),
         pending_tasks=bool(row[5]), last_run_id=row[6], last_status=row[7], last_error_code=row[8],
-        last_error_message=row[9], branch_head=row[10],
+        last_error_message=row[9], branch_head=row[10], forked=bool(row[11]),
     )
 
 

@@ -202,7 +202,9 @@ async def _copy(
     if "conversations" in tables:
         present = {str(r[1]) for r in await sqlite.execute_fetchall("PRAGMA table_info(conversations)")}
         # The branch a conversation follows (Branches): a file from before it has no column (nor branches).
-        columns = f"{CONVERSATION_COLUMNS}, branch_head" if "branch_head" in present else CONVERSATION_COLUMNS
+        columns = CONVERSATION_COLUMNS
+        if "branch_head" in present:
+            columns += ", branch_head, forked"
         conversations = await _copy_rows(sqlite, conn, "conversations", columns)
     if "runs" in tables:
         present = {str(r[1]) for r in await sqlite.execute_fetchall("PRAGMA table_info(runs)")}

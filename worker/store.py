@@ -122,14 +122,16 @@ class RunStore:
                 # crash before the run's input checkpoint then leaves the newest branch current.)
                 head = job.checkpoint_id if job.kind is JobKind.SWITCH else None
                 await tx.execute(
-                    "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id, branch_head)"
-                    " VALUES (?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO conversations"
+                    " (id, title, created_at, updated_at, last_run_id, branch_head, forked)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
-                    " last_run_id = excluded.last_run_id, branch_head = excluded.branch_head",
+                    " last_run_id = excluded.last_run_id, branch_head = excluded.branch_head,"
+                    " forked = CASE WHEN excluded.forked = 1 THEN 1 ELSE conversations.forked END",
                     # created_at: when its first run was accepted, the key the API listed it
                     # by while it was queued; unchanged from then on (stable paging).
                     (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
-                     job.run_id, head),
+                     job.run_id, head, int(job.checkpoint_id is not None)),
                 )
                 inserted = await tx.execute(
                     "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at,"
