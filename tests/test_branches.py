@@ -242,3 +242,25 @@ def test_forks_are_refused_while_a_run_is_active_or_a_decision_is_pending_and_ba
     refused(post(url, switch, {"nope": 1}), 400, "BAD_REQUEST")
     assert detail(url, conversation) == before  # nothing changed
 
+
+
+def test_a_fork_cancelled_mid_answer_keeps_what_was_streamed_on_its_own_branch(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    url = stack.api_url
+    model.script(Text("kept answer"))
+    conversation = say(url, "question")
+    question = detail(url, conversation)["messages"][0]["id"]
+
+    hang = Hang(text="half an ")
+    model.script(hang)
+    run = accepted(post(url, "/api/chat", {"conversation": conversation, "message": "question, edited",
+                                           "replaces": question}))["run"]
+    hang.wait_started()
+    assert httpx.post(f"{url}/api/runs/{run}/cancel", timeout=30, trust_env=False).status_code in (200, 202)
+    assert finish(url, conversation) == "cancelled"
+    now = detail(url, conversation)
+    assert said(now) == [("user", "question, edited"), ("assistant", "half an ")]
+    assert now["messages"][1]["status"] == "stopped"
+    alternatives = now["messages"][0]["branch"]["alternatives"]
+    assert [a["content"] for a in alternatives] == ["question", "question, edited"]

@@ -351,6 +351,11 @@ class RunService:
         config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id}, "metadata": {"run_id": job.run_id},
         }
+        if job.checkpoint_id is not None and not await self._wrote(job):
+            # A fork cut before its first checkpoint: the thread's latest checkpoint is another
+            # branch's, which the fork's message must not join. Nothing of the fork is recorded.
+            log.info("run.cut_before_fork")
+            return Outcome(RunStatus.CANCELLED), None
         try:
             closed = await close_thread(self.graph, config, live, self._recorded(job.conversation_id))
         except Exception as exc:
@@ -363,6 +368,11 @@ class RunService:
         log.info("run.cut", node=live.node, stopped=closed.stopped, closed=closed.finished)
         status = RunStatus.CANCELLED if closed.stopped else RunStatus.COMPLETED
         return Outcome(status), FinalState(closed.message_count) if closed.finished else None
+
+    async def _wrote(self, job: RunJob) -> bool:
+        """Whether the thread's latest checkpoint is one ``job``'s run wrote."""
+        latest = await self.graph.aget_state(self.thread_config(job.conversation_id))
+        return (latest.metadata or {}).get("run_id") == job.run_id
 
     async def _trace_cut(
         self, events: EventPublisher, live: LiveRun, tracker: RunTracker, closed: Closed
