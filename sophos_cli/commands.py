@@ -116,6 +116,8 @@ def _message_lines(message: dict[str, Any]) -> list[str]:
     if role == "tool":
         return [tool_result_line(message.get("name"), content, message.get("status") == "error")]
     lines = [f"{'you' if role == 'user' else 'assistant'}: {content}"] if content or role == "user" else []
+    if lines and (branch := message.get("branch")):  # the thread forks before it (an edit, a regenerate)
+        lines[0] += f"  [branch {branch.get('index')}/{branch.get('count')}]"
     for call in message.get("toolCalls") or []:
         lines.append(tool_call_line(call.get("name"), call.get("arguments")))
     return lines
