@@ -478,7 +478,7 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     assert answers.count('data: "Hello "') == 1
     for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
                      '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
-                     " paths", '"conversations":[']:
+                     " paths", '"conversations":[', '"branch":{"index":3,"count":3,']:
         assert expected in answers, f"{expected!r} not in\n{answers}"
 
     cli_block = _sh_block("cli.md", "The command-line client")
