@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 from tests.test_web import (  # noqa: F401 - browser, offline, playwright and service: fixtures
@@ -41,9 +41,10 @@ def test_edit_switch_back_and_regenerate(
     tools = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty-bin")
     sophos_env.write_mcp_config(not_safe_to_repeat(tools))
     url = service()
+    again = Hang(text="It is ", then=Text("Paris."))
     model.script(
         ToolCalls([("tools__echo", {"text": "noted"})]), Text("Paris."),
-        Text("Marseille is the oldest."), Text("It is Paris."),
+        Text("Marseille is the oldest."), again,
     )
     page = offline.page()
     page.goto(url)
@@ -90,6 +91,11 @@ def test_edit_switch_back_and_regenerate(
 
     # Regenerate: another answer to the same question, a third branch.
     page.locator(".message.assistant button.regenerate").click()
+    again.wait_started()
+    expect(page.locator(".message.streaming")).to_have_count(1)
+    expect(page.locator(".message.user button.edit")).to_be_hidden()  # no fork while a run streams
+    expect(page.locator(".message.assistant button.regenerate")).to_be_hidden()
+    again.release()
     expect(answers(page)).to_have_text(["It is Paris."])
     idle(page)
     expect(users(page)).to_have_text(["What is the capital of France?"])
