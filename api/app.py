@@ -59,6 +59,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         route_handlers=[
             routes_chat.post_chat,
             routes_chat.stream_chat,
+            routes_chat.switch_branch,
             routes_read.list_conversations,
             routes_read.get_conversation,
             routes_read.delete_conversation,

@@ -12,6 +12,14 @@ before the checks and again when they refuse (the first request may have been
 accepted meanwhile), and the submit script stores the answer atomically with the
 run. The same key with a different request is refused (422).
 
+An edit (``{conversation, message, replaces}``) or a regenerate (``{conversation,
+regenerate}``) is a message run forked from the checkpoint that received the user message it
+names (api/branches.py): the same checks, then the message must be on the conversation's current
+branch (404; 422 NOT_FORKABLE for an edit of a message that is not the user's). A switch
+(``POST /api/conversations/{id}/branch``) is a run of kind ``switch``, checked the same way: the
+worker records the branch as the one the conversation follows. A conversation that follows a
+branch other than its newest runs its next message (or resume) from that branch's head.
+
 Decisions (``{conversation, decisions}``) continue a conversation that waits for
 an approval: their shape is checked first (400), then the conversation's
 existence, then that it waits (409 NO_APPROVAL_PENDING; a run in progress for
@@ -22,6 +30,7 @@ request, read from the thread's checkpoint, has exactly one decision (400).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -32,13 +41,13 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from api import live
+from api import branches, live
 from api.approvals import check_shape, match, pending_requests
 from api.idempotency import first_answer  # refuses an answer naming a deleted conversation
 from api.ids import new_id, parse_id
 from api.schemas import ChatAccepted, ChatRequest
 from api.status import waits_for_decision
-from api.store import Store
+from api.store import ConversationRow, Store
 from shared import tracing
 from shared.contracts import JobKind, RunJob
 from shared.errors import (
@@ -46,6 +55,7 @@ from shared.errors import (
     BadRequest,
     IdempotencyKeyReused,
     NoApprovalPending,
+    NotForkable,
     NotFound,
     RunNotResumable,
     SessionInProgress,
@@ -69,6 +79,8 @@ def idempotency_of(key: str | None, request: ChatRequest, conversation_id: str |
     fields: list[Any] = [request.message, conversation_id, request.resume]
     if request.decisions is not None:  # a message or resume fingerprints as it always did
         fields.append([[d.id, d.action, d.arguments, d.message] for d in request.decisions])
+    if request.replaces is not None or request.regenerate is not None:
+        fields.append(["fork", request.replaces, request.regenerate])
     asked = json.dumps(fields, ensure_ascii=False)
     return Idempotency(key, hashlib.sha256(asked.encode()).hexdigest())
 
@@ -108,6 +120,8 @@ class ChatService:
         """Validate ``request`` and enqueue its run; raise the contract's errors."""
         if request.decisions is not None:
             return await self._decide(request, idempotency_key)
+        if request.replaces is not None or request.regenerate is not None:
+            return await self._fork(request, idempotency_key)
         message = None if request.resume else self._message(request)
         if request.resume and request.conversation is None:
             raise BadRequest("resume needs a conversation")
@@ -145,26 +159,14 @@ class ChatService:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
 
+        head = None
         if not new:
-            # The claim first, then the row: a run records its outcome before it frees the
-            # claim (worker/ending.py), so a row read after a free claim is that run's
-            # outcome. Read the other way round, a run turning `waiting` in between would
-            # let a message through over its approval.
-            holder = await live.active_run(self.redis, conversation_id)
-            row = await self.store.conversation(conversation_id)
-            if row is None and holder is None and not may_be_new:
-                raise NotFound(f"conversation {conversation_id} not found")
-            if holder is not None:
-                raise _busy(conversation_id, holder)
-            if waits_for_decision(row, holder):
-                raise ApprovalPending(
-                    f"conversation {conversation_id} waits for a decision on its tool calls; "
-                    "send the decisions first"
-                )
+            row = await self._free(conversation_id, may_be_new=may_be_new)
             if request.resume and (row is None or not row.pending_tasks):
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
             new = row is None  # only with may_be_new: the first run of a thread created empty
+            head = row.branch_head if row is not None else None
 
         job = RunJob(
             run_id=new_id(),
@@ -173,8 +175,105 @@ class ChatService:
             message=message,
             enqueued_at=time.time(),
             new_conversation=new,
+            checkpoint_id=head,  # the branch the conversation follows, when not the newest
         )
         return await self._enqueue(job, title, message, new, idempotency)
+
+    async def _free(self, conversation_id: str, *, may_be_new: bool = False) -> ConversationRow | None:
+        """The conversation's row, once it is known to exist, to hold no run and to wait for no decision."""
+        # The claim first, then the row: a run records its outcome before it frees the
+        # claim (worker/ending.py), so a row read after a free claim is that run's
+        # outcome. Read the other way round, a run turning `waiting` in between would
+        # let a message through over its approval.
+        holder = await live.active_run(self.redis, conversation_id)
+        row = await self.store.conversation(conversation_id)
+        if row is None and holder is None and not may_be_new:
+            raise NotFound(f"conversation {conversation_id} not found")
+        if holder is not None:
+            raise _busy(conversation_id, holder)
+        if waits_for_decision(row, holder):
+            raise ApprovalPending(
+                f"conversation {conversation_id} waits for a decision on its tool calls; "
+                "send the decisions first"
+            )
+        return row
+
+    async def _existing(self, conversation_id: str) -> ConversationRow:
+        row = await self._free(conversation_id)
+        if row is None:  # its first run was accepted and is not recorded yet: it is queued
+            raise NotFound(f"conversation {conversation_id} not found")
+        return row
+
+    async def _fork(self, request: ChatRequest, idempotency_key: str | None) -> ChatAccepted:
+        """An edit (``replaces``) or a regenerate: a message run from where the thread received
+        the user message named, leaving the branch after it as an alternative."""
+        edit = request.replaces is not None
+        if edit and request.regenerate is not None:
+            raise BadRequest("replaces and regenerate do not go together: send one")
+        message = self._message(request) if edit else None
+        if not edit and request.message is not None:
+            raise BadRequest("regenerate takes no message: it answers the same user message again")
+        if request.resume:
+            raise BadRequest("an edit or a regenerate is not a resume: leave resume out")
+        if request.conversation is None:
+            raise BadRequest(f"{'replaces' if edit else 'regenerate'} needs a conversation")
+        conversation_id = parse_id(request.conversation, "conversation")
+        target = request.replaces if request.replaces is not None else request.regenerate or ""
+        idempotency = idempotency_of(idempotency_key, request, conversation_id)
+        if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+            return _answer(first, idempotency)
+        structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+        try:
+            row = await self._existing(conversation_id)
+            planned = functools.partial(branches.plan, target, edit)
+            plan = await self.store.read_thread(conversation_id, planned)
+            if plan is None or plan == branches.MISSING:
+                raise NotFound(
+                    f"message {target[:80]!r} is not on the current branch of conversation {conversation_id}"
+                )
+            if plan == branches.NOT_USER:
+                raise NotForkable(
+                    f"message {target[:80]!r} is not a user message: only the user's messages can be edited "
+                    "(ask for another answer with regenerate)"
+                )
+            if not isinstance(plan, branches.Plan):
+                raise NotForkable(
+                    f"no user message comes before message {target[:80]!r}: nothing to answer again"
+                )
+            job = RunJob(
+                run_id=new_id(), conversation_id=conversation_id, kind=JobKind.RUN,
+                message=message if message is not None else plan.content, enqueued_at=time.time(),
+                checkpoint_id=plan.checkpoint,
+            )
+            accepted = await self._enqueue(job, row.title, job.message, False, idempotency)
+        except (SessionInProgress, ApprovalPending):
+            # The first of several identical requests may have been accepted meanwhile.
+            if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
+                return _answer(first, idempotency)
+            raise
+        abandoned = branches.acting(plan.abandoned, await self.store.tool_calls(conversation_id))
+        log.info("run.forked", edit=edit, abandoned_calls=len(abandoned))
+        if abandoned:
+            accepted.abandoned_calls = abandoned
+        return accepted
+
+    async def switch(self, conversation_id: str, message_id: str) -> ChatAccepted:
+        """Follow the branch that starts with ``message_id`` (at a fork point of the current
+        branch) from now on: a run of kind ``switch``, in which the worker records it."""
+        structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+        row = await self._existing(conversation_id)
+        target = functools.partial(branches.switch_target, message_id)
+        head = await self.store.read_thread(conversation_id, target)
+        if head is None:
+            raise NotFound(
+                f"no branch of conversation {conversation_id} starts with message {message_id[:80]!r} "
+                "at a fork of its current branch"
+            )
+        job = RunJob(
+            run_id=new_id(), conversation_id=conversation_id, kind=JobKind.SWITCH, message=None,
+            enqueued_at=time.time(), checkpoint_id=head,
+        )
+        return await self._enqueue(job, row.title, None, False, None)
 
     async def _decide(self, request: ChatRequest, idempotency_key: str | None) -> ChatAccepted:
         if request.conversation is None:

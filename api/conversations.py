@@ -14,7 +14,7 @@ import structlog
 from msgspec import UNSET
 from redis.asyncio import Redis
 
-from api import ledger_view, live, transcript
+from api import branches, ledger_view, live, transcript
 from api.approvals import pending_call, pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
@@ -136,48 +136,61 @@ class Conversations:
         return [i for i in infos if before is None or _key(i) < before]
 
     async def info(self, conversation_id: str) -> ConversationInfo:
+        return (await self._info(conversation_id))[0]
+
+    async def _info(self, conversation_id: str) -> tuple[ConversationInfo, bool]:
+        """The conversation, and whether its thread may have branches (api/branches.py)."""
         row = await self.store.conversation(conversation_id)
         claims = await self._claims()
         active = claims.get(conversation_id) if claims is not None else None
         if row is not None:
             active_row = await self.store.run(active) if active is not None else None
-            return summary(row, active, active_row)
+            return summary(row, active, active_row), row.forked
         if active is not None:
             try:
                 described = await live.described_runs(self.redis, [active])
             except REDIS_DOWN:
                 described = {}
             if active in described:
-                return queued_only(described[active])
+                return queued_only(described[active]), False
         raise NotFound(f"conversation {conversation_id} not found")
 
     async def detail(self, conversation_id: str) -> ConversationDetail:
-        info = await self.info(conversation_id)
-        messages = await self.store.read_thread(conversation_id, transcript.current_messages)
+        info, forked = await self._info(conversation_id)
+        read = await self.store.read_thread(conversation_id, functools.partial(branches.current, forked))
+        messages, forks = read if read is not None else ([], [])
         pending = None
         if info.status is RunStatus.WAITING:
             requests = await self.store.read_thread(conversation_id, pending_requests)
             if requests is not None:
                 pending = [pending_call(r) for r in requests]
-        messages = messages or []
         calls = await self.store.tool_calls(conversation_id)
         ledger_view.annotate(messages, calls)
+        branches.annotate(messages, forks, calls)
         return ConversationDetail(
             conversation=info, messages=messages, resumable=info.resumable, pending_approval=pending,
             resume_plan=ledger_view.resume_plan(messages, calls) if info.resumable else None,
         )
 
     async def markdown(self, conversation_id: str) -> str:
-        info = await self.info(conversation_id)
+        info, forked = await self._info(conversation_id)
         calls = await self.store.tool_calls(conversation_id)
-        render = functools.partial(transcript.current_markdown, info, calls)
-        text = await self.store.read_thread(conversation_id, render)
-        return text if text is not None else transcript.markdown(info, [])
+        read = await self.store.read_thread(conversation_id, functools.partial(branches.current, forked))
+        if read is None:
+            return transcript.markdown(info, [])
+        messages, forks = read
+        ledger_view.annotate(messages, calls)
+        branches.annotate(messages, forks, calls)
+        return transcript.markdown(info, messages)
 
     async def checkpoint_lines(self, conversation_id: str) -> list[CheckpointLine]:
-        await self.info(conversation_id)  # 404 for an unknown conversation
-        lines = await self.store.read_thread(conversation_id, transcript.checkpoint_lines) or []
+        _, forked = await self._info(conversation_id)  # 404 for an unknown conversation
+        read = functools.partial(branches.lines, forked)
+        lines, forks = await self.store.read_thread(conversation_id, read) or ([], [])
         calls = await self.store.tool_calls(conversation_id)
+        at = {fork.checkpoint: fork for fork in forks}
         for line in lines:  # each call as the ledger knows it now
             ledger_view.annotate(line.messages, calls)
+            if (fork := at.get(line.checkpoint_id)) is not None:
+                line.fork = branches.branch_of(fork, calls)
         return lines

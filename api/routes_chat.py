@@ -1,4 +1,5 @@
-"""``POST /api/chat`` (accept a message or a resume) and ``GET /api/chat`` (its events as SSE)."""
+"""``POST /api/chat`` (accept a message, an edit, a regenerate or a resume), ``GET /api/chat`` (its
+events as SSE) and ``POST /api/conversations/{id}/branch`` (follow another branch: a run too)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from api import metrics
 from api.auth import BROWSER_REQUESTED
 from api.ids import parse_id
 from api.limits import limit_submissions
-from api.openapi import errors
+from api.openapi import ConversationId, errors
 from api.relay import Ending, Relay, current_run, parse_last_event_id, run_of_conversation
 from api.resources import Resources
-from api.schemas import ChatAccepted, ChatRequest
+from api.schemas import BranchRequest, ChatAccepted, ChatRequest
 from shared import tracing
 from shared.errors import BadRequest
 
@@ -48,7 +49,10 @@ async def require_json_object(request: Request[Any, Any, Any]) -> None:
     guards=[limit_submissions],
     summary="Send a message, or resume a conversation",
     description=(
-        "Accepts `{message, conversation?}` (no conversation: a new one) or `{resume: true, conversation}`. "
+        "Accepts `{message, conversation?}` (no conversation: a new one), `{resume: true, conversation}`, "
+        "an edit `{message, conversation, replaces: <user message id>}` or a regenerate `{conversation, "
+        "regenerate: <message id>}`: both fork the thread before that user message and keep the branch "
+        "they leave (`abandonedCalls`: its tool calls that may have acted on the world). "
         "Checks, in order: JSON, message, resume needs a conversation, id format, existence, "
         "active run, resumable. With an `Idempotency-Key` header, a retry of the same request "
         "(within 24 h) gets the first answer instead of starting a second run."
@@ -145,3 +149,25 @@ async def stream_chat(
         return Response(None, status_code=204, headers=SSE_HEADERS)
     content = metrics.counted(_once(ending) if ending is not None else relay.events())
     return Stream(content, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+
+
+@post(
+    "/conversations/{conversation_id:str}/branch",
+    tags=["conversations"],
+    status_code=202,
+    before_request=require_json_object,
+    guards=[limit_submissions],
+    summary="Follow another branch of the conversation",
+    description=(
+        "`{message}`: the first message of an alternative at a fork point of the current branch (a "
+        "message's `branch.alternatives[i].message` in the conversation's detail). A run of kind `switch`: "
+        "the worker records the branch as the one the conversation follows (its detail, exports and next "
+        "message); wait for its `end` like any run. 409 while a run is queued or running, or while the "
+        "conversation waits for a decision; nothing changes on a refusal."
+    ),
+    responses=errors(400, 401, 404, 409, 429, 503),
+)
+async def switch_branch(
+    conversation_id: ConversationId, data: BranchRequest, resources: Resources
+) -> ChatAccepted:
+    return await resources.chat.switch(parse_id(conversation_id, "conversation id"), data.message)

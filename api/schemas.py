@@ -36,11 +36,52 @@ class ChatRequest(msgspec.Struct):
     resume: bool = False
     #: with a conversation waiting for an approval: one decision per pending request
     decisions: list[DecisionBody] | None = None
+    #: with ``message``: the id of an earlier user message this one replaces (an edit)
+    replaces: str | None = None
+    #: the id of an answer (or of the user message it answers) to answer again
+    regenerate: str | None = None
 
 
-class ChatAccepted(msgspec.Struct):
+class ActingCall(msgspec.Struct, kw_only=True):
+    """A tool call that may have acted on the world (its tool is not known to be safe to repeat:
+    read-only or idempotent) and was sent: left on a branch, its effects stay."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ChatAccepted(msgspec.Struct, rename="camel", omit_defaults=True):
     conversation: str
     run: str
+    #: an edit or a regenerate: the calls of the branch it leaves that may have acted
+    abandoned_calls: list[ActingCall] | UnsetType = UNSET
+
+
+class BranchRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/conversations/{id}/branch``: the first message of the branch to follow
+    (an id from a message's ``branch.alternatives``)."""
+
+    message: str
+
+
+class Alternative(msgspec.Struct, rename="camel", kw_only=True):
+    """One branch from a fork point: the message it starts with, and the tool calls made on it
+    that may have acted on the world (their effects stay whichever branch is followed)."""
+
+    message: str
+    content: str
+    acting_calls: list[ActingCall]
+
+
+class Branch(msgspec.Struct, rename="camel", kw_only=True):
+    """On the first message after a fork point: which of its branches the conversation follows
+    (``index``, from 1) out of ``count``; switch with ``POST /api/conversations/{id}/branch``
+    ``{message: alternatives[i].message}``."""
+
+    index: int
+    count: int
+    alternatives: list[Alternative]
 
 
 class ErrorDetail(msgspec.Struct):
@@ -147,6 +188,8 @@ class Message(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     #: a tool result's status: success, error, or stopped (cut short by a cancel); an
     #: assistant message's: stopped (what was streamed before a cancel), else absent
     status: str | UnsetType = UNSET
+    #: the first message of a branch: the thread forks before it (an edit, a regenerate)
+    branch: Branch | UnsetType = UNSET
 
 
 class ConversationDetail(msgspec.Struct, rename="camel"):
@@ -171,6 +214,8 @@ class CheckpointLine(msgspec.Struct, omit_defaults=True, kw_only=True):
     #: nodes due to run after this checkpoint, when it can be told
     next: list[str] | UnsetType = UNSET
     messages: list[Message]
+    #: the thread forks here: the branch the export follows among the others
+    fork: Branch | UnsetType = UNSET
 
 
 def _ms(description: str) -> msgspec.Meta:

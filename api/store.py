@@ -48,11 +48,15 @@ class ConversationRow:
     last_status: str | None
     last_error_code: str | None
     last_error_message: str | None
+    #: the head of the branch the conversation follows, when not the thread's latest checkpoint
+    branch_head: str | None = None
+    #: a run of it started from a checkpoint of its choosing: its thread may have branches
+    forked: bool = False
 
 
 _CONVERSATION_SQL = """
 SELECT c.id, c.title, c.created_at, c.updated_at, c.message_count, c.pending_tasks, c.last_run_id,
-       r.status, r.error_code, r.error_message
+       r.status, r.error_code, r.error_message, c.branch_head, c.forked
 FROM conversations c LEFT JOIN runs r ON r.id = c.last_run_id
 """
 _RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
@@ -81,14 +85,18 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
     return ConversationRow(
         id=row[0], title=row[1], created_at=row[2], updated_at=row[3], message_count=int(row[4] or 0),
         pending_tasks=bool(row[5]), last_run_id=row[6], last_status=row[7], last_error_code=row[8],
-        last_error_message=row[9],
+        last_error_message=row[9], branch_head=row[10], forked=bool(row[11]),
     )
 
 
 
 
-def thread_config(conversation_id: str) -> RunnableConfig:
-    return {"configurable": {"thread_id": conversation_id, "checkpoint_ns": ""}}
+def thread_config(conversation_id: str, head: str | None = None) -> RunnableConfig:
+    """The thread at the head of the branch the conversation follows (None: its latest checkpoint)."""
+    configurable = {"thread_id": conversation_id, "checkpoint_ns": ""}
+    if head is not None:
+        configurable["checkpoint_id"] = head
+    return {"configurable": configurable}
 
 
 class Store:
@@ -238,9 +246,13 @@ class Store:
             self._checkpoints_ready = True
         if conversation_id == self._hang_read:
             read = functools.partial(_hang, read)
+        # The branch the conversation follows (api/branches.py): a read sees that branch.
+        rows = await self._fetch("SELECT branch_head FROM conversations WHERE id = ?", (conversation_id,))
+        head = str(rows[0][0]) if rows and rows[0][0] else None
         try:
             return await self.readers.run(
-                _read_thread, self.db.threads, conversation_id, read, what=f"conversation {conversation_id}"
+                _read_thread, self.db.threads, conversation_id, read, head,
+                what=f"conversation {conversation_id}",
             )
         except DatabaseUnavailable as exc:
             log.warning("database.read_failed", error=exc.message)
@@ -250,7 +262,7 @@ class Store:
 #: processes reading threads for one API process: as many exports at once
 READER_PROCESSES = 2
 #: what a reader imports before its first read (the functions reads send it come from these)
-READER_MODULES = ("api.store", "api.transcript", "api.approvals")
+READER_MODULES = ("api.store", "api.transcript", "api.approvals", "api.branches")
 
 
 def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> T:
@@ -259,12 +271,14 @@ def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: Runnab
         time.sleep(3600)
 
 
-def _read_thread(source: ThreadSource, conversation_id: str, read: ThreadRead[T]) -> T:
+def _read_thread(
+    source: ThreadSource, conversation_id: str, read: ThreadRead[T], head: str | None = None
+) -> T:
     """In a reader process: ``read`` on the conversation's thread. What fails here, short of
     the database itself (DATABASE_UNAVAILABLE), is the thread's data: this process has its own
     connection and only decodes and rebuilds the thread."""
     try:
-        config = thread_config(conversation_id)
+        config = thread_config(conversation_id, head)
         return source.read(lambda saver: read(reader_graph(saver), config))
     except (DatabaseUnavailable, ConversationUnreadable):
         raise

@@ -14,13 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.runnables import RunnableConfig
-from langgraph.pregel import Pregel
 from langgraph.types import StateSnapshot
 from msgspec import UNSET
 
-from api.ledger_view import LedgerRow, annotate
-from api.schemas import Approval, CheckpointLine, ConversationInfo, LedgerEntry, Message, ToolCall
+from api.schemas import Approval, Branch, CheckpointLine, ConversationInfo, LedgerEntry, Message, ToolCall
 from shared.contracts import APPROVALS_MARK, STOPPED_MARK, text_of
 
 _START = "__start__"
@@ -103,26 +100,6 @@ def shown(messages: Iterable[BaseMessage]) -> list[Message]:
     return [m for m in out if m is not None]
 
 
-def current_messages(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[Message]:
-    """The thread's messages now, as the API shows them."""
-    return shown(thread_messages(graph.get_state(config)))
-
-
-def current_markdown(
-    conversation: ConversationInfo, ledger: list[LedgerRow], graph: Pregel[Any, Any, Any, Any],
-    config: RunnableConfig,
-) -> str:
-    """The thread's Markdown transcript now, each call with what the ledger knows of it."""
-    messages = current_messages(graph, config)
-    annotate(messages, ledger)
-    return markdown(conversation, messages)
-
-
-def checkpoint_lines(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> list[CheckpointLine]:
-    """One line per checkpoint (oldest first) with the messages it added to its parent."""
-    return list(lines_of(reversed(list(graph.get_state_history(config)))))
-
-
 def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
     """The lines of ``history`` (oldest first)."""
     seen: dict[str, dict[str, BaseMessage]] = {}
@@ -182,6 +159,20 @@ def _decision(approval: Approval) -> str:
     return "*Approved by the user.*"
 
 
+def _forked(branch: Branch) -> str:
+    """Where the thread forks: the branch shown among the others, and what acted on each."""
+    others = [(i, a) for i, a in enumerate(branch.alternatives, 1) if i != branch.index]
+    text = (
+        f"*Branch {branch.index} of {branch.count}: the thread forks before this message (edited or "
+        "answered again). The other branches are kept; they start with: "
+        + "; ".join(f"{i}. {_code(a.content[:80])}" for i, a in others) + ".*"
+    )
+    for i, alternative in others:
+        for call in alternative.acting_calls:
+            text += f"\n\n*Branch {i} called {_code(call.name)} (id {_code(call.id)}): its effects stay.*"
+    return text
+
+
 def _sent(ledger: LedgerEntry) -> str:
     times = "once" if ledger.attempts == 1 else f"{ledger.attempts} times"
     told = "its outcome recorded" if ledger.state == "done" else "no outcome recorded: it may have run"
@@ -206,6 +197,8 @@ def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str
         lines += ["", "---", ""]
         if message.role == "user":
             lines += ["## User", "", message.content]
+            if message.branch:
+                lines += ["", _forked(message.branch)]
         elif message.role == "assistant":
             lines.append("## Assistant" + (" (stopped)" if message.status == "stopped" else ""))
             if message.content:

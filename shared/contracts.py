@@ -52,6 +52,8 @@ class JobKind(enum.StrEnum):
     RUN = "run"  # a new message
     RESUME = "resume"  # continue the thread from its last checkpoint
     DECIDE = "decide"  # continue a thread waiting for an approval with the user's decisions
+    #: make another branch of the thread the current one (``checkpoint_id``: its latest checkpoint)
+    SWITCH = "switch"
 
 
 # --- jobs -----------------------------------------------------------------------
@@ -74,6 +76,10 @@ class RunJob:
     decisions: tuple[dict[str, Any], ...] | None = None
     #: the W3C trace context of the request that enqueued it (tracing on: shared/tracing.py)
     traceparent: str | None = None
+    #: the checkpoint the run starts from instead of the thread's latest: where an edit or a
+    #: regenerate forks, the head of the branch the conversation follows, or (``switch``) the
+    #: head of the branch it is to follow (Branches, docs/api.md)
+    checkpoint_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -83,6 +89,8 @@ class RunJob:
             data["decisions"] = list(self.decisions)
         if self.traceparent is None:
             del data["traceparent"]  # nor do jobs enqueued without tracing
+        if self.checkpoint_id is None:
+            del data["checkpoint_id"]
         return data
 
     @classmethod
@@ -97,6 +105,7 @@ class RunJob:
             new_conversation=bool(data.get("new_conversation", False)),
             decisions=tuple(dict(d) for d in decisions) if decisions is not None else None,
             traceparent=str(data["traceparent"]) if data.get("traceparent") else None,
+            checkpoint_id=data.get("checkpoint_id"),
         )
 
 

@@ -13,6 +13,7 @@
     ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
+    ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
     ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
@@ -84,6 +85,14 @@ class RunFinished(SophosError):
 class ThreadExists(SophosError):
     code = "THREAD_EXISTS"
     status = 409
+
+
+class NotForkable(SophosError):
+    """An edit named a message that is not the user's, or a regenerate found no user message to
+    answer again (Branches)."""
+
+    code = "NOT_FORKABLE"
+    status = 422
 
 
 class PayloadTooLarge(SophosError):

@@ -95,6 +95,17 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN breakdown TEXT;
     """,
+    # 8: the branch a conversation follows when it is not the thread's newest (an edit or a
+    # regenerate forked the thread, then the user switched back): the head checkpoint of that
+    # branch. NULL: the thread's latest checkpoint, as always. Set by a ``switch`` run, cleared
+    # by the next run, whose checkpoints are the thread's latest (worker/store.py start_run).
+    # ``forked``: 1 once a run started from a checkpoint of its own choosing (an edit, a
+    # regenerate, a switch): only then can the thread have branches, and only then do the API's
+    # reads walk its tree of checkpoints (api/branches.py).
+    """
+    ALTER TABLE conversations ADD COLUMN branch_head TEXT;
+    ALTER TABLE conversations ADD COLUMN forked INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

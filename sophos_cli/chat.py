@@ -1,13 +1,14 @@
-"""``sophos chat``: one message (or standard input), a resume, or a conversation at a prompt."""
+"""``sophos chat``: a message (or standard input), a resume, another answer, or a prompt."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from sophos_cli.approve import Reader, Undecided, UsageError, read_answer, settle, waiting_hint
 from sophos_cli.client import Api, ApiError, EventStream
-from sophos_cli.printing import ChatPrinter
+from sophos_cli.printing import ChatPrinter, tool_call_line
 from sophos_cli.watch import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -46,17 +47,36 @@ def _text(text: str, where: str) -> str:
     return text
 
 
+def _regenerate(api: Api, conversation: str) -> dict[str, Any]:
+    """Ask for another answer to the conversation's last message; say which calls of the answer
+    it leaves may have acted (their effects stay)."""
+    messages = api.conversation(conversation).get("messages") or []
+    if not messages:
+        raise UsageError(f"conversation {conversation} has no message to answer again")
+    accepted = api.regenerate(conversation, str(messages[-1]["id"]))
+    for call in accepted.get("abandonedCalls") or []:
+        err(f"left on the previous branch, may have acted (its effects stay): "
+            f"{tool_call_line(call.get('name'), call.get('arguments'))}")
+    return accepted
+
+
 def chat(api: Api, args: argparse.Namespace) -> int:
-    if args.resume and not args.conversation:
-        err("--resume needs --conversation")
+    if (args.resume or args.regenerate) and not args.conversation:
+        err(f"--{'resume' if args.resume else 'regenerate'} needs --conversation")
         return EXIT_USAGE
-    if args.message is None and not args.resume:
+    if args.regenerate and (args.resume or args.message is not None):
+        err("--regenerate takes no message and no --resume: it answers the last message again")
+        return EXIT_USAGE
+    if args.message is None and not args.resume and not args.regenerate:
         return interactive(api, args.conversation)
-    message = None if args.resume else _message(args)
-    if not args.resume and not (message or "").strip():
-        err("the message is empty")
-        return EXIT_USAGE
-    accepted = api.chat(message, args.conversation, args.resume)
+    if args.regenerate:
+        accepted = _regenerate(api, args.conversation)
+    else:
+        message = None if args.resume else _message(args)
+        if not args.resume and not (message or "").strip():
+            err("the message is empty")
+            return EXIT_USAGE
+        accepted = api.chat(message, args.conversation, args.resume)
     conversation, run = accepted["conversation"], accepted["run"]
     print(f"conversation {conversation}  run {run}", file=sys.stderr, flush=True)
     printer = ChatPrinter(sys.stdout)

@@ -96,6 +96,13 @@ class Api:
         result: dict[str, str] = self._call("POST", "/api/chat", json=body)
         return result
 
+    def regenerate(self, conversation: str, message: str) -> dict[str, Any]:
+        """Another answer to the user message ``message`` is (or answers): a fork of the thread."""
+        result: dict[str, Any] = self._call(
+            "POST", "/api/chat", json={"conversation": conversation, "regenerate": message}
+        )
+        return result
+
     def decide(self, conversation: str, decisions: list[dict[str, Any]]) -> dict[str, str]:
         """One decision per pending request: ``{id, action, arguments?, message?}``."""
         body = {"conversation": conversation, "decisions": decisions}

@@ -116,6 +116,8 @@ def _message_lines(message: dict[str, Any]) -> list[str]:
     if role == "tool":
         return [tool_result_line(message.get("name"), content, message.get("status") == "error")]
     lines = [f"{'you' if role == 'user' else 'assistant'}: {content}"] if content or role == "user" else []
+    if lines and (branch := message.get("branch")):  # the thread forks before it (an edit, a regenerate)
+        lines[0] += f"  [branch {branch.get('index')}/{branch.get('count')}]"
     for call in message.get("toolCalls") or []:
         lines.append(tool_call_line(call.get("name"), call.get("arguments")))
     return lines
@@ -218,6 +220,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("message", nargs="?", help="the message; `-` reads standard input")
     p.add_argument("--conversation", "-c", help="continue this conversation (default: a new one)")
     p.add_argument("--resume", action="store_true", help="resume the conversation's unfinished run")
+    p.add_argument(
+        "--regenerate", action="store_true",
+        help="answer the conversation's last message again; the answer it had stays on another branch",
+    )
     p.epilog = ("A run that waits for an approval asks approve / reject / edit for each call when standard "
                 "input is a terminal (and at the prompt); otherwise it prints the calls and the `sophos "
                 "approve CONVERSATION` command that decides them, and exits 4.")

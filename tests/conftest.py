@@ -47,6 +47,7 @@ PROCESS_FIXTURES = frozenset({
 #: xdist worker runs all of a module's tests, so it is started once.
 ONE_WORKER_MODULES = frozenset({
     "test_fuzz.py", "test_kill_points.py", "test_tracing.py", "test_web.py", "test_web_basics.py",
+    "test_branches.py", "test_web_branches.py",
 })
 
 

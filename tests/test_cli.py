@@ -478,14 +478,15 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     assert answers.count('data: "Hello "') == 1
     for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
                      '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
-                     " paths", '"conversations":[']:
+                     " paths", '"conversations":[', '"branch":{"index":3,"count":3,']:
         assert expected in answers, f"{expected!r} not in\n{answers}"
 
     cli_block = _sh_block("cli.md", "The command-line client")
     cli_block = cli_block.replace("./sophos ", f"{sys.executable} -m sophos_cli ")
     said = run(cli_block)
     for expected in ["Hello from the model.", "CONVERSATION  ", "you: what can you do?", "RUN_NOT_RESUMABLE",
-                     "worker: alive", "RUN_FINISHED", "wrote ", "NO_APPROVAL_PENDING"]:
+                     "worker: alive", "RUN_FINISHED", "wrote ", "NO_APPROVAL_PENDING",
+                     "you: and then?  [branch 2/2]"]:
         assert expected in said, f"{expected!r} not in\n{said}"
     assert (tmp_path / "conversation.md").read_text().startswith("# what can you do?")
     assert (tmp_path / "conversation.jsonl").read_text().startswith('{"checkpoint_id"')

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import httpx
 import psycopg
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
@@ -25,6 +26,12 @@ SUMMARY = re.compile(
     r"copied (\d+) conversations, (\d+) runs, (\d+) threads"
     r" \((\d+) checkpoints, (\d+) writes\) to .+ in [\d.]+s"
 )
+
+
+def fork(api_url: str, path: str, body: dict[str, Any]) -> None:
+    """An edit, a regenerate or a switch (``path``), accepted."""
+    response = httpx.post(f"{api_url}{path}", json=body, timeout=30, trust_env=False)
+    assert response.status_code == 202, response.text
 
 
 def copy_to(env: SophosEnv, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,6 +91,7 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     )
     model.script_for("doomed", ToolCalls([("tools__echo", {"text": "before"})]), hang_b, Text("Resumed B."))
     model.script_for("stranded", ToolCalls([("tools__echo", {"text": "c"})]), hang_c, Text("Resumed C."))
+    model.script_for("branch", Text("D1"), Text("D2"), Text("D3 on PostgreSQL"))
 
     # On SQLite: A completes with a tool call; B's worker is killed mid-run and a new worker
     # records it interrupted; C's worker is killed too, and nothing records it: the copy finds
@@ -92,6 +100,14 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     api = start_api(sophos_env)
     a, run_a = chat(api.url, "weather please")
     assert read_sse(api.url, a, timeout=30).text == "It is sunny."
+    # D forks (Branches): its message edited, then its first branch followed again.
+    d, _ = chat(api.url, "branch me")
+    assert read_sse(api.url, d, timeout=30).text == "D1"
+    first = get_json(api.url, f"/api/conversations/{d}")["messages"][0]["id"]
+    fork(api.url, "/api/chat", {"conversation": d, "message": "branch me again", "replaces": first})
+    assert read_sse(api.url, d, timeout=30).text == "D2"
+    fork(api.url, f"/api/conversations/{d}/branch", {"message": first})
+    assert read_sse(api.url, d, timeout=30)[-1].data["status"] == "completed"
     b, _ = chat(api.url, "doomed run")
     kill_mid_run(worker, hang_b)
     worker = start_worker(sophos_env)
@@ -100,8 +116,9 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     kill_mid_run(worker, hang_c)
     before = snapshot(api.url)
     assert {k: v["status"] for k, v in before["list"].items()} == {
-        a: "completed", b: "interrupted", c: "running",
+        a: "completed", b: "interrupted", c: "running", d: "completed",
     }
+    assert [m["content"] for m in before["detail"][d]["messages"]] == ["branch me", "D1"]
     assert before["detail"][b]["resumable"] is True
 
     started = time.monotonic()
@@ -111,9 +128,9 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     summary = SUMMARY.search(done.stdout)
     assert summary, done.stdout
     conversations, runs, threads, checkpoints, writes = map(int, summary.groups())
-    assert (conversations, runs, threads) == (3, 3, 3)
+    assert (conversations, runs, threads) == (4, 6, 4)
     counts = row_counts(postgres_url)
-    assert (counts["conversations"], counts["runs"]) == (3, 3)
+    assert (counts["conversations"], counts["runs"]) == (4, 6)
     assert (counts["checkpoints"], counts["checkpoint_writes"]) == (checkpoints, writes)
     print(f"copy: {took:.2f}s for {checkpoints} checkpoints and {writes} writes ({done.stdout.strip()})")
     api.stop()
@@ -125,7 +142,7 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     wait_for(lambda: status_of(api.url, c) == "interrupted", timeout=20, message="C recorded interrupted")
     after = snapshot(api.url)
     assert after["runs"][run_a] == before["runs"][run_a] and "breakdown" in after["runs"][run_a]
-    for conversation in (a, b):
+    for conversation in (a, b, d):  # D: the branch it follows, and its fork point, the same
         assert after["list"][conversation] == before["list"][conversation]
         assert after["detail"][conversation] == before["detail"][conversation]
         assert after["export"][conversation] == before["export"][conversation]
@@ -157,6 +174,13 @@ def test_a_copied_database_lists_exports_and_resumes_the_same_on_postgresql(
     assert detail["messages"][: len(before["detail"][a]["messages"])] == before["detail"][a]["messages"]
     assert [m["content"] for m in detail["messages"][-2:]] == ["and tomorrow?", "Still sunny tomorrow."]
     assert listed(api.url)[a]["messageCount"] == before["list"][a]["messageCount"] + 2
+
+    # D forks on PostgreSQL too: another answer to its first message, a third branch.
+    fork(api.url, "/api/chat", {"conversation": d, "regenerate": first})
+    assert read_sse(api.url, d, timeout=30).text == "D3 on PostgreSQL"
+    messages = get_json(api.url, f"/api/conversations/{d}")["messages"]
+    assert [m["content"] for m in messages] == ["branch me", "D3 on PostgreSQL"]
+    assert (messages[0]["branch"]["index"], messages[0]["branch"]["count"]) == (3, 3)
 
 
 def test_the_copy_refuses_a_target_in_use_a_running_worker_and_a_bad_url(

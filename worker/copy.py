@@ -200,7 +200,12 @@ async def _copy(
     tables = {str(r[0]) for r in listed}
     conversations = runs = running = 0
     if "conversations" in tables:
-        conversations = await _copy_rows(sqlite, conn, "conversations", CONVERSATION_COLUMNS)
+        present = {str(r[1]) for r in await sqlite.execute_fetchall("PRAGMA table_info(conversations)")}
+        # The branch a conversation follows (Branches): a file from before it has no column (nor branches).
+        columns = CONVERSATION_COLUMNS
+        if "branch_head" in present:
+            columns += ", branch_head, forked"
+        conversations = await _copy_rows(sqlite, conn, "conversations", columns)
     if "runs" in tables:
         present = {str(r[1]) for r in await sqlite.execute_fetchall("PRAGMA table_info(runs)")}
         # A file no worker of this version has opened has no breakdown column (nor breakdowns).

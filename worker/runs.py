@@ -101,8 +101,12 @@ class RunService:
     def __post_init__(self) -> None:
         self.ending = RunEnding(self.settings, self.redis, self.store, self.graph, self.unrecorded)
 
-    def thread_config(self, conversation_id: str) -> RunnableConfig:
-        return {"configurable": {"thread_id": conversation_id}}
+    def thread_config(self, conversation_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
+        """The thread's config: at its latest checkpoint, or at ``checkpoint_id`` (a branch's head,
+        or where an edit forks it)."""
+        if checkpoint_id is None:
+            return {"configurable": {"thread_id": conversation_id}}
+        return {"configurable": {"thread_id": conversation_id, "checkpoint_id": checkpoint_id}}
 
     def _recorded(self, conversation_id: str) -> Recorded:
         """What the ledger recorded of a call of ``conversation_id`` (for :func:`close_thread`)."""
@@ -296,7 +300,9 @@ class RunService:
             # The thread has nothing left to run (END, or a cut closed), or waits at its
             # interrupt: its shape is at hand, no checkpoint read needed.
             waiting = final.requests is not None
-            thread = Thread(message_count=final.message_count, pending=waiting, requests=final.requests)
+            thread = Thread(
+                message_count=final.message_count, pending=waiting or final.pending, requests=final.requests,
+            )
         try:
             ended = await self.ending.end(
                 job.run_id, job.conversation_id, outcome, thread=thread, events=events, steps=tracker.steps,
@@ -347,6 +353,11 @@ class RunService:
         config: RunnableConfig = {
             "configurable": {"thread_id": job.conversation_id}, "metadata": {"run_id": job.run_id},
         }
+        if job.checkpoint_id is not None and not await self._wrote(job):
+            # A fork cut before its first checkpoint: the thread's latest checkpoint is another
+            # branch's, which the fork's message must not join. Nothing of the fork is recorded.
+            log.info("run.cut_before_fork")
+            return Outcome(RunStatus.CANCELLED), None
         try:
             closed = await close_thread(self.graph, config, live, self._recorded(job.conversation_id))
         except Exception as exc:
@@ -359,6 +370,11 @@ class RunService:
         log.info("run.cut", node=live.node, stopped=closed.stopped, closed=closed.finished)
         status = RunStatus.CANCELLED if closed.stopped else RunStatus.COMPLETED
         return Outcome(status), FinalState(closed.message_count) if closed.finished else None
+
+    async def _wrote(self, job: RunJob) -> bool:
+        """Whether the thread's latest checkpoint is one ``job``'s run wrote."""
+        latest = await self.graph.aget_state(self.thread_config(job.conversation_id))
+        return (latest.metadata or {}).get("run_id") == job.run_id
 
     async def _trace_cut(
         self, events: EventPublisher, live: LiveRun, tracker: RunTracker, closed: Closed
@@ -376,8 +392,15 @@ class RunService:
     async def _stream(
         self, job: RunJob, events: EventPublisher, live: LiveRun, tracker: RunTracker
     ) -> FinalState:
+        at = self.thread_config(job.conversation_id, job.checkpoint_id)
+        if job.kind is JobKind.SWITCH:
+            # The row names the branch now (worker/store.py start_run); the ending records its shape.
+            branch = await self.graph.aget_state(at)
+            return FinalState(len((branch.values or {}).get("messages", [])), pending=bool(branch.tasks))
         config: RunnableConfig = {
-            "configurable": {"thread_id": job.conversation_id},
+            # With a checkpoint id, the run forks the thread there (an edit, a regenerate) or
+            # continues the branch the conversation follows: its checkpoints are children of it.
+            "configurable": at["configurable"],
             # Stored on every checkpoint this run writes: exports can tell runs apart,
             # and start-up can tell whether the run's input was ever recorded. With
             # tracing, the run's traceparent too: a resume links to the run it continues.
@@ -388,9 +411,7 @@ class RunService:
         if live.input is not None:
             # New input over a pending interrupt would silently discard it (LangGraph starts
             # a new step): the decision comes first. Checked here, by the only writer.
-            state = None if job.new_conversation else await self.graph.aget_state(
-                self.thread_config(job.conversation_id)
-            )
+            state = None if job.new_conversation else await self.graph.aget_state(at)
             if state is not None and any(task.interrupts for task in state.tasks):
                 raise NotResumable(
                     "the conversation waits for a decision on its tool calls; your message was not "
@@ -399,7 +420,7 @@ class RunService:
                 )
             graph_input = {"messages": [live.input]}
         else:
-            state = await self.graph.aget_state(self.thread_config(job.conversation_id))
+            state = await self.graph.aget_state(at)
             tracing.link_to(state.metadata)  # the run whose thread this one continues
             if not state.tasks:
                 raise NotResumable("the conversation has no unfinished step to resume")
@@ -486,6 +507,8 @@ class FinalState:
     message_count: int = 0
     #: set when the graph stopped at an approval: the calls waiting for a decision
     requests: list[dict[str, Any]] | None = None
+    #: a switch's branch has tasks left to run (its conversation is resumable)
+    pending: bool = False
 
 
 class NotResumable(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from shared.contracts import RunJob, RunStatus
+from shared.contracts import JobKind, RunJob, RunStatus
 from shared.liveness import new_worker_id
 from shared.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
 from shared.schema import iso_from_timestamp, now_iso
@@ -117,15 +117,21 @@ class RunStore:
         now = now_iso()
         try:
             async with self.db.transaction() as tx:
+                # A switch names the branch the conversation follows from now on; any other
+                # run writes the thread's latest checkpoints, which is what NULL follows. (A
+                # crash before the run's input checkpoint then leaves the newest branch current.)
+                head = job.checkpoint_id if job.kind is JobKind.SWITCH else None
                 await tx.execute(
-                    "INSERT INTO conversations (id, title, created_at, updated_at, last_run_id)"
-                    " VALUES (?, ?, ?, ?, ?)"
+                    "INSERT INTO conversations"
+                    " (id, title, created_at, updated_at, last_run_id, branch_head, forked)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
-                    " last_run_id = excluded.last_run_id",
+                    " last_run_id = excluded.last_run_id, branch_head = excluded.branch_head,"
+                    " forked = CASE WHEN excluded.forked = 1 THEN 1 ELSE conversations.forked END",
                     # created_at: when its first run was accepted, the key the API listed it
                     # by while it was queued; unchanged from then on (stable paging).
                     (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
-                     job.run_id),
+                     job.run_id, head, int(job.checkpoint_id is not None)),
                 )
                 inserted = await tx.execute(
                     "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at,"

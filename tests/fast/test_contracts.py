@@ -46,6 +46,9 @@ def test_a_run_job_goes_through_the_queue_unchanged(codec: str) -> None:
     assert "traceparent" not in data  # nor does one enqueued without tracing
     traced = dataclasses.replace(job, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert RunJob.from_dict(loads(dumps(traced.to_dict()))) == traced
+    assert "checkpoint_id" not in data  # nor without a checkpoint to start from
+    switch = RunJob(RUN, CONVERSATION, JobKind.SWITCH, None, 1.0, checkpoint_id="1f0-checkpoint")
+    assert RunJob.from_dict(loads(dumps(switch.to_dict()))) == switch
 
 
 def test_a_job_from_before_new_fields_still_decodes() -> None:
@@ -53,6 +56,7 @@ def test_a_job_from_before_new_fields_still_decodes() -> None:
            "enqueued_at": 3}
     job = RunJob.from_dict(old)
     assert job.kind is JobKind.RESUME and not job.new_conversation and job.decisions is None
+    assert job.checkpoint_id is None  # the thread's latest checkpoint, as before branches
     delete = DeleteJob.from_dict({"conversation_id": CONVERSATION, "claim": "c", "enqueued_at": 1})
     assert delete.reason == "request"
 

@@ -9,7 +9,9 @@
 // model's, however often the page is reloaded.
 import { api, ApiError, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
-import { highlightCode, plainText, renderMarkdown } from "./markdown.js";
+import { Branches, learnIds } from "./branches.js";
+import { copyButton, decisionLine, decorateCode, el, setResult, toolCard } from "./elements.js";
+import { plainText, renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
 // While a run streams, how often the page asks whether a worker still beats.
@@ -29,80 +31,6 @@ const STATUS_LABELS = {
 
 export function statusLabel(status) {
   return STATUS_LABELS[status] || status;
-}
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
-    else node.setAttribute(key, value === true ? "" : value);
-  }
-  for (const child of children) if (child !== null && child !== undefined) node.append(child);
-  return node;
-}
-
-function pretty(value) {
-  if (typeof value === "string") return value;
-  try {
-    return JSON.stringify(value, null, 2);
-  } catch {
-    return String(value);
-  }
-}
-
-async function toClipboard(text) {
-  if (navigator.clipboard && window.isSecureContext) {
-    await navigator.clipboard.writeText(text);
-    return;
-  }
-  // Served over plain http to another host, the Clipboard API is missing: the older way
-  // still works within a click.
-  const area = el("textarea", { class: "visually-hidden", readonly: true });
-  area.value = text;
-  document.body.append(area);
-  area.select();
-  const copied = document.execCommand("copy");
-  area.remove();
-  if (!copied) throw new Error("the browser refused to copy");
-}
-
-/** A Copy button for `text()`; it says "Copied" (or why not) for a moment after a click. */
-function copyButton(title, text) {
-  const button = el("button", { type: "button", class: "copy", title, "aria-live": "polite", text: "Copy" });
-  let timer = null;
-  button.addEventListener("click", async () => {
-    try {
-      await toClipboard(text());
-      button.textContent = "Copied";
-    } catch {
-      button.textContent = "Copy failed";
-    }
-    clearTimeout(timer);
-    timer = setTimeout(() => {
-      button.textContent = "Copy";
-    }, 2000);
-  });
-  return button;
-}
-
-/** Highlighted code blocks, each with a bar naming its language and a Copy button for its text. */
-function decorateCode(body) {
-  for (const pre of body.querySelectorAll("pre")) {
-    const code = pre.querySelector("code") || pre;
-    const language = el("span", { class: "code-language" });
-    const head = el("div", { class: "code-head" }, language, copyButton("Copy this code", () => code.textContent));
-    const block = el("div", { class: "code-block" });
-    pre.replaceWith(block);
-    block.append(head, pre);
-    highlightCode(code).then(
-      (name) => {
-        language.textContent = name;
-      },
-      (error) => console.warn("code is shown plain: highlight.js did not load", error),
-    );
-  }
 }
 
 /** Banners with the API's own code and message. */
@@ -131,47 +59,6 @@ export class Banners {
   clear() {
     this.container.replaceChildren();
   }
-}
-
-/** A tool call and, once it comes, its result, as a collapsible card. */
-function toolCard(name, args, callId) {
-  const state = el("span", { class: "tool-state", text: "running…" });
-  const card = el(
-    "details",
-    { class: "tool", "data-call": callId || null },
-    el("summary", {}, el("span", { class: "tool-label", text: "Tool " }), el("code", { class: "tool-name", text: name }), " ", state),
-    el("div", { class: "tool-section-title", text: "Arguments" }),
-    el("pre", { class: "tool-args", text: pretty(args ?? {}) }),
-  );
-  card.state = state;
-  return card;
-}
-
-function setResult(card, result, status) {
-  let pre = card.querySelector(".tool-result");
-  if (!pre) {
-    card.append(el("div", { class: "tool-section-title", text: "Result" }));
-    pre = el("pre", { class: "tool-result" });
-    card.append(pre);
-  }
-  pre.textContent = pretty(result);
-  // A call the user rejected is answered with an error for the model's sake; it did not fail.
-  const rejected = card.decided === "reject";
-  const failed = status === "error" && !rejected;
-  card.classList.toggle("tool-error", failed);
-  card.state.textContent = rejected ? DECIDED.reject : failed ? "error" : "done";
-}
-
-const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
-
-/** Under a call that needed approval: what the user decided (once, live or read back). */
-function decisionLine(card, approval) {
-  const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
-  const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;
-  card.decided = approval.action;
-  const line = card.querySelector(".decision") || card.appendChild(el("div", { class: "tool-section-title decision" }));
-  line.textContent = text;
-  if (!card.querySelector(".tool-result")) card.state.textContent = DECIDED[approval.action] || approval.action;
 }
 
 /** Is the worker gone, by the heartbeat `GET /api/runs` reports? (Unknown: not gone.) */
@@ -208,6 +95,7 @@ export class ChatView {
     this.source = null;
     this.lastEventId = 0;
     this.generation = 0; // bumps on every open(): late answers of an old view are dropped
+    this.branches = new Branches(this);
 
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -244,6 +132,8 @@ export class ChatView {
     this.pending = null; // the requests of the last `approval` event of the stream
     this.panel = null;
     this.goneBanner = null;
+    this.reopen = false; // read the conversation again when the run ends (a fork, a switch)
+    this.notice = null; // a banner that outlives that reading (what a fork left behind)
     this.resumeButton.hidden = true;
     this.setActive(false);
     this.showNotFound(null);
@@ -319,7 +209,7 @@ export class ChatView {
 
   renderHistory(messages) {
     for (const message of messages) {
-      if (message.role === "user") this.appendUser(message.content);
+      if (message.role === "user") this.appendUser(message.content, message);
       else if (message.role === "assistant") {
         if (message.content) {
           this.appendAssistant(message.content);
@@ -410,13 +300,13 @@ export class ChatView {
     for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) node.remove();
   }
 
-  appendUser(text) {
+  /** A user message; `message`: as the detail has it (its id, and `branch` at a fork point). */
+  appendUser(text, message = null) {
     this.closeSegment();
-    return this.place(el(
-      "div", { class: "message user" },
-      el("div", { class: "bubble", text }),
-      el("div", { class: "message-actions" }, copyButton("Copy this message", () => text)),
-    ));
+    const actions = el("div", { class: "message-actions" }, copyButton("Copy this message", () => text));
+    const node = el("div", { class: "message user", "data-id": message?.id }, el("div", { class: "bubble", text }), actions);
+    actions.append(...this.branches.userActions(node, text, message?.branch));
+    return this.place(node);
   }
 
   appendAssistant(text) {
@@ -426,6 +316,7 @@ export class ChatView {
     // The answer's Markdown as the model wrote it, however far it has come.
     const actions = el("div", { class: "message-actions" }, copyButton("Copy this answer (Markdown)", () => segment.text));
     segment.node = this.place(el("div", { class: "message assistant" }, body, actions));
+    actions.append(this.branches.regenerateButton(segment.node));
     this.segment = segment;
     const node = segment.node;
     body.innerHTML = renderMarkdown(text);
@@ -468,6 +359,7 @@ export class ChatView {
     this.sendButton.disabled = active;
     // The API refuses (409) to delete a conversation whose run is queued or running.
     this.deleteButton.disabled = active;
+    this.messages.classList.toggle("running", active); // no edit, regenerate or switch meanwhile
     this.deleteButton.title = active ? "Stop the answer first (Stop or Esc) to delete this conversation" : "";
     if (active) this.resumeButton.hidden = true;
   }
@@ -615,9 +507,12 @@ export class ChatView {
     this.setActive(false);
     this.closeSegment();
     this.sidebar.refresh();
-    if (missed) {
-      // Some events were no longer kept: the checkpoint has the whole story.
+    if (missed || this.reopen) {
+      // Some events were no longer kept, or the thread forked or switched branches: the
+      // checkpoint has the whole story, and the branches it has now.
+      const notice = this.notice;
       await this.open(conversation);
+      if (notice && conversation === this.conversation) this.banners.show(notice, { kind: "info" });
       return;
     }
     try {
@@ -625,6 +520,7 @@ export class ChatView {
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
       this.settleCuts(detail.messages);
+      learnIds(this.messages, detail.messages); // what Edit and Regenerate name
       this.resumeButton.hidden = !detail.resumable;
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
@@ -719,6 +615,15 @@ export class ChatView {
     this.resumeButton.hidden = true;
     this.appendUser(text);
     this.attach(accepted.run, 0, "queued");
+    this.sidebar.refresh();
+  }
+
+  /** Follow `run`, accepted for an edit, a regenerate or a switch; read the conversation again after. */
+  follow(run) {
+    this.resumeButton.hidden = true;
+    this.dropInterrupted();
+    this.attach(run, 0, "queued");
+    this.reopen = true;
     this.sidebar.refresh();
   }
 

@@ -1,0 +1,119 @@
+// The parts a conversation's view is built of: elements, Copy buttons, highlighted code blocks,
+// tool cards and the decisions shown under them. No state of their own: chat.js and
+// branches.js place them.
+import { highlightCode } from "./markdown.js";
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+
+export function pretty(value) {
+  if (typeof value === "string") return value;
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+export async function toClipboard(text) {
+  if (navigator.clipboard && window.isSecureContext) {
+    await navigator.clipboard.writeText(text);
+    return;
+  }
+  // Served over plain http to another host, the Clipboard API is missing: the older way
+  // still works within a click.
+  const area = el("textarea", { class: "visually-hidden", readonly: true });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  const copied = document.execCommand("copy");
+  area.remove();
+  if (!copied) throw new Error("the browser refused to copy");
+}
+
+/** A Copy button for `text()`; it says "Copied" (or why not) for a moment after a click. */
+export function copyButton(title, text) {
+  const button = el("button", { type: "button", class: "copy", title, "aria-live": "polite", text: "Copy" });
+  let timer = null;
+  button.addEventListener("click", async () => {
+    try {
+      await toClipboard(text());
+      button.textContent = "Copied";
+    } catch {
+      button.textContent = "Copy failed";
+    }
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      button.textContent = "Copy";
+    }, 2000);
+  });
+  return button;
+}
+
+/** Highlighted code blocks, each with a bar naming its language and a Copy button for its text. */
+export function decorateCode(body) {
+  for (const pre of body.querySelectorAll("pre")) {
+    const code = pre.querySelector("code") || pre;
+    const language = el("span", { class: "code-language" });
+    const head = el("div", { class: "code-head" }, language, copyButton("Copy this code", () => code.textContent));
+    const block = el("div", { class: "code-block" });
+    pre.replaceWith(block);
+    block.append(head, pre);
+    highlightCode(code).then(
+      (name) => {
+        language.textContent = name;
+      },
+      (error) => console.warn("code is shown plain: highlight.js did not load", error),
+    );
+  }
+}
+
+/** A tool call and, once it comes, its result, as a collapsible card. */
+export function toolCard(name, args, callId) {
+  const state = el("span", { class: "tool-state", text: "running…" });
+  const card = el(
+    "details",
+    { class: "tool", "data-call": callId || null },
+    el("summary", {}, el("span", { class: "tool-label", text: "Tool " }), el("code", { class: "tool-name", text: name }), " ", state),
+    el("div", { class: "tool-section-title", text: "Arguments" }),
+    el("pre", { class: "tool-args", text: pretty(args ?? {}) }),
+  );
+  card.state = state;
+  return card;
+}
+
+export function setResult(card, result, status) {
+  let pre = card.querySelector(".tool-result");
+  if (!pre) {
+    card.append(el("div", { class: "tool-section-title", text: "Result" }));
+    pre = el("pre", { class: "tool-result" });
+    card.append(pre);
+  }
+  pre.textContent = pretty(result);
+  // A call the user rejected is answered with an error for the model's sake; it did not fail.
+  const rejected = card.decided === "reject";
+  const failed = status === "error" && !rejected;
+  card.classList.toggle("tool-error", failed);
+  card.state.textContent = rejected ? DECIDED.reject : failed ? "error" : "done";
+}
+
+export const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
+
+/** Under a call that needed approval: what the user decided (once, live or read back). */
+export function decisionLine(card, approval) {
+  const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
+  const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;
+  card.decided = approval.action;
+  const line = card.querySelector(".decision") || card.appendChild(el("div", { class: "tool-section-title decision" }));
+  line.textContent = text;
+  if (!card.querySelector(".tool-result")) card.state.textContent = DECIDED[approval.action] || approval.action;
+}
