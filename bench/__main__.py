@@ -1,7 +1,8 @@
 """``python -m bench [--quick]``: run every figure, print the table, write ``bench/RESULTS.md``.
 
 ``--only ledger`` measures figure 14 (the ledger's cost) alone, in about a minute, and
-replaces only its section of the results file.
+replaces only its section of the results file; ``--only memory`` does the same for figure 15
+(the process tree's memory).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -29,11 +30,11 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import ledger, profiling, variants
+from bench import ledger, memory, profiling, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
-from bench.report import Results, console, ledger_section, markdown, raw, splice_ledger_section
+from bench.report import LEDGER_HEADING, Results, console, ledger_section, markdown, raw, splice_section
 from bench.runs import (
     MESSAGE,
     checkpointed_size,
@@ -119,9 +120,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger"],
+        choices=["ledger", "memory"],
         default=None,
-        help="measure one figure alone (ledger: figure 14) and replace only its section of the results",
+        help="measure one figure alone (ledger: figure 14; memory: figure 15) and replace only its section "
+        "of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -292,23 +294,38 @@ def ledger_phase(args: argparse.Namespace, overrides: dict[str, str], command: s
     return cost
 
 
-def only_ledger(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
-    """``--only ledger``: figure 14 alone; its section replaces the one in the results file."""
+def memory_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> memory.Memory:
+    """Figure 15, stamped with how it was measured."""
+    load_start = load_average()
+    result = memory.measure(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+    result.command, result.code = command, code_version()
+    result.load = f"{load_start}; {load_average()}"
+    result.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result
+
+
+def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
+    """``--only ledger|memory``: one figure alone; its section replaces the one in the results file."""
     try:
-        cost = ledger_phase(args, overrides, command)
+        measured: ledger.LedgerCost | memory.Memory
+        if args.only == "ledger":
+            measured = cost = ledger_phase(args, overrides, command)
+            heading, section = LEDGER_HEADING, ledger_section(cost)
+        else:
+            measured = tree = memory_phase(args, overrides, command)
+            heading, section = memory.HEADING, memory.section(tree)
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
-    section = ledger_section(cost)
     print(section)
     target = args.results if args.results is not None else (None if args.quick else HERE / "RESULTS.md")
     if target is not None:
         before = target.read_text() if target.exists() else ""
-        target.write_text(splice_ledger_section(before, section))
-        say(f"figure 14 written to {target} (its section only)")
+        target.write_text(splice_section(before, heading, section))
+        say(f"{args.only} written to {target} (its section only)")
     if args.json is not None:
-        args.json.write_text(json.dumps(dataclasses.asdict(cost), indent=1))
-    say(f"done in {cost.elapsed_s:.0f} s")
+        args.json.write_text(json.dumps(dataclasses.asdict(measured), indent=1))
+    say(f"done in {measured.elapsed_s:.0f} s")
     return 0
 
 
@@ -332,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(
         [".venv/bin/python -m bench", *map(shlex.quote, sys.argv[1:] if argv is None else argv)]
     )
-    if args.only == "ledger":
-        return only_ledger(args, overrides, command)
+    if args.only is not None:
+        return only(args, overrides, command)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     load_start = load_average()
@@ -357,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         results.elapsed_s += results.postgres.elapsed_s
         results.ledger = ledger_phase(args, overrides, command)
         results.elapsed_s += results.ledger.elapsed_s
+        say("figure 15: the process tree's memory, a stack of its own")
+        results.memory = memory_phase(args, overrides, command)
+        results.elapsed_s += results.memory.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -12,6 +12,8 @@ from typing import Any
 from bench.client import ServiceRun
 from bench.floor import FloorRun
 from bench.ledger import WITH, WITHOUT, LedgerCost
+from bench.memory import Memory
+from bench.memory import section as memory_section
 from bench.postgres import Postgres
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.scaling import Scaling
@@ -56,6 +58,8 @@ class Results:
     postgres: Postgres | None = None
     #: figure 14, the ledger's cost, in-process on a fake model of its own
     ledger: LedgerCost | None = None
+    #: figure 15, the process tree's memory, on a stack of its own
+    memory: Memory | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +600,7 @@ def markdown(r: Results) -> str:
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
+        *([memory_section(r.memory)] if r.memory else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -655,12 +660,12 @@ def ledger_section(lc: LedgerCost) -> str:
     )
 
 
-def splice_ledger_section(text: str, section: str) -> str:
-    """``text`` (a results file) with figure 14's section replaced by ``section``, the rest kept:
-    the figure measured alone (``--only ledger``) leaves the other figures' results as they were."""
-    start = text.find(LEDGER_HEADING)
+def splice_section(text: str, heading: str, section: str) -> str:
+    """``text`` (a results file) with the section under ``heading`` replaced by ``section``, the
+    rest kept: a figure measured alone (``--only``) leaves the other figures' results as they were."""
+    start = text.find(heading)
     if start >= 0:
-        end = text.find("\n## ", start + len(LEDGER_HEADING))
+        end = text.find("\n## ", start + len(heading))
         return text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     anchor = text.find("## Workload\n")
     if anchor < 0:
