@@ -2,7 +2,8 @@
 
 ``--only ledger`` measures figure 14 (the ledger's cost) alone, in about a minute, and
 replaces only its section of the results file; ``--only memory`` does the same for figure 15
-(the process tree's memory).
+(the process tree's memory), ``--only solo`` for figure 16 (one run at a time at
+``WORKER_CONCURRENCY`` 1 and 4).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import ledger, memory, profiling, variants
+from bench import ledger, memory, profiling, solo, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -120,10 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "memory"],
+        choices=["ledger", "memory", "solo"],
         default=None,
-        help="measure one figure alone (ledger: figure 14; memory: figure 15) and replace only its section "
-        "of the results",
+        help="measure one figure alone (ledger: figure 14; memory: figure 15; solo: figure 16) and "
+        "replace only its section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -304,16 +305,30 @@ def memory_phase(args: argparse.Namespace, overrides: dict[str, str], command: s
     return result
 
 
+def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> tuple[solo.Solo, str]:
+    """Figure 16 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = solo.measure(quick=args.quick, rng=random.Random(args.seed), overrides=overrides, keep=args.keep,
+                          say=say)
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    text = solo.section(result, command=command, code=code_version(), date=date,
+                        load=f"{load_start}; {load_average()}")
+    return result, text
+
+
 def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
-    """``--only ledger|memory``: one figure alone; its section replaces the one in the results file."""
+    """``--only ledger|memory|solo``: one figure alone; its section replaces the one in the results file."""
+    measured: ledger.LedgerCost | memory.Memory | solo.Solo
     try:
-        measured: ledger.LedgerCost | memory.Memory
         if args.only == "ledger":
             measured = cost = ledger_phase(args, overrides, command)
             heading, section = LEDGER_HEADING, ledger_section(cost)
-        else:
+        elif args.only == "memory":
             measured = tree = memory_phase(args, overrides, command)
             heading, section = memory.HEADING, memory.section(tree)
+        else:
+            measured, section = solo_phase(args, overrides, command)
+            heading = solo.HEADING
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
@@ -377,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         say("figure 15: the process tree's memory, a stack of its own")
         results.memory = memory_phase(args, overrides, command)
         results.elapsed_s += results.memory.elapsed_s
+        say("figure 16: one run at a time at WORKER_CONCURRENCY 1 and 4, stacks of their own")
+        solo_result, results.solo_section = solo_phase(args, overrides, command)
+        results.elapsed_s += solo_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

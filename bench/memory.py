@@ -11,7 +11,7 @@ it really holds). Neither depends on the machine's load.
 
 Phases, each a snapshot:
 
-1. **at rest**: both processes ready, no run yet.
+1. **at rest**: both processes ready, no run yet, idle for ``idle_wait`` seconds.
 2. **after N runs**: ``clients`` clients share N runs (figure 4's load), then a page's reads
    of the last conversation: its detail and its Markdown export (a transcript read, which is
    what starts a reader process).
@@ -53,11 +53,11 @@ class Sizes:
     idle_wait: float
 
 
-FULL = Sizes(runs=1000, clients=16, streams=200, idle_wait=15.0)
-QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=4.0)
+FULL = Sizes(runs=1000, clients=16, streams=200, idle_wait=8.0)
+QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=8.0)
 #: how long a reader may stay idle in this figure's stack (READER_IDLE_SECONDS): short, so the
 #: "readers idle" phase sees them stopped; code without that setting ignores it
-READER_IDLE_SECONDS = "2"
+READER_IDLE_SECONDS = "5"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +166,8 @@ async def _page_reads(api_url: str, conversation: str) -> None:
 
 async def _phases(stack: Stack, sizes: Sizes, result: Memory, say: Callable[[str], None]) -> None:
     assert stack.worker is not None and stack.api is not None
+    await settled(stack)  # started: a reader started with the API, if any, ready
+    await asyncio.sleep(sizes.idle_wait)
     result.phases["at rest"] = await settled(stack)
     say(f"figure 15: {sizes.runs} runs, {sizes.clients} clients")
     async with http_client(stack.api_url, connections=sizes.clients + 4) as http:
@@ -245,7 +247,7 @@ def section(m: Memory) -> str:
     return (
         f"{HEADING}\n\n"
         "The service's processes, each on its own row (the fake model left out), in four phases of one "
-        "stack: at rest (both ready, no run yet); after the runs ("
+        f"stack: at rest (both ready, no run yet, {m.idle_wait:g} s idle); after the runs ("
         f"{m.runs} runs, {m.clients} clients, then the last conversation's detail and Markdown export, "
         f"the reads that start a reader process); readers idle ({m.idle_wait:g} s later, with "
         f"`READER_IDLE_SECONDS={READER_IDLE_SECONDS}`); streams open ({m.streams} SSE streams on queued "

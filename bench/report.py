@@ -60,6 +60,8 @@ class Results:
     ledger: LedgerCost | None = None
     #: figure 15, the process tree's memory, on a stack of its own
     memory: Memory | None = None
+    #: figure 16, one run at a time at WORKER_CONCURRENCY 1 and 4, its section (bench/solo.py)
+    solo_section: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,6 +603,7 @@ def markdown(r: Results) -> str:
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
         *([memory_section(r.memory)] if r.memory else []),
+        *([r.solo_section] if r.solo_section else []),
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
