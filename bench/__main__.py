@@ -308,8 +308,10 @@ def memory_phase(args: argparse.Namespace, overrides: dict[str, str], command: s
 def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> tuple[solo.Solo, str]:
     """Figure 16 and its section, stamped with how it was measured."""
     load_start = load_average()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     result = solo.measure(quick=args.quick, rng=random.Random(args.seed), overrides=overrides, keep=args.keep,
-                          say=say)
+                          profile=args.profile if args.only == "solo" else None, say=say)
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     text = solo.section(result, command=command, code=code_version(), date=date,
                         load=f"{load_start}; {load_average()}")

@@ -19,11 +19,13 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis as redis_sync
 
 from bench.client import chat_once, http_client
+from bench.profiling import Recorder, render
 from bench.runs import MESSAGE
 from bench.stack import Stack, cpu_seconds, running_stack
 from tests.support.procs import wait_api_ready, wait_worker_ready
@@ -64,6 +66,8 @@ class Solo:
     rounds: int
     runs_per_round: int
     elapsed_s: float = 0.0
+    #: (title, py-spy raw file) per concurrency, with ``--profile``
+    profiles: list[tuple[str, Path]] = field(default_factory=list)
 
 
 def _commands(url: str) -> collections.Counter[str]:
@@ -95,6 +99,7 @@ def measure(
     rng: random.Random,
     overrides: Mapping[str, str] | None = None,
     keep: bool = False,
+    profile: Path | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> Solo:
     """Figure 16: a stack per concurrency, one run at a time on each, round-robin."""
@@ -125,10 +130,25 @@ def measure(
                 for stack, arm in order:
                     await _round(stack, arm, sizes.runs)
                 say(f"figure 16: round {i + 1}/{sizes.rounds} done")
+            if profile is not None:
+                for stack, arm in zip(running, arms, strict=True):
+                    profiles.append(await _profiled(stack, arm, sizes.runs * 2, profile))
 
+        profiles: list[tuple[str, Path]] = []
         asyncio.run(rounds())
     elapsed = time.monotonic() - started
-    return Solo(arms=arms, rounds=sizes.rounds, runs_per_round=sizes.runs, elapsed_s=elapsed)
+    return Solo(arms, sizes.rounds, sizes.runs, elapsed_s=elapsed, profiles=profiles)
+
+
+async def _profiled(stack: Stack, arm: Arm, runs: int, out: Path) -> tuple[str, Path]:
+    """py-spy on the worker while it serves ``runs`` runs one at a time (after the figure's rounds)."""
+    assert stack.worker is not None
+    recorder = Recorder(stack.worker.pid, out / f"worker-concurrency-{arm.concurrency}.txt")
+    await asyncio.sleep(1.0)  # py-spy attached
+    async with http_client(stack.api_url) as http:
+        for _ in range(runs):
+            await chat_once(http, MESSAGE)
+    return f"worker, WORKER_CONCURRENCY={arm.concurrency}, {runs} runs one at a time", recorder.stop()
 
 
 HEADING = "## One run at a time, WORKER_CONCURRENCY 1 and 4 (figure 16)"
@@ -171,4 +191,5 @@ def section(s: Solo, *, command: str = "", code: str = "", date: str = "", load:
         + (f"Measured by `{command}` on {date} (code {code}; load average at start, at end: {load}).\n\n"
            if command else "")
         + "\n".join(lines) + "\n\nRedis commands per run, by command:\n\n" + "\n".join(per_command) + "\n"
+        + "".join("\n" + render(title, path, top=25) for title, path in s.profiles)
     )
