@@ -688,6 +688,10 @@ def console(r: Results) -> str:
         more += "\n" + postgres_section(r.postgres)
     if r.ledger is not None:
         more += "\n" + ledger_section(r.ledger)
+    if r.memory is not None:
+        more += "\n" + memory_section(r.memory)
+    if r.solo_section:
+        more += "\n" + r.solo_section
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
@@ -715,6 +719,7 @@ def raw(r: Results) -> dict[str, Any]:
         "switches": asdict(r.switches) if r.switches is not None else None,
         "postgres": asdict(r.postgres) if r.postgres is not None else None,
         "ledger": asdict(r.ledger) if r.ledger is not None else None,
+        "memory": asdict(r.memory) if r.memory is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,
