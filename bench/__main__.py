@@ -3,7 +3,7 @@
 ``--only ledger`` measures figure 14 (the ledger's cost) alone, in about a minute, and
 replaces only its section of the results file; ``--only memory`` does the same for figure 15
 (the process tree's memory), ``--only solo`` for figure 16 (one run at a time at
-``WORKER_CONCURRENCY`` 1 and 4).
+``WORKER_CONCURRENCY`` 1 and 4), ``--only hops`` for figure 17 (thread hops per run).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import ledger, memory, profiling, solo, variants
+from bench import hops, ledger, memory, profiling, solo, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -121,10 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "memory", "solo"],
+        choices=["ledger", "memory", "solo", "hops"],
         default=None,
-        help="measure one figure alone (ledger: figure 14; memory: figure 15; solo: figure 16) and "
-        "replace only its section of the results",
+        help="measure one figure alone (ledger: figure 14; memory: figure 15; solo: figure 16; hops: "
+        "figure 17) and replace only its section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -318,9 +318,16 @@ def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str
     return result, text
 
 
+def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
+    """Figure 17 and its section, stamped with how it was measured."""
+    result = hops.measure(quick=args.quick)
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result, hops.section(result, command=command, code=code_version(), date=date)
+
+
 def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
     """``--only ledger|memory|solo``: one figure alone; its section replaces the one in the results file."""
-    measured: ledger.LedgerCost | memory.Memory | solo.Solo
+    measured: ledger.LedgerCost | memory.Memory | solo.Solo | hops.Hops
     try:
         if args.only == "ledger":
             measured = cost = ledger_phase(args, overrides, command)
@@ -328,9 +335,12 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "memory":
             measured = tree = memory_phase(args, overrides, command)
             heading, section = memory.HEADING, memory.section(tree)
-        else:
+        elif args.only == "solo":
             measured, section = solo_phase(args, overrides, command)
             heading = solo.HEADING
+        else:
+            measured, section = hops_phase(args, command)
+            heading = hops.HEADING
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
@@ -395,8 +405,13 @@ def main(argv: list[str] | None = None) -> int:
         results.memory = memory_phase(args, overrides, command)
         results.elapsed_s += results.memory.elapsed_s
         say("figure 16: one run at a time at WORKER_CONCURRENCY 1 and 4, stacks of their own")
-        solo_result, results.solo_section = solo_phase(args, overrides, command)
+        solo_result, solo_text = solo_phase(args, overrides, command)
+        results.sections.append(solo_text)
         results.elapsed_s += solo_result.elapsed_s
+        say("figure 17: thread hops per run, counted in process")
+        hops_result, hops_text = hops_phase(args, command)
+        results.sections.append(hops_text)
+        results.elapsed_s += hops_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -60,8 +60,8 @@ class Results:
     ledger: LedgerCost | None = None
     #: figure 15, the process tree's memory, on a stack of its own
     memory: Memory | None = None
-    #: figure 16, one run at a time at WORKER_CONCURRENCY 1 and 4, its section (bench/solo.py)
-    solo_section: str = ""
+    #: figures measured on their own and rendered there: 16 (bench/solo.py), 17 (bench/hops.py)
+    sections: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,7 +603,7 @@ def markdown(r: Results) -> str:
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
         *([memory_section(r.memory)] if r.memory else []),
-        *([r.solo_section] if r.solo_section else []),
+        *r.sections,
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -690,8 +690,8 @@ def console(r: Results) -> str:
         more += "\n" + ledger_section(r.ledger)
     if r.memory is not None:
         more += "\n" + memory_section(r.memory)
-    if r.solo_section:
-        more += "\n" + r.solo_section
+    for text in r.sections:
+        more += "\n" + text
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
