@@ -63,6 +63,8 @@ class _Reader:
 
     popen: subprocess.Popen[bytes]
     conn: Connection
+    #: time.monotonic() when it last finished a read (or started)
+    idle_since: float = 0.0
 
     @property
     def pid(self) -> int:
@@ -104,16 +106,20 @@ class Readers:
     """At most ``size`` reader processes of this API process, one read at a time each.
 
     ``preload``: modules a reader imports before it says it is ready, so that no
-    read pays for them. :meth:`warm` starts one reader ahead of the first read;
-    after that a spare is kept started while there is room, so a read seldom waits
-    for a process to start. A read that outlasts ``timeout`` seconds (waiting for a
-    reader included) raises :class:`ReadTimedOut`; a read cancelled (its client left)
-    or timed out kills its reader, and the next read gets a fresh one.
+    read pays for them. Sized to the load: :meth:`warm` starts one reader ahead of
+    the first read; another is started only when a read finds every reader busy;
+    a reader idle for ``idle_seconds`` is stopped. Each holds ~90 MB (LangGraph and
+    what it imports, measured: bench figure 15), so an API whose conversations are
+    not being read holds none, and reads one at a time keep one. A read that
+    outlasts ``timeout`` seconds (waiting for a reader included) raises
+    :class:`ReadTimedOut`; a read cancelled (its client left) or timed out kills its
+    reader, and the next read gets a fresh one.
     """
 
     size: int
     timeout: float
     preload: Sequence[str] = ()
+    idle_seconds: float = 300.0
     _idle: list[_Reader] = field(default_factory=list)
     _busy: set[_Reader] = field(default_factory=set)
     _starting: int = 0
@@ -123,6 +129,8 @@ class Readers:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     #: starts of spares and reaping of killed readers, in the background
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    #: the next look for readers idle longer than ``idle_seconds``
+    _expiry: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.size)
@@ -144,6 +152,8 @@ class Readers:
         if self._closed:
             return
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
         readers = [*self._idle, *self._busy]
         self._idle.clear()
         for reader in readers:
@@ -181,7 +191,7 @@ class Readers:
         if self._closed:
             reader.kill()
             return
-        self._idle.append(reader)
+        self._rest(reader)
         self._notify()
 
     async def _start(self) -> _Reader:
@@ -229,6 +239,29 @@ class Readers:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def _rest(self, reader: _Reader) -> None:
+        """``reader`` is idle from now: stopped after ``idle_seconds`` unless a read takes it."""
+        reader.idle_since = time.monotonic()
+        self._idle.append(reader)
+        if self._expiry is None:
+            self._expiry = asyncio.get_running_loop().call_later(self.idle_seconds, self._expire)
+
+    def _expire(self) -> None:
+        """Stop the readers idle for ``idle_seconds``; look again when the next one will be."""
+        self._expiry = None
+        if self._closed:
+            return
+        now = time.monotonic()
+        expired = [r for r in self._idle if now - r.idle_since >= self.idle_seconds]
+        for reader in expired:
+            self._idle.remove(reader)
+            self._discard(reader)
+        if expired:
+            log.info("readers.idle_stopped", pids=[r.pid for r in expired], idle_seconds=self.idle_seconds)
+        if self._idle:
+            due = min(r.idle_since for r in self._idle) + self.idle_seconds - now
+            self._expiry = asyncio.get_running_loop().call_later(max(due, 0.0), self._expire)
+
     async def _take(self) -> _Reader:
         """A reader for one read (marked busy): an idle one, the spare on its way, or one started now."""
         while True:
@@ -236,18 +269,17 @@ class Readers:
                 reader = self._idle.pop()
                 if reader.alive():
                     self._busy.add(reader)
-                    self.warm()  # the next read finds a spare
                     return reader
                 log.warning("reader.died", pid=reader.pid, exit_code=reader.popen.poll())
                 self._discard(reader)
             if self._starting == 0:
+                # Every reader is busy (or there is none): the load asks for one more.
                 self._starting += 1
                 try:
                     reader = await self._start()
                 finally:
                     self._starting -= 1
                 self._busy.add(reader)
-                self.warm()
                 return reader
             # A spare is on its way (sooner than a process started now): wait for it.
             await self._changed.wait()
@@ -272,7 +304,7 @@ class Readers:
                     finally:
                         self._busy.discard(reader)
                         if reply is not None and not self._closed:
-                            self._idle.append(reader)
+                            self._rest(reader)
                         else:
                             # Timed out, cancelled (its client left), or the reader died:
                             # whatever it is doing is of no use to anyone now.

@@ -259,7 +259,7 @@ class Store:
             raise
 
 
-#: processes reading threads for one API process: as many exports at once
+#: most processes reading threads for one API process: as many exports at once
 READER_PROCESSES = 2
 #: what a reader imports before its first read (the functions reads send it come from these)
 READER_MODULES = ("api.store", "api.transcript", "api.approvals", "api.branches")
@@ -296,5 +296,8 @@ def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
 
 def open_store(settings: Settings) -> Store:
     """The API's store on the database the settings name (call ``open`` next)."""
-    readers = Readers(size=READER_PROCESSES, timeout=settings.read_timeout, preload=READER_MODULES)
+    readers = Readers(
+        size=READER_PROCESSES, timeout=settings.read_timeout, preload=READER_MODULES,
+        idle_seconds=settings.reader_idle_seconds,
+    )
     return Store(open_reader(settings), readers, hang_read=settings.fault_hang_read)

@@ -2,7 +2,9 @@
 
 ``--only ledger`` measures figure 14 (the ledger's cost) alone, in about a minute, and
 replaces only its section of the results file; ``--only tracing`` does the same for
-figure 15 (the cost of exporting traces).
+figure 15 (the cost of exporting traces), ``--only memory`` for figure 16 (the process tree's
+memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENCY`` 1 and 4),
+``--only hops`` for figure 18 (thread hops per run).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import ledger, profiling, tracing, variants
+from bench import hops, ledger, memory, profiling, solo, tracing, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -120,10 +122,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "tracing"],
+        choices=["ledger", "tracing", "memory", "solo", "hops"],
         default=None,
-        help="measure one figure alone (ledger: figure 14, tracing: figure 15) and replace only its "
-        "section of the results",
+        help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
+        "solo: figure 17; hops: figure 18) and replace only its section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -306,16 +308,56 @@ def tracing_phase(args: argparse.Namespace, overrides: dict[str, str], command: 
     return cost
 
 
+def memory_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> memory.Memory:
+    """Figure 16, stamped with how it was measured."""
+    load_start = load_average()
+    result = memory.measure(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+    result.command, result.code = command, code_version()
+    result.load = f"{load_start}; {load_average()}"
+    result.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result
+
+
+def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str) -> tuple[solo.Solo, str]:
+    """Figure 17 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    result = solo.measure(quick=args.quick, rng=random.Random(args.seed), overrides=overrides, keep=args.keep,
+                          profile=args.profile if args.only == "solo" else None, say=say)
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    text = solo.section(result, command=command, code=code_version(), date=date,
+                        load=f"{load_start}; {load_average()}")
+    return result, text
+
+
+def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
+    """Figure 18 and its section, stamped with how it was measured."""
+    result = hops.measure(quick=args.quick)
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result, hops.section(result, command=command, code=code_version(), date=date)
+
+
 def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
-    """``--only ledger|tracing``: that figure alone; its section replaces the one in the results file."""
+    """``--only ledger|tracing|memory|solo|hops``: one figure alone; its section replaces the one in
+    the results file."""
+    measured: ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops
     try:
-        cost: ledger.LedgerCost | tracing.TracingCost
         if args.only == "ledger":
-            cost = ledger_phase(args, overrides, command)
+            measured = cost = ledger_phase(args, overrides, command)
             heading, section = LEDGER_HEADING, ledger_section(cost)
+        elif args.only == "tracing":
+            measured = traced = tracing_phase(args, overrides, command)
+            heading, section = tracing.HEADING, tracing.section(traced)
+        elif args.only == "memory":
+            measured = tree = memory_phase(args, overrides, command)
+            heading, section = memory.HEADING, memory.section(tree)
+        elif args.only == "solo":
+            measured, section = solo_phase(args, overrides, command)
+            heading = solo.HEADING
         else:
-            cost = tracing_phase(args, overrides, command)
-            heading, section = tracing.HEADING, tracing.section(cost)
+            measured, section = hops_phase(args, command)
+            heading = hops.HEADING
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
@@ -326,8 +368,8 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         target.write_text(splice_section(before, heading, section))
         say(f"{args.only} written to {target} (its section only)")
     if args.json is not None:
-        args.json.write_text(json.dumps(dataclasses.asdict(cost), indent=1))
-    say(f"done in {cost.elapsed_s:.0f} s")
+        args.json.write_text(json.dumps(dataclasses.asdict(measured), indent=1))
+    say(f"done in {measured.elapsed_s:.0f} s")
     return 0
 
 
@@ -378,6 +420,17 @@ def main(argv: list[str] | None = None) -> int:
         results.elapsed_s += results.ledger.elapsed_s
         results.tracing = tracing_phase(args, overrides, command)
         results.elapsed_s += results.tracing.elapsed_s
+        say("figure 16: the process tree's memory, a stack of its own")
+        results.memory = memory_phase(args, overrides, command)
+        results.elapsed_s += results.memory.elapsed_s
+        say("figure 17: one run at a time at WORKER_CONCURRENCY 1 and 4, stacks of their own")
+        solo_result, solo_text = solo_phase(args, overrides, command)
+        results.sections.append(solo_text)
+        results.elapsed_s += solo_result.elapsed_s
+        say("figure 18: thread hops per run, counted in process")
+        hops_result, hops_text = hops_phase(args, command)
+        results.sections.append(hops_text)
+        results.elapsed_s += hops_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

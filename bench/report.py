@@ -12,6 +12,8 @@ from typing import Any
 from bench.client import ServiceRun
 from bench.floor import FloorRun
 from bench.ledger import WITH, WITHOUT, LedgerCost
+from bench.memory import Memory
+from bench.memory import section as memory_section
 from bench.postgres import Postgres
 from bench.runs import Pairs, RunTimeline, Throughput, WorkerCycle
 from bench.scaling import Scaling
@@ -60,6 +62,10 @@ class Results:
     ledger: LedgerCost | None = None
     #: figure 15, the cost of tracing, on two stacks of its own
     tracing: TracingCost | None = None
+    #: figure 16, the process tree's memory, on a stack of its own
+    memory: Memory | None = None
+    #: figures measured on their own and rendered there: 17 (bench/solo.py), 18 (bench/hops.py)
+    sections: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,6 +607,8 @@ def markdown(r: Results) -> str:
         *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
         *([tracing_section(r.tracing)] if r.tracing else []),
+        *([memory_section(r.memory)] if r.memory else []),
+        *r.sections,
         "## Workload\n",
         WORKLOAD.format(n=n, stored=stored),
         "## How each figure is measured\n",
@@ -661,9 +669,9 @@ def ledger_section(lc: LedgerCost) -> str:
 
 
 def splice_section(text: str, heading: str, section: str) -> str:
-    """``text`` (a results file) with the section under ``heading`` replaced by ``section``, the rest
-    kept: a figure measured alone (``--only ledger``, ``--only tracing``) leaves the other figures'
-    results as they were. A section not there yet goes before the workload's."""
+    """``text`` (a results file) with the section under ``heading`` replaced by ``section``, the
+    rest kept: a figure measured alone (``--only``) leaves the other figures' results as they were.
+    A section not there yet goes before the workload's."""
     start = text.find(heading)
     if start >= 0:
         end = text.find("\n## ", start + len(heading))
@@ -688,6 +696,10 @@ def console(r: Results) -> str:
         more += "\n" + ledger_section(r.ledger)
     if r.tracing is not None:
         more += "\n" + tracing_section(r.tracing)
+    if r.memory is not None:
+        more += "\n" + memory_section(r.memory)
+    for text in r.sections:
+        more += "\n" + text
     return (
         table(rows(r)) + "\n" + breakdown(r) + "\n" + cpu_tables(r) + "\n" + extras(r) + more + "\n"
         + switches_section(r)
@@ -716,6 +728,7 @@ def raw(r: Results) -> dict[str, Any]:
         "postgres": asdict(r.postgres) if r.postgres is not None else None,
         "ledger": asdict(r.ledger) if r.ledger is not None else None,
         "tracing": asdict(r.tracing) if r.tracing is not None else None,
+        "memory": asdict(r.memory) if r.memory is not None else None,
         "machine": r.machine,
         "date": r.date,
         "command": r.command,

@@ -144,8 +144,11 @@ class ApiStreams:
     fanout_ms: list[float] = field(default_factory=list)
 
 
-async def api_streams(api_url: str, api_pid: int, redis: Redis, n: int) -> ApiStreams:
-    """Figure 6 (API): ``n`` clients each subscribed to a queued run of its own."""
+async def api_streams(
+    api_url: str, api_pid: int, redis: Redis, n: int, at_open: Callable[[], None] | None = None
+) -> ApiStreams:
+    """Figure 6 (API): ``n`` clients each subscribed to a queued run of its own; ``at_open`` is
+    called while all are open and have relayed an event (figure 15 measures the tree then)."""
     rss_idle, _ = rss_bytes(api_pid)
     jobs = [await claim_queued_run(redis) for _ in range(n)]
     opened = 0
@@ -195,6 +198,8 @@ async def api_streams(api_url: str, api_pid: int, redis: Redis, n: int) -> ApiSt
                 if len(probe_at) < n:
                     raise BenchError(f"only {len(probe_at)} of {n} open streams relayed the probe event")
                 rss_open, hwm_open = rss_bytes(api_pid)
+                if at_open is not None:
+                    at_open()
                 async with redis.pipeline(transaction=False) as pipe:
                     for job in jobs:
                         pipe.xadd(events_key(job.run_id), _end_fields(job), id="2-0")

@@ -301,6 +301,9 @@ class Settings:
     # Seconds a thread read or export may take in the API's reader processes (api/readers.py),
     # waiting for a free reader included; beyond it the read is stopped: 503 READ_TIMEOUT.
     read_timeout: float = 30.0
+    # Seconds a reader process may stay idle before it is stopped (~90 MB each, bench figure 15);
+    # the next read starts one again (about a second).
+    reader_idle_seconds: float = 300.0
     # The fast libraries a process runs on (shared/speedups.py): auto takes the fast one
     # when it is installed. Each measured on and off in bench figure 12: uvloop and hiredis
     # pay (README, Configuration), msgspec did not, so json is the default codec.
@@ -378,6 +381,7 @@ class Settings:
             mcp_start_timeout=_float(env, "MCP_START_TIMEOUT", d.mcp_start_timeout, minimum=0.01),
             model_timeout=_float(env, "MODEL_TIMEOUT", d.model_timeout, minimum=0.01),
             read_timeout=_float(env, "READ_TIMEOUT", d.read_timeout, minimum=0.1),
+            reader_idle_seconds=_float(env, "READER_IDLE_SECONDS", d.reader_idle_seconds, minimum=0.1),
             event_loop=_choice(env, "EVENT_LOOP", d.event_loop, ("auto", "uvloop", "asyncio")),
             redis_parser=_choice(env, "REDIS_PARSER", d.redis_parser, ("auto", "hiredis", "python")),
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),

@@ -50,6 +50,13 @@ def _idle_readers(api: ServiceProcess) -> int:
     return events.count("reader.started") - events.count("reader.abandoned")
 
 
+def _bytes_read(pid: int) -> int:
+    """Bytes ``pid`` has read so far (``rchar``): a ready reader reads nothing until a read
+    reaches its socket (its lifeline thread is blocked on a pipe that carries nothing)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
 def _ended(pids: list[int]) -> None:
     wait_for(
         lambda: not [pid for pid in pids if pid_alive(pid)], timeout=ENDING_SECONDS,
@@ -110,15 +117,40 @@ def test_a_reader_busy_when_the_api_stops_ends_with_it(
         with contextlib.suppress(httpx.HTTPError):  # cut when the API stops
             httpx.get(f"{api.url}/api/conversations/{conversation}/export", timeout=60, trust_env=False)
 
+    ready = _bytes_read(reader)
     with ThreadPoolExecutor(1) as pool:
         pool.submit(read)
-        # Taking the reader starts a spare beside it: the read is in the reader now.
-        wait_for(lambda: len(api.descendants()) > 1, timeout=30, message="the read to take its reader")
+        wait_for(lambda: _bytes_read(reader) > ready, timeout=30, message="the read to reach its reader")
         assert pid_alive(reader)
         api.signal(how)
         api.wait(timeout=30)
     _ended([reader])
-    _no_strays(api)  # the spare that was starting beside it too
+    _no_strays(api)
+
+
+# --- readers are sized to the load -----------------------------------------------------------
+
+
+def test_reads_one_at_a_time_keep_one_reader_and_an_idle_one_is_stopped(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
+) -> None:
+    """No spare beside a reader that is enough for the load (each holds ~90 MB); a reader idle
+    for READER_IDLE_SECONDS is stopped, and the next read starts one again."""
+    start_worker(sophos_env)
+    model.script(Text("kept"))
+    conversation = _conversation(start_api(sophos_env).url or "", "hello")
+    api = start_api(sophos_env.with_(READER_IDLE_SECONDS=3))
+    url = api.url or ""
+    for path in (f"/api/conversations/{conversation}", f"/api/conversations/{conversation}/export") * 2:
+        assert get_json(url, path, timeout=60, raw=path.endswith("export"))
+    [reader] = api.descendants()  # the one started with the API served every read
+
+    _ended([reader])  # idle for 3 s
+    stopped = [r for r in api.log_records() if r.get("event") == "readers.idle_stopped"]
+    assert any(reader in r.get("pids", []) for r in stopped), stopped
+    detail = get_json(url, f"/api/conversations/{conversation}", timeout=60)
+    assert [m["content"] for m in detail["messages"]] == ["hello", "kept"]
+    assert len(api.descendants()) == 1
 
 
 # --- reads are bounded and stop when their client leaves ------------------------------------

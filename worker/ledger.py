@@ -53,7 +53,7 @@ from shared.contracts import Decision, DecisionAction
 from shared.metrics import TOOL_CALLS, TOOL_CALLS_REPEATED
 from shared.schema import now_iso
 from shared.storage import Database
-from shared.storage.postgres import hold_lease
+from shared.storage.leases import hold_lease
 from worker.metrics import counted
 
 log = structlog.get_logger(__name__)

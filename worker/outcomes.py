@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from shared.storage.postgres import LeaseLost
+from shared.storage.leases import LeaseLost
 from worker.store import is_database_unavailable
 
 log = structlog.get_logger(__name__)

@@ -55,7 +55,7 @@ from shared.contracts import (
 from shared.queue import release_conversation
 from shared.settings import Settings
 from shared.storage.checkpoints import end_failed_checkpoint_write
-from shared.storage.postgres import CURRENT_LEASE, Lease, LeaseLost
+from shared.storage.leases import CURRENT_LEASE, Lease, LeaseLost
 from shared.thread import resume_value
 from worker.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.events import EventPublisher

@@ -20,7 +20,7 @@ from shared.schema import iso_from_timestamp, now_iso
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
 from shared.storage.engines import open_database
-from shared.storage.postgres import NOW, LeaseLost
+from shared.storage.leases import NOW, LeaseLost
 from shared.storage.sqlite import connect, end_failed_transaction
 
 __all__ = ["RunRow", "RunStore", "connect", "end_failed_transaction", "is_database_unavailable"]

@@ -22,8 +22,6 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -36,15 +34,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.schema import MIGRATIONS
 from shared.storage import Dialect, Tx
+from shared.storage.leases import CURRENT_LEASE, LeaseLost
 
 log = structlog.get_logger(__name__)
 
 #: the advisory lock key workers take while migrating ("sophos" in ASCII)
 MIGRATION_LOCK = 0x736F70686F73
-
-#: now, by the database's clock (every worker's lease is measured by the same clock)
-NOW = "extract(epoch from clock_timestamp())"
-
 
 @functools.lru_cache(maxsize=512)
 def to_pg(sql: str) -> str:
@@ -143,51 +138,11 @@ async def migrate(url: str, also: Callable[[], Awaitable[None]] | None = None) -
 # --- leases and the fenced saver ----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A worker's claim on executing one run: every write of the run checks it."""
-
-    run_id: str
-    owner: str
-
-
-#: the lease of the run whose code is executing (set by the worker around a run's graph)
-CURRENT_LEASE: ContextVar[Lease | None] = ContextVar("sophos_lease", default=None)
-
-
-class LeaseLost(Exception):
-    """The worker no longer holds the run's lease: another worker has taken the run over."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"the lease on run {run_id} has lapsed; another worker recorded it interrupted")
-        self.run_id = run_id
-
-
 #: the lease is this worker's and has not lapsed; held (FOR SHARE) until the write commits
 LEASE_HELD_SQL = (
     "SELECT 1 FROM runs WHERE id = %s AND lease_owner = %s AND status = 'running'"
     " AND lease_expires > extract(epoch from clock_timestamp()) FOR SHARE"
 )
-
-
-async def hold_lease(tx: Tx) -> None:
-    """In ``tx``: the running run's lease (:data:`CURRENT_LEASE`) is still this worker's, held
-    (``FOR SHARE``) until ``tx`` commits; else :class:`LeaseLost`. No lease set (SQLite, or no
-    run): nothing to check.
-
-    The ledger's intent commit (worker/ledger.py) runs it, so a worker that lost its run sends
-    no tool call.
-    """
-    lease = CURRENT_LEASE.get()
-    if lease is None:
-        return
-    rows = await tx.fetchall(
-        "SELECT 1 FROM runs WHERE id = ? AND lease_owner = ? AND status = 'running'"
-        f" AND lease_expires > {NOW} FOR SHARE",
-        (lease.run_id, lease.owner),
-    )
-    if not rows:
-        raise LeaseLost(lease.run_id)
 
 
 class FencedPostgresSaver(AsyncPostgresSaver):

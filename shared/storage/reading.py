@@ -34,20 +34,22 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import aiosqlite
 import anyio
-import psycopg
 import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shared.errors import DatabaseUnavailable
 from shared.storage import Dialect
-from shared.storage.postgres import to_pg
+
+# psycopg is imported where PostgreSQL is read, not here: on SQLite the API and each of its
+# reader processes are ~9 MB lighter without it (bench figure 15).
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 log = structlog.get_logger(__name__)
 
@@ -132,6 +134,7 @@ class ThreadSource:
                 raise _unavailable(exc) from exc
 
     def _read_postgres(self, serde: SerializerProtocol, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
+        import psycopg
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
 
@@ -331,6 +334,11 @@ class PostgresReader:
             self._pool = None
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        import psycopg
+        from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+        from shared.storage.postgres import to_pg
+
         if self._pool is None:
             async with self._lock:
                 if self._pool is None:

@@ -1,0 +1,158 @@
+"""Figure 18: thread hops per run of the worker's graph (issue 33, part 3), counted, not timed.
+
+Every hop hands work to another thread and back (a queue put, a wake-up of the event loop
+through its self-pipe): the profile of figure 17 shows the worker's event loop thread
+losing the CPU at each one. Counted in this process on the worker's own graph
+(``worker.graph.build_graph``), its ledger (``worker.ledger.Ledger``) and LangGraph's
+``AsyncSqliteSaver`` on a file opened like the worker's (``shared.storage.sqlite.connect``:
+WAL, ``synchronous=FULL``); a scripted model without streaming (one tool call, then an
+answer) and an in-process tool, so what is counted is the graph's and the database's
+own hops. Counted: work sent to the event loop's default thread pool
+(``ThreadPoolExecutor.submit``) and calls into aiosqlite's connection thread, by
+aiosqlite method. The counts do not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from shared.storage.sqlite import SqliteDatabase, connect
+from worker.graph import build_graph
+from worker.ledger import Ledger
+
+HEADING = "## Thread hops per run (figure 18)"
+
+
+class _Scripted(BaseChatModel):
+    """Answers from a list, without streaming: the model's own hops are not counted."""
+
+    answers: Any
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=next(self.answers))])
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                         **kwargs: Any) -> ChatResult:
+        return self._generate(messages)
+
+
+@dataclass
+class Hops:
+    runs: int
+    #: what was counted -> calls per run
+    per_run: dict[str, float] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+@contextlib.contextmanager
+def _counting(counts: collections.Counter[str]) -> Iterator[None]:
+    submit = concurrent.futures.ThreadPoolExecutor.submit
+    execute = aiosqlite.Connection._execute
+
+    def counted_submit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["thread pool (ThreadPoolExecutor.submit)"] += 1
+        return submit(self, *args, **kwargs)
+
+    async def counted_execute(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[f"aiosqlite `{getattr(fn, '__name__', 'call')}`"] += 1
+        return await execute(self, fn, *args, **kwargs)
+
+    concurrent.futures.ThreadPoolExecutor.submit = counted_submit  # type: ignore[method-assign, assignment]
+    aiosqlite.Connection._execute = counted_execute  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        concurrent.futures.ThreadPoolExecutor.submit = submit  # type: ignore[method-assign]
+        aiosqlite.Connection._execute = execute  # type: ignore[method-assign]
+
+
+async def _measure(root: Path, runs: int) -> dict[str, float]:
+    async def echo(text: str) -> str:
+        return text
+
+    tool = StructuredTool.from_function(coroutine=echo, name="tools__echo", description="echo")
+    answers = []
+    for i in range(runs):
+        call = {"name": "tools__echo", "args": {"text": "durable"}, "id": f"call-{i}", "type": "tool_call"}
+        answers += [AIMessage("", tool_calls=[call]), AIMessage("durable")]
+    db = await SqliteDatabase.open(root / "sophos.db")
+    conn = await connect(root / "sophos.db")
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        graph = build_graph(
+            model=_Scripted(answers=iter(answers)), tools=lambda: [tool], system_prompt=lambda: "",
+            checkpointer=saver, ledger=Ledger(db),
+        )
+        conversations = [str(uuid.uuid4()) for _ in range(runs)]
+        async with db.transaction() as tx:
+            for conversation in conversations:
+                await tx.execute(
+                    "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (?, 't', 'x', 'x')",
+                    (conversation,),
+                )
+        with _counting(counts):
+            for conversation in conversations:
+                config: Any = {
+                    "configurable": {"thread_id": conversation}, "metadata": {"run_id": conversation},
+                }
+                async for _ in graph.astream(
+                    {"messages": [HumanMessage("hello")]}, config, stream_mode=["messages", "tasks"],
+                    durability="sync",
+                ):
+                    pass
+    finally:
+        await conn.close()
+        await db.close()
+    return {name: n / runs for name, n in counts.most_common()}
+
+
+def measure(*, quick: bool) -> Hops:
+    """Figure 18: count the hops of ``runs`` runs, one at a time."""
+    started = time.monotonic()
+    runs = 5 if quick else 50
+    with tempfile.TemporaryDirectory(prefix="sophos-hops-") as root:
+        per_run = asyncio.run(_measure(Path(root), runs))
+    return Hops(runs=runs, per_run=per_run, elapsed_s=time.monotonic() - started)
+
+
+def section(h: Hops, *, command: str = "", code: str = "", date: str = "") -> str:
+    """Markdown: hops per run, by kind, and their total."""
+    lines = ["| hop | per run |", "|---|---:|"]
+    lines += [f"| {name} | {n:.2f} |" for name, n in h.per_run.items()]
+    lines.append(f"| **total** | **{sum(h.per_run.values()):.2f}** |")
+    return (
+        f"{HEADING}\n\n"
+        f"{h.runs} runs of the worker's graph in process (one tool call, then the answer; the ledger and "
+        "`AsyncSqliteSaver` on a WAL file, `durability=\"sync\"`), each a handing of work to another "
+        "thread: calls into aiosqlite's connection thread by method, and work sent to the default thread "
+        "pool. Counted, so the machine's load does not matter.\n\n"
+        + (f"Measured by `{command}` on {date} (code {code}).\n\n" if command else "")
+        + "\n".join(lines) + "\n"
+    )
