@@ -44,3 +44,16 @@ def test_the_workers_are_ours_unless_the_arguments_choose_them() -> None:
         assert tiers.worker_options(given, {}) == []
     with pytest.raises(SystemExit, match=tiers.WORKERS_VARIABLE):
         tiers.worker_options([], {tiers.WORKERS_VARIABLE: "many"})
+
+
+def test_every_module_with_a_module_scoped_stack_runs_in_one_worker() -> None:
+    """A module-scoped fixture (a stack, a browser, a built wheel) spread over xdist workers is
+    started once per worker: its module must be in ONE_WORKER_MODULES (tests/conftest.py)."""
+    from tests.conftest import ONE_WORKER_MODULES
+
+    shared = {
+        path.name for path in tiers.ROOT.joinpath("tests").glob("test_*.py")
+        if 'scope="module"' in path.read_text()
+    }
+    assert shared, "no module-scoped fixture found: the check reads the wrong folder"
+    assert shared <= ONE_WORKER_MODULES, sorted(shared - ONE_WORKER_MODULES)

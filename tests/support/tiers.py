@@ -8,7 +8,8 @@
 2. The real-process tests, ``-m "not fast and not alone"``, spread over
    ``SOPHOS_TEST_WORKERS`` xdist workers (default :data:`DEFAULT_WORKERS`; ``0`` runs them
    in one process) with ``--dist loadgroup``: a module that shares a server or a browser
-   between its tests runs in one worker (``xdist_group``, tests/conftest.py).
+   between its tests runs in one worker (``ONE_WORKER_MODULES`` and
+   ``pytest_xdist_make_scheduler``, tests/conftest.py).
 3. The timing-bound tests, ``-m alone`` (:data:`ALONE`): they assert latencies, which the
    other workers' load would distort, so they run last, one at a time, in one process.
 
