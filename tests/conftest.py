@@ -188,12 +188,22 @@ def fake_ollama() -> Iterator[FakeOllama]:
 
 
 @pytest.fixture
-def model() -> Iterator[FakeOllama]:
-    """A fake Ollama of this test's own (model ``test-model``): ``model.script(Text(...))``.
+def model(request: pytest.FixtureRequest) -> Iterator[FakeOllama]:
+    """The fake Ollama this test's processes ask (model ``test-model``): ``model.script(Text(...))``.
 
-    Its own port, so a process an earlier test left behind can neither take this test's
-    scripted replies nor be counted among its requests.
+    A fake of the test's own, on its own port, so a process an earlier test left behind can
+    neither take this test's scripted replies nor be counted among its requests; unless the test
+    runs on a module's shared stack, started with the session's ``fake_ollama``: then that one,
+    reset.
     """
+    if "fake_ollama" in request.fixturenames:
+        shared: FakeOllama = request.getfixturevalue("fake_ollama")
+        shared.reset()
+        shared.default_text = "ok"
+        shared.models = ["test-model:latest"]
+        yield shared
+        shared.reset()
+        return
     with FakeOllama(["test-model:latest"]) as fake:
         yield fake
         fake.reset()  # cuts replies still hanging, so no handler thread outlives the test

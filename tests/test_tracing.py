@@ -8,6 +8,7 @@ one run: with a tool call; killed mid-run (-9) and resumed; cancelled.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from tests.support.otlp import OtlpReceiver, Span
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
+from tests.support.waterfall import page as waterfall
+from tests.test_web import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,8 +96,27 @@ def named(name: str, count: int = 1) -> Callable[[list[Span]], bool]:
     return lambda spans: sum(s.name == name for s in spans) >= count
 
 
+def picture(spans: list[Span], title: str, path: Path) -> None:
+    """The trace drawn as a waterfall (tests/support/waterfall.py) in Chromium, every span a row,
+    saved to ``path`` and, with ``SOPHOS_SCREENSHOTS=DIR``, to DIR (docs/screenshots/trace.png)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 300})
+            page.set_content(waterfall(spans, title))
+            assert page.locator(".row").count() == len(spans)
+            assert page.locator(".row .name").first.inner_text() == "POST /api/chat"
+            page.screenshot(path=str(path), full_page=True)
+            if folder := os.environ.get("SOPHOS_SCREENSHOTS"):
+                page.screenshot(path=str(Path(folder) / path.name), full_page=True)
+        finally:
+            browser.close()
+
+
 def test_a_run_with_a_tool_call_is_one_trace_from_the_request_to_its_end(
-    stack: Stack, model: FakeOllama
+    stack: Stack, model: FakeOllama, tmp_path: Path
 ) -> None:
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("Five."))
     conversation, run = chat(stack.api, "add 2 and 3")
@@ -149,6 +171,9 @@ def test_a_run_with_a_tool_call_is_one_trace_from_the_request_to_its_end(
     api_logs = next(p for p in stack.group.processes if p.module == "api").log_records()
     accepted = next(r for r in api_logs if r.get("event") == "run.accepted" and r.get("run_id") == run)
     assert (accepted["trace_id"], accepted["span_id"]) == (request.trace_id, request.span_id)
+
+    # The picture in the manual (docs/operating.md, "Traces"): this trace, drawn.
+    picture(spans, "One run's trace: POST /api/chat, a tool call, the answer", tmp_path / "trace.png")
 
 
 def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
