@@ -334,7 +334,12 @@ def test_an_interrupted_run_shows_why_and_resumes(
     page.reload()
     expect(page.locator('.banner[data-code="INTERRUPTED"] .message')).to_have_text(run["error"]["message"])
     expect(page.locator("#conversation-status")).to_have_text("interrupted")
+    # The card says what the resume will do with the call (the detail's resumePlan).
+    expect(page.locator("details.tool .plan")).to_have_text(
+        " · on resume: asked about first (it may already have run)"
+    )
     page.get_by_role("button", name="Resume").click()
+    expect(page.locator("details.tool .plan")).to_have_count(0)
     # The call in flight may have run: the resume asks before it is sent again.
     card = page.locator("fieldset.approval.uncertain")
     expect(card.locator(".uncertain-note")).to_contain_text("This call may already have run")

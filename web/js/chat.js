@@ -10,7 +10,7 @@
 import { api, ApiError, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
 import { Branches, learnIds } from "./branches.js";
-import { copyButton, decisionLine, decorateCode, el, setResult, toolCard } from "./elements.js";
+import { copyButton, decisionLine, decorateCode, el, planLine, setResult, toolCard } from "./elements.js";
 import { plainText, renderMarkdown } from "./markdown.js";
 
 const ACTIVE = new Set(["queued", "running"]);
@@ -173,7 +173,7 @@ export class ChatView {
       this.setHeader(detail.conversation);
       this.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
       if (active) this.attach(active, 0, latest.status);
-      else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval);
+      else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval, detail.resumePlan);
     } catch (error) {
       if (generation !== this.generation) return;
       if (error.status === 404) this.showNotFound(id);
@@ -227,7 +227,7 @@ export class ChatView {
     }
   }
 
-  showOutcome(conversation, resumable, pendingApproval) {
+  showOutcome(conversation, resumable, pendingApproval, plan) {
     const error = conversation.error;
     if (error && ["failed", "interrupted"].includes(conversation.status)) {
       this.banners.show(error, { kind: "error" });
@@ -237,6 +237,16 @@ export class ChatView {
       this.showApprovals(pendingApproval);
     }
     this.resumeButton.hidden = !resumable;
+    this.showPlan(resumable ? plan : null);
+  }
+
+  /** Under each call a resume continues, what it will do with it (none once nothing is to resume). */
+  showPlan(plan) {
+    for (const line of this.messages.querySelectorAll(".tool .plan")) line.remove();
+    for (const planned of plan || []) {
+      const card = this.cards.get(planned.id);
+      if (card) planLine(card, planned.action);
+    }
   }
 
   // --- the message list ------------------------------------------------------------
@@ -522,6 +532,7 @@ export class ChatView {
       this.settleCuts(detail.messages);
       learnIds(this.messages, detail.messages); // what Edit and Regenerate name
       this.resumeButton.hidden = !detail.resumable;
+      this.showPlan(detail.resumable ? detail.resumePlan : null);
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
     }
@@ -648,6 +659,7 @@ export class ChatView {
       const accepted = await api("/api/chat", { method: "POST", body: { resume: true, conversation } });
       this.resumeButton.hidden = true;
       this.banners.clear();
+      this.showPlan(null);
       this.dropInterrupted();
       this.attach(accepted.run, 0, "queued");
       this.sidebar.refresh();

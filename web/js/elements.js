@@ -109,6 +109,24 @@ export function setResult(card, result, status) {
 export const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
 
 /** Under a call that needed approval: what the user decided (once, live or read back). */
+// What a resume will do with a call of the turn it continues (`resumePlan` in the detail;
+// the CLI's words, sophos_cli/commands.py PLAN_WORDS).
+export const PLANNED = {
+  answer: "answered from the ledger (it finished; not sent again)",
+  send: "sent (it was never sent)",
+  resend: "sent again with its key (it may have run; safe to repeat)",
+  ask: "asked about first (it may already have run)",
+};
+
+/** The line under a tool card saying what a resume will do with its call (`action`). */
+export function planLine(card, action) {
+  // In the summary, so it shows with the card folded.
+  const summary = card.querySelector("summary");
+  const line = card.querySelector(".plan") || summary.appendChild(el("span", { class: `plan plan-${action}` }));
+  line.textContent = ` · on resume: ${PLANNED[action] || action}`;
+  line.dataset.action = action;
+}
+
 export function decisionLine(card, approval) {
   const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
   const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;
