@@ -63,6 +63,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             routes_read.list_conversations,
             routes_read.get_conversation,
             routes_read.delete_conversation,
+            routes_read.rename_conversation,
             routes_read.export_conversation,
             routes_read.list_runs,
             routes_read.get_run,

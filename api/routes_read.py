@@ -1,4 +1,4 @@
-"""Reads: conversations, their exports, runs, health and readiness."""
+"""Reads: conversations, their exports, runs, health and readiness; a conversation's delete and rename."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 import structlog
-from litestar import Response, delete, get
+from litestar import Response, delete, get, patch
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from msgspec import UNSET
@@ -17,6 +17,7 @@ from api.deletion import Deleted, Deletions
 from api.disconnect import cancel_on_disconnect
 from api.ids import parse_id
 from api.openapi import ConversationId, RunId, errors
+from api.renaming import Renames
 from api.resources import Resources
 from api.schemas import (
     ConversationDetail,
@@ -25,6 +26,8 @@ from api.schemas import (
     Health,
     NotReadyBody,
     Ready,
+    Renamed,
+    RenameRequest,
     RunInfo,
     RunList,
 )
@@ -82,6 +85,33 @@ async def delete_conversation(
     if done is Deleted.DONE:
         return Response(None, status_code=204)
     return Response(DeleteAccepted(conversation=conversation_id), status_code=202)
+
+
+@patch(
+    "/conversations/{conversation_id:str}",
+    tags=["conversations"],
+    status_code=200,
+    summary="Rename a conversation",
+    description=(
+        "`{title}`: whitespace runs (newlines too) become single spaces; blank or longer than 200 "
+        "characters → 422 INVALID_TITLE. The worker writes it: 200 `renamed` once it has (within a "
+        "few seconds), 202 `renaming` when it has not confirmed in time (it is busy with a run, or "
+        "down): the title is written when it takes the job. 409 while its first run has not started."
+    ),
+    responses={
+        202: ResponseSpec(data_container=Renamed, description="Queued: written when the worker takes it"),
+        **errors(400, 401, 404, 409, 422, 503),
+    },
+)
+async def rename_conversation(
+    conversation_id: ConversationId, data: RenameRequest, resources: Resources
+) -> Response[Renamed]:
+    conversation_id = parse_id(conversation_id, "conversation id")
+    structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+    title, done = await Renames(resources.store, resources.redis).rename(conversation_id, data.title)
+    if done:
+        return Response(Renamed(conversation_id, title, "renamed"), status_code=200)
+    return Response(Renamed(conversation_id, title, "renaming"), status_code=202)
 
 
 @get(

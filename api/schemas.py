@@ -119,6 +119,20 @@ class ConversationList(msgspec.Struct, rename="camel"):
     next_cursor: str | None = None
 
 
+class RenameRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``PATCH /api/conversations/{id}``: the conversation's new title."""
+
+    title: str
+
+
+class Renamed(msgspec.Struct):
+    """A rename: ``renamed`` (200: the worker has written it) or ``renaming`` (202: it will)."""
+
+    conversation: str
+    title: str
+    status: Literal["renamed", "renaming"]
+
+
 class DeleteAccepted(msgspec.Struct):
     """202 to a DELETE: the worker deletes the conversation when it takes the job."""
 
