@@ -1,6 +1,6 @@
 """What people expect of a chat page, in Debian's Chromium against the real API and worker.
 
-Copy buttons, highlighted code, the dark theme, titles without Markdown, Esc, Delete while
+Copy buttons, highlighted code, the dark theme, titles without Markdown and renamed, Esc, Delete while
 an answer runs, a conversation that does not exist, titles in the runs view. The browser,
 the offline context and the service come from tests/test_web.py (same rules: every request
 beyond loopback is aborted and fails the test, as does an uncaught error in the page).
@@ -116,7 +116,7 @@ def test_the_dark_theme_follows_the_system(
     screenshot(page, tmp_path, "chat-dark")
 
 
-def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view(
+def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view_and_can_be_renamed(
     service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
     url = service()
@@ -140,6 +140,31 @@ def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view(
     expect(link).to_have_text("Plan my trip")
     expect(link).to_have_attribute("href", f"#/c/{conversation}")
     expect(link).to_have_attribute("title", conversation)
+
+    # Renamed from the header: Esc cancels, a blank title is refused and changes nothing, Enter saves.
+    link.click()
+    title, field = page.locator("#conversation-title"), page.get_by_label("Title")
+    page.get_by_role("button", name="Rename").click()
+    expect(field).to_be_focused()
+    expect(field).to_have_value("**Plan** my `trip`")
+    field.fill("Something else")
+    field.press("Escape")
+    expect(field).to_be_hidden()
+    expect(title).to_have_text("Plan my trip")
+    page.get_by_role("button", name="Rename").click()
+    field.fill("   ")
+    field.press("Enter")
+    expect(page.locator('.banner[data-code="INVALID_TITLE"]')).to_contain_text("empty")
+    expect(field).to_be_visible()
+    assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["title"] == stored
+    field.fill("Rome in May")
+    field.press("Enter")
+    expect(title).to_have_text("Rome in May")
+    expect(field).to_be_hidden()
+    expect(item.locator(".title")).to_have_text("Rome in May")
+    assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["title"] == "Rome in May"
+    page.reload()
+    expect(title).to_have_text("Rome in May")
 
 
 def test_escape_stops_the_answer_and_delete_waits_for_the_run(
