@@ -31,7 +31,7 @@ from api.schemas import (
     RunInfo,
     RunList,
 )
-from shared.contracts import RunStatus
+from shared.contracts import TITLE_MAX_CHARS, RunStatus
 from shared.errors import BadRequest
 
 MARKDOWN = "text/markdown; charset=utf-8"
@@ -47,7 +47,8 @@ CONVERSATIONS_MAX_LIMIT = 200
     description=(
         "Newest created first (`createdAt`, then `id`: a key that never changes, so a conversation "
         "updated while you page is neither skipped nor listed twice). Page with `cursor` = the previous "
-        "page's `nextCursor`; `nextCursor` is null on the last page."
+        "page's `nextCursor`; `nextCursor` is null on the last page. With `q`: only the conversations "
+        "whose title contains it, whatever the case (`%` and `_` are matched as themselves)."
     ),
     responses=errors(400, 401, 503),
 )
@@ -57,8 +58,12 @@ async def list_conversations(
         int, Parameter(ge=1, le=CONVERSATIONS_MAX_LIMIT, description="Conversations per page")
     ] = CONVERSATIONS_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
+    q: Annotated[
+        str | None,
+        Parameter(max_length=TITLE_MAX_CHARS, description="Only titles containing this, case aside"),
+    ] = None,
 ) -> ConversationList:
-    return await resources.conversations.page(limit=limit, cursor=cursor)
+    return await resources.conversations.page(limit=limit, cursor=cursor, query=q.strip() if q else None)
 
 
 @delete(

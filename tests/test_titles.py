@@ -85,3 +85,43 @@ def test_rename_is_written_by_the_worker_and_a_refused_one_changes_nothing(
     slow.release()
     read_sse(api, busy)
     wait_for(lambda: titles(api).get(conversation) == "Later", timeout=20, message="the worker to rename")
+
+
+@pytest.mark.backends
+def test_search_finds_a_part_of_the_title_whatever_its_case_and_wildcards_are_plain_characters(
+    backend: str, sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama,
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env).url
+    model.default_text = "noted"
+    trip, budget, names, school = (
+        chat(api, m) for m in ("Trip to LISBON", "Budget: 100% done", "snake_case names", "École d'été")
+    )
+
+    def found(q: str, **params: Any) -> list[str]:
+        return list(titles(api, q=q, **params))
+
+    assert found("lisbon") == [trip]
+    assert found("%") == [budget]  # not every title, as an unescaped LIKE would match
+    assert found("_") == [names]
+    assert found("a_e") == []  # "_" is no wildcard: it would match "ake" of "snake"
+    assert found("école") == [school] and found("ÉCOLE") == [school]
+    assert found("nothing like it") == []
+    assert set(found("")) == {trip, budget, names, school}
+
+    # A conversation whose first run is still queued (no row yet) is searched too, and pages.
+    slow = Hang(text="busy ")
+    model.script(slow)
+    queued = post_chat(api, "Lisbon, again").json()["conversation"]
+    slow.wait_started()
+    waiting = post_chat(api, "lisbon the third").json()["conversation"]
+    first = get_json(api, "/api/conversations", q="LISBON", limit=2)
+    assert [c["id"] for c in first["conversations"]] == [waiting, queued]
+    assert first["conversations"][0]["status"] == "queued"
+    rest = get_json(api, "/api/conversations", q="LISBON", limit=2, cursor=first["nextCursor"])
+    assert [c["id"] for c in rest["conversations"]] == [trip] and rest["nextCursor"] is None
+    slow.release()
+
+    with httpx.Client(base_url=api, timeout=15, trust_env=False) as http:
+        code, message = error(http.get("/api/conversations", params={"q": "x" * 201}), 400)
+    assert code == "BAD_REQUEST" and "q" in message

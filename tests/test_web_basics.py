@@ -1,9 +1,10 @@
 """What people expect of a chat page, in Debian's Chromium against the real API and worker.
 
-Copy buttons, highlighted code, the dark theme, titles without Markdown and renamed, Esc, Delete while
-an answer runs, a conversation that does not exist, titles in the runs view. The browser,
-the offline context and the service come from tests/test_web.py (same rules: every request
-beyond loopback is aborted and fails the test, as does an uncaught error in the page).
+Copy buttons, highlighted code, the dark theme, titles without Markdown, renamed and searched,
+Esc, Delete while an answer runs, a conversation that does not exist, titles in the runs view,
+the empty page. The browser, the offline context and the service come from tests/test_web.py
+(same rules: every request beyond loopback is aborted and fails the test, as does an uncaught
+error in the page).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def test_the_dark_theme_follows_the_system(
     screenshot(page, tmp_path, "chat-dark")
 
 
-def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view_and_can_be_renamed(
+def test_titles_show_without_markdown_can_be_renamed_and_searched(
     service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
     url = service()
@@ -165,6 +166,26 @@ def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view_and_ca
     assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["title"] == "Rome in May"
     page.reload()
     expect(title).to_have_text("Rome in May")
+
+    # The search box filters the sidebar by title as you type, case aside.
+    model.script(Text("Noted."))
+    page.get_by_role("button", name="New chat").click()
+    send(page, "Packing list")
+    idle(page)
+    other = conversation_of(page)
+    listed = page.locator("#conversations li")
+    expect(listed).to_have_count(2)
+    search = page.get_by_label("Search conversations")
+    search.press_sequentially("ROME")
+    expect(listed).to_have_count(1)
+    expect(listed.first).to_have_attribute("data-id", conversation)
+    search.fill("no such title")
+    expect(listed).to_have_count(0)
+    expect(page.locator("#no-match")).to_be_visible()
+    search.fill("")
+    expect(listed).to_have_count(2)
+    expect(page.locator("#no-match")).to_be_hidden()
+    expect(listed.first).to_have_attribute("data-id", other)
 
 
 def test_escape_stops_the_answer_and_delete_waits_for_the_run(
