@@ -68,6 +68,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             routes_read.list_runs,
             routes_read.get_run,
             routes_ops.cancel,
+            routes_read.agent,
             routes_read.healthz,
             routes_read.readyz,
         ],

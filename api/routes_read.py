@@ -20,6 +20,8 @@ from api.openapi import ConversationId, RunId, errors
 from api.renaming import Renames
 from api.resources import Resources
 from api.schemas import (
+    AgentInfo,
+    AgentTool,
     ConversationDetail,
     ConversationList,
     DeleteAccepted,
@@ -33,6 +35,7 @@ from api.schemas import (
 )
 from shared.contracts import TITLE_MAX_CHARS, RunStatus
 from shared.errors import BadRequest
+from shared.liveness import read_liveness
 
 MARKDOWN = "text/markdown; charset=utf-8"
 NDJSON = "application/x-ndjson"
@@ -203,6 +206,28 @@ async def get_run(run_id: RunId, resources: Resources) -> RunInfo:
     run_id = parse_id(run_id, "run id")
     structlog.contextvars.bind_contextvars(run_id=run_id)
     return await resources.runs.get(run_id)
+
+
+@get(
+    "/agent",
+    tags=["operations"],
+    summary="The model and the tools the agent has",
+    description=(
+        "From the workers' heartbeat: the newest live worker's model (`OLLAMA_MODEL`) and tools "
+        "(`server__tool`, the first line of its description), as of its last beat (every 2 s: a tool "
+        "server that starts late adds its tools). With no worker alive, what the last one said "
+        "(`workerAlive: false`)."
+    ),
+    responses=errors(401, 503),
+)
+async def agent(resources: Resources) -> AgentInfo:
+    liveness = await read_liveness(resources.redis)
+    beat = liveness.beat
+    return AgentInfo(
+        model=(beat.model if beat is not None else None) or resources.settings.ollama_model,
+        tools=[AgentTool(t.name, t.description) for t in (beat.tools if beat is not None else ())],
+        worker_alive=liveness.alive,
+    )
 
 
 @get("/healthz", tags=["operations"], summary="The process is up", opt={"public": True})

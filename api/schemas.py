@@ -294,6 +294,22 @@ class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tru
     count: int | UnsetType = UNSET
 
 
+class AgentTool(msgspec.Struct):
+    """A tool the agent can call: ``server__tool`` and the first line of what it does."""
+
+    name: str
+    description: str
+
+
+class AgentInfo(msgspec.Struct, rename="camel"):
+    """What answers: the model and the tools, as the newest live worker's heartbeat says (else
+    the last beat seen; the model from this process's OLLAMA_MODEL when no worker ever beat)."""
+
+    model: str
+    tools: list[AgentTool]
+    worker_alive: bool
+
+
 class RunList(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     runs: list[RunInfo]
     #: pass as ``cursor`` for the next (older) page; absent on the last page

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, wait_for
+from tests.support.env import SophosEnv
 from tests.test_web import (  # noqa: F401 - browser, offline, playwright and service: fixtures
     Offline,
     Page,
@@ -225,8 +226,8 @@ def test_escape_stops_the_answer_and_delete_waits_for_the_run(
     expect(delete).to_be_enabled()
 
 
-def test_an_unknown_conversation_is_a_not_found_view_without_actions(
-    service: Callable[..., str], offline: Offline
+def test_an_unknown_conversation_is_a_not_found_view_and_the_empty_page_names_who_answers(
+    service: Callable[..., str], offline: Offline, sophos_env: SophosEnv, tmp_path: Path
 ) -> None:
     url = service()
     missing = str(uuid.uuid4())
@@ -246,3 +247,15 @@ def test_an_unknown_conversation_is_a_not_found_view_without_actions(
     expect(view).to_be_hidden()
     expect(page.get_by_label("Message")).to_be_visible()
     expect(page.locator("#empty")).to_be_visible()
+
+    # The empty page names the model and lists the agent's tools, as the worker's heartbeat says.
+    agent = get_json(url, "/api/agent")
+    assert agent["model"] == sophos_env["OLLAMA_MODEL"] == "test-model" and agent["workerAlive"] is True
+    described = {tool["name"]: tool["description"] for tool in agent["tools"]}
+    assert described["tools__add"] == "Add two integers." and "tools__echo" in described
+    panel = page.get_by_role("region", name="Who answers")
+    expect(panel.locator("#agent-model")).to_have_text(agent["model"])
+    expect(panel.locator("#agent-tools li")).to_have_count(len(described))
+    add = panel.locator("#agent-tools li", has_text="tools__add")
+    expect(add).to_have_text("tools__add Add two integers.")
+    screenshot(page, tmp_path, "empty")
