@@ -484,7 +484,8 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
                      '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
                      " paths", '"conversations":[', '"branch":{"index":3,"count":3,',
-                     '"title":"Greetings","status":"renamed"']:
+                     '"title":"Greetings","status":"renamed"',
+                     '{"model":"test-model","tools":[{"name":"tools__']:
         assert expected in answers, f"{expected!r} not in\n{answers}"
 
     cli_block = _sh_block("cli.md", "The command-line client")
