@@ -10,6 +10,7 @@ queued until the worker takes it (it is busy with a run, or down). A refused ren
 from __future__ import annotations
 
 import time
+import unicodedata
 from dataclasses import dataclass
 
 import structlog
@@ -28,13 +29,21 @@ RENAME_WAIT_SECONDS = 3.0
 
 
 def clean_title(title: str) -> str:
-    """``title`` with its runs of whitespace (newlines too) made single spaces, or InvalidTitle."""
+    """``title`` with its runs of whitespace (newlines too) made single spaces, or InvalidTitle:
+    blank, too long, or with a control character."""
     cleaned = " ".join(title.split())
     if not cleaned:
         raise InvalidTitle("title must not be empty or only whitespace")
     if len(cleaned) > TITLE_MAX_CHARS:
         raise InvalidTitle(f"title must be at most {TITLE_MAX_CHARS} characters, got {len(cleaned)}")
+    if has_control_characters(cleaned):
+        # NUL among them: PostgreSQL's text refuses it, and none is anything to show.
+        raise InvalidTitle("title must not contain control characters")
     return cleaned
+
+
+def has_control_characters(text: str) -> bool:
+    return any(unicodedata.category(c) == "Cc" for c in text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from api.deletion import Deleted, Deletions
 from api.disconnect import cancel_on_disconnect
 from api.ids import parse_id
 from api.openapi import ConversationId, RunId, errors
-from api.renaming import Renames
+from api.renaming import Renames, has_control_characters
 from api.resources import Resources
 from api.schemas import (
     AgentInfo,
@@ -66,6 +66,8 @@ async def list_conversations(
         Parameter(max_length=TITLE_MAX_CHARS, description="Only titles containing this, case aside"),
     ] = None,
 ) -> ConversationList:
+    if q is not None and has_control_characters(q):
+        raise BadRequest("q must not contain control characters")
     return await resources.conversations.page(limit=limit, cursor=cursor, query=q.strip() if q else None)
 
 
@@ -101,10 +103,11 @@ async def delete_conversation(
     status_code=200,
     summary="Rename a conversation",
     description=(
-        "`{title}`: whitespace runs (newlines too) become single spaces; blank or longer than 200 "
-        "characters → 422 INVALID_TITLE. The worker writes it: 200 `renamed` once it has (within a "
-        "few seconds), 202 `renaming` when it has not confirmed in time (it is busy with a run, or "
-        "down): the title is written when it takes the job. 409 while its first run has not started."
+        "`{title}`: whitespace runs (newlines too) become single spaces; blank, longer than 200 "
+        "characters or with a control character → 422 INVALID_TITLE. The worker writes it: 200 "
+        "`renamed` once it has (within a few seconds), 202 `renaming` when it has not confirmed in "
+        "time (it is busy with a run, or down): the title is written when it takes the job. 409 while "
+        "its first run has not started."
     ),
     responses={
         202: ResponseSpec(data_container=Renamed, description="Queued: written when the worker takes it"),

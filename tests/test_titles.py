@@ -62,6 +62,7 @@ def test_rename_is_written_by_the_worker_and_a_refused_one_changes_nothing(
         (rename(api, conversation, {"title": ""}), 422, "INVALID_TITLE", "empty"),
         (rename(api, conversation, {"title": " \n\t "}), 422, "INVALID_TITLE", "empty"),
         (rename(api, conversation, {"title": "x" * 201}), 422, "INVALID_TITLE", "at most 200"),
+        (rename(api, conversation, {"title": "a\x00b"}), 422, "INVALID_TITLE", "control characters"),
         (rename(api, conversation, {}), 400, "BAD_REQUEST", "title"),
         (rename(api, conversation, {"title": 7}), 400, "BAD_REQUEST", "title"),
         (rename(api, "not-a-uuid", {"title": "x"}), 400, "BAD_REQUEST", "conversation id"),
@@ -124,4 +125,6 @@ def test_search_finds_a_part_of_the_title_whatever_its_case_and_wildcards_are_pl
 
     with httpx.Client(base_url=api, timeout=15, trust_env=False) as http:
         code, message = error(http.get("/api/conversations", params={"q": "x" * 201}), 400)
-    assert code == "BAD_REQUEST" and "q" in message
+        assert code == "BAD_REQUEST" and "q" in message
+        code, message = error(http.get("/api/conversations", params={"q": "a\x00b"}), 400)
+        assert (code, message) == ("BAD_REQUEST", "q must not contain control characters")

@@ -17,7 +17,10 @@ from worker.resources import TOOL_DESCRIPTION_CHARS, tool_list
 def test_a_title_has_its_whitespace_collapsed_and_is_refused_blank_or_too_long() -> None:
     assert clean_title("  Trip\n\tto   Lisbon ") == "Trip to Lisbon"
     assert clean_title("x" * 200) == "x" * 200
-    for bad, words in (("", "empty"), (" \n ", "empty"), ("x" * 201, "at most 200 characters, got 201")):
+    for bad, words in (
+        ("", "empty"), (" \n ", "empty"), ("x" * 201, "at most 200 characters, got 201"),
+        ("a\x00b", "control characters"), ("bell\x07", "control characters"),
+    ):
         with pytest.raises(InvalidTitle, match=words):
             clean_title(bad)
 
