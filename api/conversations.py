@@ -14,7 +14,7 @@ import structlog
 from msgspec import UNSET
 from redis.asyncio import Redis
 
-from api import branches, ledger_view, live, transcript
+from api import branches, ledger_view, live, title_search, transcript
 from api.approvals import pending_call, pending_requests
 from api.runs import REDIS_DOWN, decode_cursor, encode_cursor
 from api.schemas import (
@@ -84,16 +84,17 @@ class Conversations:
             log.warning("conversations.redis_unavailable", error=str(exc))
             return None
 
-    async def page(self, *, limit: int, cursor: str | None) -> ConversationList:
+    async def page(self, *, limit: int, cursor: str | None, query: str | None = None) -> ConversationList:
         """One page of conversations, newest created first, and the cursor of the next one.
 
         The key (createdAt, id) never changes, so a conversation updated while a client
         pages is neither skipped nor listed twice, and new ones only appear before the
         first page (the runs listing's approach, api/runs.py). A conversation whose first
         run is still queued has no row yet: it comes from its claim, with its key.
+        ``query``: only the conversations whose title contains it (api/title_search.py).
         """
         before = decode_cursor(cursor) if cursor else None
-        rows = await self.store.conversations(limit=limit + 1, before=before)
+        rows = await self.store.conversations(limit=limit + 1, before=before, query=query)
         try:
             claims: dict[str, str] = await self.redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
         except REDIS_DOWN as exc:
@@ -109,7 +110,8 @@ class Conversations:
             for r in rows
             if r.id not in deleting
         ]
-        infos += await self._unrecorded(runs, {r.id for r in rows}, before)
+        unrecorded = await self._unrecorded(runs, {r.id for r in rows}, before)
+        infos += [i for i in unrecorded if not query or title_search.matches(i.title, query)]
         infos.sort(key=_key, reverse=True)
         shown = infos[:limit]
         return ConversationList(

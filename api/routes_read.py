@@ -1,4 +1,4 @@
-"""Reads: conversations, their exports, runs, health and readiness."""
+"""Reads: conversations, their exports, runs, health and readiness; a conversation's delete and rename."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 import structlog
-from litestar import Response, delete, get
+from litestar import Response, delete, get, patch
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from msgspec import UNSET
@@ -17,19 +17,25 @@ from api.deletion import Deleted, Deletions
 from api.disconnect import cancel_on_disconnect
 from api.ids import parse_id
 from api.openapi import ConversationId, RunId, errors
+from api.renaming import Renames, has_control_characters
 from api.resources import Resources
 from api.schemas import (
+    AgentInfo,
+    AgentTool,
     ConversationDetail,
     ConversationList,
     DeleteAccepted,
     Health,
     NotReadyBody,
     Ready,
+    Renamed,
+    RenameRequest,
     RunInfo,
     RunList,
 )
-from shared.contracts import RunStatus
+from shared.contracts import TITLE_MAX_CHARS, RunStatus
 from shared.errors import BadRequest
+from shared.liveness import read_liveness
 
 MARKDOWN = "text/markdown; charset=utf-8"
 NDJSON = "application/x-ndjson"
@@ -44,7 +50,8 @@ CONVERSATIONS_MAX_LIMIT = 200
     description=(
         "Newest created first (`createdAt`, then `id`: a key that never changes, so a conversation "
         "updated while you page is neither skipped nor listed twice). Page with `cursor` = the previous "
-        "page's `nextCursor`; `nextCursor` is null on the last page."
+        "page's `nextCursor`; `nextCursor` is null on the last page. With `q`: only the conversations "
+        "whose title contains it, whatever the case (`%` and `_` are matched as themselves)."
     ),
     responses=errors(400, 401, 503),
 )
@@ -54,8 +61,14 @@ async def list_conversations(
         int, Parameter(ge=1, le=CONVERSATIONS_MAX_LIMIT, description="Conversations per page")
     ] = CONVERSATIONS_DEFAULT_LIMIT,
     cursor: Annotated[str | None, Parameter(description="`nextCursor` of the previous page")] = None,
+    q: Annotated[
+        str | None,
+        Parameter(max_length=TITLE_MAX_CHARS, description="Only titles containing this, case aside"),
+    ] = None,
 ) -> ConversationList:
-    return await resources.conversations.page(limit=limit, cursor=cursor)
+    if q is not None and has_control_characters(q):
+        raise BadRequest("q must not contain control characters")
+    return await resources.conversations.page(limit=limit, cursor=cursor, query=q.strip() if q else None)
 
 
 @delete(
@@ -82,6 +95,34 @@ async def delete_conversation(
     if done is Deleted.DONE:
         return Response(None, status_code=204)
     return Response(DeleteAccepted(conversation=conversation_id), status_code=202)
+
+
+@patch(
+    "/conversations/{conversation_id:str}",
+    tags=["conversations"],
+    status_code=200,
+    summary="Rename a conversation",
+    description=(
+        "`{title}`: whitespace runs (newlines too) become single spaces; blank, longer than 200 "
+        "characters or with a control character → 422 INVALID_TITLE. The worker writes it: 200 "
+        "`renamed` once it has (within a few seconds), 202 `renaming` when it has not confirmed in "
+        "time (it is busy with a run, or down): the title is written when it takes the job. 409 while "
+        "its first run has not started."
+    ),
+    responses={
+        202: ResponseSpec(data_container=Renamed, description="Queued: written when the worker takes it"),
+        **errors(400, 401, 404, 409, 422, 503),
+    },
+)
+async def rename_conversation(
+    conversation_id: ConversationId, data: RenameRequest, resources: Resources
+) -> Response[Renamed]:
+    conversation_id = parse_id(conversation_id, "conversation id")
+    structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+    title, done = await Renames(resources.store, resources.redis).rename(conversation_id, data.title)
+    if done:
+        return Response(Renamed(conversation_id, title, "renamed"), status_code=200)
+    return Response(Renamed(conversation_id, title, "renaming"), status_code=202)
 
 
 @get(
@@ -168,6 +209,28 @@ async def get_run(run_id: RunId, resources: Resources) -> RunInfo:
     run_id = parse_id(run_id, "run id")
     structlog.contextvars.bind_contextvars(run_id=run_id)
     return await resources.runs.get(run_id)
+
+
+@get(
+    "/agent",
+    tags=["operations"],
+    summary="The model and the tools the agent has",
+    description=(
+        "From the workers' heartbeat: the newest live worker's model (`OLLAMA_MODEL`) and tools "
+        "(`server__tool`, the first line of its description), as of its last beat (every 2 s: a tool "
+        "server that starts late adds its tools). With no worker alive, what the last one said "
+        "(`workerAlive: false`)."
+    ),
+    responses=errors(401, 503),
+)
+async def agent(resources: Resources) -> AgentInfo:
+    liveness = await read_liveness(resources.redis)
+    beat = liveness.beat
+    return AgentInfo(
+        model=(beat.model if beat is not None else None) or resources.settings.ollama_model,
+        tools=[AgentTool(t.name, t.description) for t in (beat.tools if beat is not None else ())],
+        worker_alive=liveness.alive,
+    )
 
 
 @get("/healthz", tags=["operations"], summary="The process is up", opt={"public": True})

@@ -119,6 +119,20 @@ class ConversationList(msgspec.Struct, rename="camel"):
     next_cursor: str | None = None
 
 
+class RenameRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``PATCH /api/conversations/{id}``: the conversation's new title."""
+
+    title: str
+
+
+class Renamed(msgspec.Struct):
+    """A rename: ``renamed`` (200: the worker has written it) or ``renaming`` (202: it will)."""
+
+    conversation: str
+    title: str
+    status: Literal["renamed", "renaming"]
+
+
 class DeleteAccepted(msgspec.Struct):
     """202 to a DELETE: the worker deletes the conversation when it takes the job."""
 
@@ -278,6 +292,22 @@ class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tru
     concurrency: int | UnsetType = UNSET
     #: live workers (the other fields tell of the newest beat among them)
     count: int | UnsetType = UNSET
+
+
+class AgentTool(msgspec.Struct):
+    """A tool the agent can call: ``server__tool`` and the first line of what it does."""
+
+    name: str
+    description: str
+
+
+class AgentInfo(msgspec.Struct, rename="camel"):
+    """What answers: the model and the tools, as the newest live worker's heartbeat says (else
+    the last beat seen; the model from this process's OLLAMA_MODEL when no worker ever beat)."""
+
+    model: str
+    tools: list[AgentTool]
+    worker_alive: bool
 
 
 class RunList(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

@@ -17,6 +17,7 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.pregel import Pregel
 
+from api import title_search
 from api.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.readers import Readers
 from shared.contracts import RunStatus
@@ -143,10 +144,20 @@ class Store:
         return _conversation(rows[0]) if rows else None
 
     async def conversations(
-        self, *, limit: int, before: tuple[str, str] | None = None
+        self, *, limit: int, before: tuple[str, str] | None = None, query: str | None = None
     ) -> list[ConversationRow]:
-        """Conversations newest first by (created_at, id); ``before``: only those older than that key."""
-        if before is None:
+        """Conversations newest first by (created_at, id); ``before``: only those older than that key;
+        ``query``: only those whose title contains it, case aside (api/title_search.py)."""
+        if query:
+            dialect = self.db.threads.dialect
+            where = [title_search.condition(dialect)]
+            params: list[Any] = [title_search.pattern(query, dialect)]
+            if before is not None:
+                where.append("(c.created_at, c.id) < (?, ?)")
+                params += before
+            sql = f"{_CONVERSATION_SQL} WHERE {' AND '.join(where)} ORDER BY c.created_at DESC, c.id DESC"
+            rows = await self._fetch(f"{sql} LIMIT ?", (*params, limit))
+        elif before is None:
             rows = await self._fetch(f"{CONVERSATION_PAGE_SQL} LIMIT ?", (limit,))
         else:
             rows = await self._fetch(f"{CONVERSATION_PAGE_AFTER_SQL} LIMIT ?", (*before, limit))

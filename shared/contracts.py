@@ -179,6 +179,41 @@ def deleted_key(claim: str) -> str:
     return f"sophos:deleted:{claim}"
 
 
+#: The arq function that renames a conversation (PATCH /api/conversations/{id}).
+RENAME_FUNCTION = "rename_conversation"
+#: The longest title a rename may give (characters, after whitespace is collapsed).
+TITLE_MAX_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RenameJob:
+    """Payload of a rename job; ``job_id`` (``rename:<uuid>``) is its arq job id.
+
+    Safe twice: it writes the same title again. It holds no claim in ``ACTIVE_RUNS``: a run
+    never writes a title that exists (worker/store.py ``start_run``), so a rename and a run
+    of one conversation may go in either order.
+    """
+
+    conversation_id: str
+    title: str
+    job_id: str
+    enqueued_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RenameJob:
+        return cls(
+            str(data["conversation_id"]), str(data["title"]), str(data["job_id"]), float(data["enqueued_at"])
+        )
+
+
+def renamed_key(job_id: str) -> str:
+    """List the worker pushes a rename's outcome to (``renamed``, ``gone`` or ``failed: ...``)."""
+    return f"sophos:renamed:{job_id}"
+
+
 # --- events ---------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
     ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
+    ├── InvalidTitle            422 INVALID_TITLE (a rename to a blank or too long title)
     ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
@@ -92,6 +93,13 @@ class NotForkable(SophosError):
     answer again (Branches)."""
 
     code = "NOT_FORKABLE"
+    status = 422
+
+
+class InvalidTitle(SophosError):
+    """A rename whose title is blank or longer than ``TITLE_MAX_CHARS`` once whitespace is collapsed."""
+
+    code = "INVALID_TITLE"
     status = 422
 
 

@@ -44,6 +44,16 @@ class Beat:
     tool_servers: Mapping[str, str] = field(default_factory=dict)
     #: run outcomes the database refused, kept by the worker for a retry (0 from a worker that did not say)
     deferred_outcomes: int = 0
+    #: the model it asks (OLLAMA_MODEL) and the tools the agent has now (``server__tool``, what it
+    #: does); None and () from a worker that did not say
+    model: str | None = None
+    tools: tuple[ToolInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    name: str
+    description: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,7 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
         concurrency = body.get("concurrency")
         worker_id, host, servers = body.get("id"), body.get("host"), body.get("mcp")
         deferred = body.get("deferred")
+        model, tools = body.get("model"), body.get("tools")
         return Beat(
             pid=int(pid) if pid is not None else None,
             started_at=float(body["started_at"]),
@@ -88,6 +99,11 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
             host=str(host) if host is not None else None,
             tool_servers={str(k): str(v) for k, v in servers.items()} if isinstance(servers, dict) else {},
             deferred_outcomes=int(deferred) if deferred is not None else 0,
+            model=str(model) if model is not None else None,
+            tools=tuple(
+                ToolInfo(str(t["name"]), str(t.get("description") or ""))
+                for t in (tools if isinstance(tools, list) else ()) if isinstance(t, dict)
+            ),
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -30,8 +30,10 @@ from shared.contracts import (
     IDEMPOTENCY_TTL_SECONDS,
     JOB_FUNCTION,
     QUEUE_NAME,
+    RENAME_FUNCTION,
     WAKE_LIST,
     DeleteJob,
+    RenameJob,
     RunJob,
     RunStatus,
     arq_in_progress_key,
@@ -248,3 +250,15 @@ async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
         args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
     )
     return None if reply is None else (reply.decode() if isinstance(reply, bytes) else str(reply))
+
+
+async def submit_rename(redis: Redis, job: RenameJob) -> None:
+    """Enqueue ``job`` (its arq record, its place in the queue) and wake the worker, atomically."""
+    enqueue_ms = int(job.enqueued_at * 1000)
+    payload = serialize_job(RENAME_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(arq_job_key(job.job_id), payload, px=expires_extra_ms)
+        pipe.zadd(QUEUE_NAME, {job.job_id: enqueue_ms})
+        pipe.lpush(WAKE_LIST, "1")
+        pipe.ltrim(WAKE_LIST, 0, 15)
+        await pipe.execute()

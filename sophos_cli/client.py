@@ -137,6 +137,12 @@ class Api:
         params = {"format": "jsonl"} if jsonl else {}
         return self._send("GET", f"/api/conversations/{conversation_id}/export", params=params).content
 
+    def rename(self, conversation_id: str, title: str) -> tuple[int, dict[str, Any]]:
+        """200: renamed; 202: the worker writes the title when it takes the job."""
+        response = self._send("PATCH", f"/api/conversations/{conversation_id}", json={"title": title})
+        body: dict[str, Any] = response.json()
+        return response.status_code, body
+
     def delete(self, conversation_id: str) -> int:
         """204: deleted; 202: the worker deletes it when it takes the job."""
         return self._send("DELETE", f"/api/conversations/{conversation_id}").status_code

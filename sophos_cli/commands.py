@@ -182,6 +182,16 @@ def export(api: Api, args: argparse.Namespace) -> int:
     return 0
 
 
+def rename(api: Api, args: argparse.Namespace) -> int:
+    status, body = api.rename(args.conversation, args.title)
+    if status == 202:
+        print(f"conversation {args.conversation}: renaming to {body['title']!r} accepted; "
+              "the worker writes it when it takes the job")
+    else:
+        print(f"conversation {args.conversation} renamed to {body['title']!r}")
+    return 0
+
+
 def delete(api: Api, args: argparse.Namespace) -> int:
     status = api.delete(args.conversation)
     if status == 202:
@@ -268,6 +278,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jsonl", action="store_true", help="one JSON line per checkpoint, oldest first")
     p.add_argument("--output", "-o", help="write to this file instead of standard output")
     p.set_defaults(handler=export)
+
+    p = command("rename", "give a conversation another title")
+    p.add_argument("conversation", help="the conversation's id")
+    p.add_argument("title", help="its new title (at most 200 characters)")
+    p.set_defaults(handler=rename)
 
     p = command("delete", "delete a conversation (refused while one of its runs is queued or running)")
     p.add_argument("conversation", help="the conversation's id")

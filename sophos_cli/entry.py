@@ -1,6 +1,6 @@
 """The ``sophos`` console script, installed with the package.
 
-``sophos chat|conversations|show|export|delete|runs|cancel|approve ...`` is the
+``sophos chat|conversations|show|export|rename|delete|runs|cancel|approve ...`` is the
 command-line client (:mod:`sophos_cli.commands`), so the commands the tools print
 (``sophos approve ID``, ``sophos chat --resume --conversation ID``) can be typed as
 printed. ``sophos worker [--check|--copy-to URL]`` and ``sophos api`` start the

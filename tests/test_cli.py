@@ -30,7 +30,7 @@ from tests.test_approvals import _require_approval
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
 TOKEN = "cli-secret"
-COMMANDS = ["chat", "conversations", "show", "export", "delete", "runs", "cancel", "approve"]
+COMMANDS = ["chat", "conversations", "show", "export", "rename", "delete", "runs", "cancel", "approve"]
 #: the client as these tests run it, which is how its hints name it
 CLIENT = shlex.join([sys.executable, "-m", "sophos_cli"])
 
@@ -152,9 +152,14 @@ def test_conversations_page_with_limit_and_cursor(api: SophosEnv, model: FakeOll
     assert [c["id"] for c in json.loads(every.stdout)["conversations"]] == newest_first
 
 
-def test_delete(api: SophosEnv, model: FakeOllama) -> None:
+def test_rename_then_delete(api: SophosEnv, model: FakeOllama) -> None:
     """Needs DELETE /api/conversations/ID (the conversation-deletion route)."""
     conversation = converse(api, "forget me")
+    renamed = ok(cli(api, "rename", conversation, "Soon gone"))
+    assert renamed.stdout == f"conversation {conversation} renamed to 'Soon gone'\n"
+    assert "Soon gone" in ok(cli(api, "conversations")).stdout
+    blank = cli(api, "rename", conversation, " ")
+    assert blank.returncode == 1 and "INVALID_TITLE" in blank.stderr and "empty" in blank.stderr
     deleted = ok(cli(api, "delete", conversation))
     assert conversation in deleted.stdout
     wait_for(
@@ -478,7 +483,9 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     assert answers.count('data: "Hello "') == 1
     for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
                      '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',
-                     " paths", '"conversations":[', '"branch":{"index":3,"count":3,']:
+                     " paths", '"conversations":[', '"branch":{"index":3,"count":3,',
+                     '"title":"Greetings","status":"renamed"',
+                     '{"model":"test-model","tools":[{"name":"tools__']:
         assert expected in answers, f"{expected!r} not in\n{answers}"
 
     cli_block = _sh_block("cli.md", "The command-line client")
@@ -486,7 +493,7 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     said = run(cli_block)
     for expected in ["Hello from the model.", "CONVERSATION  ", "you: what can you do?", "RUN_NOT_RESUMABLE",
                      "worker: alive", "RUN_FINISHED", "wrote ", "NO_APPROVAL_PENDING",
-                     "you: and then?  [branch 2/2]"]:
+                     "you: and then?  [branch 2/2]", "renamed to 'Greetings'"]:
         assert expected in said, f"{expected!r} not in\n{said}"
     assert (tmp_path / "conversation.md").read_text().startswith("# what can you do?")
     assert (tmp_path / "conversation.jsonl").read_text().startswith('{"checkpoint_id"')

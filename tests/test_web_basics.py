@@ -1,9 +1,10 @@
 """What people expect of a chat page, in Debian's Chromium against the real API and worker.
 
-Copy buttons, highlighted code, the dark theme, titles without Markdown, Esc, Delete while
-an answer runs, a conversation that does not exist, titles in the runs view. The browser,
-the offline context and the service come from tests/test_web.py (same rules: every request
-beyond loopback is aborted and fails the test, as does an uncaught error in the page).
+Copy buttons, highlighted code, the dark theme, titles without Markdown, renamed and searched,
+Esc, Delete while an answer runs, a conversation that does not exist, titles in the runs view,
+the empty page. The browser, the offline context and the service come from tests/test_web.py
+(same rules: every request beyond loopback is aborted and fails the test, as does an uncaught
+error in the page).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, wait_for
+from tests.support.env import SophosEnv
 from tests.test_web import (  # noqa: F401 - browser, offline, playwright and service: fixtures
     Offline,
     Page,
@@ -116,7 +118,7 @@ def test_the_dark_theme_follows_the_system(
     screenshot(page, tmp_path, "chat-dark")
 
 
-def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view(
+def test_titles_show_without_markdown_can_be_renamed_and_searched(
     service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
     url = service()
@@ -140,6 +142,51 @@ def test_titles_show_without_markdown_in_the_sidebar_header_and_runs_view(
     expect(link).to_have_text("Plan my trip")
     expect(link).to_have_attribute("href", f"#/c/{conversation}")
     expect(link).to_have_attribute("title", conversation)
+
+    # Renamed from the header: Esc cancels, a blank title is refused and changes nothing, Enter saves.
+    link.click()
+    title, field = page.locator("#conversation-title"), page.get_by_label("Title")
+    page.get_by_role("button", name="Rename").click()
+    expect(field).to_be_focused()
+    expect(field).to_have_value("**Plan** my `trip`")
+    field.fill("Something else")
+    field.press("Escape")
+    expect(field).to_be_hidden()
+    expect(title).to_have_text("Plan my trip")
+    page.get_by_role("button", name="Rename").click()
+    field.fill("   ")
+    field.press("Enter")
+    expect(page.locator('.banner[data-code="INVALID_TITLE"]')).to_contain_text("empty")
+    expect(field).to_be_visible()
+    assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["title"] == stored
+    field.fill("Rome in May")
+    field.press("Enter")
+    expect(title).to_have_text("Rome in May")
+    expect(field).to_be_hidden()
+    expect(item.locator(".title")).to_have_text("Rome in May")
+    assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["title"] == "Rome in May"
+    page.reload()
+    expect(title).to_have_text("Rome in May")
+
+    # The search box filters the sidebar by title as you type, case aside.
+    model.script(Text("Noted."))
+    page.get_by_role("button", name="New chat").click()
+    send(page, "Packing list")
+    idle(page)
+    other = conversation_of(page)
+    listed = page.locator("#conversations li")
+    expect(listed).to_have_count(2)
+    search = page.get_by_label("Search conversations")
+    search.press_sequentially("ROME")
+    expect(listed).to_have_count(1)
+    expect(listed.first).to_have_attribute("data-id", conversation)
+    search.fill("no such title")
+    expect(listed).to_have_count(0)
+    expect(page.locator("#no-match")).to_be_visible()
+    search.fill("")
+    expect(listed).to_have_count(2)
+    expect(page.locator("#no-match")).to_be_hidden()
+    expect(listed.first).to_have_attribute("data-id", other)
 
 
 def test_escape_stops_the_answer_and_delete_waits_for_the_run(
@@ -179,8 +226,8 @@ def test_escape_stops_the_answer_and_delete_waits_for_the_run(
     expect(delete).to_be_enabled()
 
 
-def test_an_unknown_conversation_is_a_not_found_view_without_actions(
-    service: Callable[..., str], offline: Offline
+def test_an_unknown_conversation_is_a_not_found_view_and_the_empty_page_names_who_answers(
+    service: Callable[..., str], offline: Offline, sophos_env: SophosEnv, tmp_path: Path
 ) -> None:
     url = service()
     missing = str(uuid.uuid4())
@@ -200,3 +247,15 @@ def test_an_unknown_conversation_is_a_not_found_view_without_actions(
     expect(view).to_be_hidden()
     expect(page.get_by_label("Message")).to_be_visible()
     expect(page.locator("#empty")).to_be_visible()
+
+    # The empty page names the model and lists the agent's tools, as the worker's heartbeat says.
+    agent = get_json(url, "/api/agent")
+    assert agent["model"] == sophos_env["OLLAMA_MODEL"] == "test-model" and agent["workerAlive"] is True
+    described = {tool["name"]: tool["description"] for tool in agent["tools"]}
+    assert described["tools__add"] == "Add two integers." and "tools__echo" in described
+    panel = page.get_by_role("region", name="Who answers")
+    expect(panel.locator("#agent-model")).to_have_text(agent["model"])
+    expect(panel.locator("#agent-tools li")).to_have_count(len(described))
+    add = panel.locator("#agent-tools li", has_text="tools__add")
+    expect(add).to_have_text("tools__add Add two integers.")
+    screenshot(page, tmp_path, "empty")

@@ -10,9 +10,10 @@ from arq import func
 from arq.worker import Function
 
 from shared import tracing
-from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RunJob
+from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
 from shared.settings import Settings
 from worker.deletion import delete_job
+from worker.renaming import rename_job
 from worker.resources import worker_resources
 from worker.runs import RunService
 
@@ -45,4 +46,8 @@ async def on_shutdown(ctx: dict[str, Any]) -> None:
 def functions() -> list[Function]:
     # A run is never retried by arq behind the user's back: execute_run returns
     # without doing anything for a run that already started (see RunService.execute).
-    return [func(execute_run, name=JOB_FUNCTION), func(delete_job, name=DELETE_FUNCTION)]
+    return [
+        func(execute_run, name=JOB_FUNCTION),
+        func(delete_job, name=DELETE_FUNCTION),
+        func(rename_job, name=RENAME_FUNCTION),
+    ]

@@ -8,10 +8,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
 import structlog
+from langchain_core.tools import BaseTool
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -45,13 +46,29 @@ HEARTBEAT_INTERVAL = 2.0
 HEARTBEAT_TTL = 10
 
 
+#: what the beat says of a tool: the first line of its description, this long at most
+TOOL_DESCRIPTION_CHARS = 160
+
+
+def tool_list(tools: Sequence[BaseTool]) -> list[dict[str, str]]:
+    """The agent's tools as the beat names them (the empty page lists them, GET /api/agent)."""
+    return [
+        {"name": t.name, "description": first_line(t.description)[:TOOL_DESCRIPTION_CHARS]} for t in tools
+    ]
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n", 1)[0]
+
+
 async def _heartbeat(
-    redis: Redis, worker_id: str, started_at: float, concurrency: int,
-    tool_servers: Callable[[], dict[str, str]], deferred_outcomes: Callable[[], int],
+    redis: Redis, worker_id: str, started_at: float, settings: Settings,
+    tool_servers: Callable[[], dict[str, str]], tools: Callable[[], Sequence[BaseTool]],
+    deferred_outcomes: Callable[[], int],
 ) -> None:
     body = {
         "id": worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at,
-        "concurrency": concurrency,
+        "concurrency": settings.worker_concurrency, "model": settings.ollama_model,
     }
     # Its own key and set member (several workers share a Redis), the aggregate for older
     # readers, and the last beat, which outlives the worker so "no worker since ..." can be told.
@@ -59,9 +76,11 @@ async def _heartbeat(
     while True:
         try:
             # ``mcp``: each tool server's state ("up" or why not), for readyz; ``deferred``: the
-            # outcomes the database refused, still kept for a retry (only this process knows them).
+            # outcomes the database refused, still kept for a retry (only this process knows them);
+            # ``tools``: the agent's tools now (a server that comes up late adds its own).
             beat = json.dumps({
                 **body, "beat_at": time.time(), "mcp": tool_servers(), "deferred": deferred_outcomes(),
+                "tools": tool_list(tools()),
             })
             await scripts(redis).beat(keys=keys, args=[worker_id, beat, HEARTBEAT_TTL])
         except RedisError as exc:
@@ -146,7 +165,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         worker_id = store.owner or new_worker_id()
         beat = asyncio.create_task(
             _heartbeat(
-                redis, worker_id, time.time(), settings.worker_concurrency, toolbox.status,
+                redis, worker_id, time.time(), settings, toolbox.status, toolbox.current,
                 lambda: len(service.unrecorded),
             ),
             name="heartbeat",

@@ -192,5 +192,14 @@ class RunStore:
         return run_ids
 
 
+    async def rename_conversation(self, conversation_id: str, title: str) -> bool:
+        """Give the conversation ``title``; False when it has no row (deleted meanwhile)."""
+        async with self.db.transaction() as tx:
+            changed = await tx.execute(
+                "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id)
+            )
+        return changed > 0
+
+
 class _AlreadyRecorded(Exception):
     pass

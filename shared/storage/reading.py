@@ -187,6 +187,15 @@ class _Handle:
     retired: bool = False
 
 
+#: Python's ``str.casefold`` in SQL on the reader's connections (SQLite's own ``lower`` and
+#: ``LIKE`` fold ASCII letters only): the title search of api/title_search.py.
+FOLD_FUNCTION = "sophos_fold"
+
+
+def _fold(text: object) -> object:
+    return text.casefold() if isinstance(text, str) else text
+
+
 class SqliteReader:
     """The SQLite file, read-only (``mode=ro``); never migrated or written from here.
 
@@ -254,6 +263,7 @@ class SqliteReader:
         conn: aiosqlite.Connection | None = None
         try:
             conn = await aiosqlite.connect(f"{self.path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+            await conn.create_function(FOLD_FUNCTION, 1, _fold, deterministic=True)
             # A first read proves the connection usable (see the module docstring).
             await (await conn.execute("PRAGMA user_version")).close()
         except sqlite3.Error as exc:

@@ -11,7 +11,8 @@ import { api, ApiError, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
 import { Branches, learnIds } from "./branches.js";
 import { copyButton, decisionLine, decorateCode, el, planLine, setResult, toolCard } from "./elements.js";
-import { plainText, renderMarkdown } from "./markdown.js";
+import { renderMarkdown } from "./markdown.js";
+import { TitleEditor } from "./rename.js";
 
 const ACTIVE = new Set(["queued", "running"]);
 // While a run streams, how often the page asks whether a worker still beats.
@@ -81,7 +82,6 @@ export class ChatView {
     this.resumeButton = document.getElementById("resume");
     this.connection = document.getElementById("connection");
     this.bar = document.getElementById("conversation-bar");
-    this.title = document.getElementById("conversation-title");
     this.status = document.getElementById("conversation-status");
     this.exportMd = document.getElementById("export-md");
     this.exportJsonl = document.getElementById("export-jsonl");
@@ -96,6 +96,7 @@ export class ChatView {
     this.lastEventId = 0;
     this.generation = 0; // bumps on every open(): late answers of an old view are dropped
     this.branches = new Branches(this);
+    this.titleEditor = new TitleEditor(this);
 
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -125,6 +126,7 @@ export class ChatView {
     this.detach();
     this.generation += 1;
     this.banners.clear();
+    this.titleEditor.cancel();
     this.messages.replaceChildren(this.empty);
     this.empty.hidden = false;
     this.segment = null;
@@ -194,7 +196,7 @@ export class ChatView {
   }
 
   setHeader(conversation) {
-    this.title.textContent = plainText(conversation.title || "") || "Conversation";
+    this.titleEditor.show(conversation.title);
     this.setStatus(conversation.status);
     const base = `/api/conversations/${encodeURIComponent(conversation.id)}/export`;
     this.exportMd.href = withToken(base);

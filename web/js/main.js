@@ -1,4 +1,5 @@
 // The page's entry point: routes (#/, #/c/ID, #/runs) between the chat and the runs view.
+import { AgentPanel } from "./agent.js";
 import { ChatView } from "./chat.js";
 import { RunsView } from "./runs.js";
 import { Sidebar } from "./sidebar.js";
@@ -18,6 +19,7 @@ const chat = new ChatView({
   },
 });
 const runs = new RunsView({ titleOf: (id) => sidebar.title(id) });
+const agent = new AgentPanel();
 
 function route() {
   const hash = location.hash || "#/";
@@ -38,11 +40,16 @@ function route() {
   const id = match ? match[1].toLowerCase() : null;
   sidebar.highlight(id);
   if (id !== chat.conversation || id === null) chat.open(id);
+  if (id === null) agent.load(); // the empty page names who answers
 }
 
 document.getElementById("new-chat").addEventListener("click", () => {
-  if (location.hash === "#/" || location.hash === "") chat.open(null);
-  else location.hash = "#/";
+  if (location.hash === "#/" || location.hash === "") {
+    chat.open(null);
+    agent.load();
+  } else {
+    location.hash = "#/";
+  }
 });
 menu.addEventListener("click", () => {
   const open = sidebarEl.classList.toggle("open");

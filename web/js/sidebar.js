@@ -1,9 +1,12 @@
-// The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`).
+// The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`),
+// filtered as you type in the search box (`q`: titles containing it, case aside).
 import { api } from "./api.js";
 import { statusLabel } from "./chat.js";
 import { plainText } from "./markdown.js";
 
 const PAGE = 30;
+// Typing pauses this long before the list is asked for again: one request per word, not per key.
+const SEARCH_DELAY_MS = 150;
 const relative = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
 
 export function when(iso) {
@@ -23,17 +26,35 @@ export class Sidebar {
   constructor({ onError }) {
     this.list = document.getElementById("conversations");
     this.more = document.getElementById("more-conversations");
+    this.search = document.getElementById("search");
+    this.noMatch = document.getElementById("no-match");
     this.onError = onError;
+    this.query = "";
+    this.asked = 0; // bumps on every refresh: the answer to an older one is dropped
     this.current = null;
     this.titles = new Map(); // id -> title as shown, of every conversation listed so far
     this.cursor = null;
     this.pages = 1;
     this.more.addEventListener("click", () => this.loadMore());
+    let timer = null;
+    this.search.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => this.filter(this.search.value.trim()), SEARCH_DELAY_MS);
+    });
+  }
+
+  /** Show only the conversations whose title contains `query` ("": all of them). */
+  filter(query) {
+    if (query === this.query) return;
+    this.query = query;
+    this.pages = 1;
+    this.refresh();
   }
 
   async page(cursor) {
     const params = new URLSearchParams({ limit: String(PAGE) });
     if (cursor) params.set("cursor", cursor);
+    if (this.query) params.set("q", this.query);
     const data = await api(`/api/conversations?${params}`);
     // Without paging on the server, the whole list comes at once and there is no cursor.
     return { conversations: data.conversations, next: data.nextCursor || null };
@@ -41,6 +62,8 @@ export class Sidebar {
 
   /** Reload the pages shown so far. */
   async refresh() {
+    this.asked += 1;
+    const asked = this.asked;
     try {
       let cursor = null;
       const items = [];
@@ -50,6 +73,7 @@ export class Sidebar {
         cursor = next;
         if (!next) break;
       }
+      if (asked !== this.asked) return;
       this.cursor = cursor;
       this.render(items, false);
     } catch (error) {
@@ -110,6 +134,7 @@ export class Sidebar {
       this.list.append(li);
     }
     this.more.hidden = !this.cursor;
+    this.noMatch.hidden = !this.query || this.list.children.length > 0;
     this.highlight(this.current);
   }
 
