@@ -21,8 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
+
+
+def connection_name(worker_id: str) -> str:
+    """The name (``CLIENT SETNAME``) of the Redis connection a worker beats on: Redis drops it
+    the moment the worker's process dies, whatever the heartbeat's TTL still says."""
+    return f"sophos-worker:{worker_id}"
 
 
 def new_worker_id() -> str:
@@ -48,6 +55,9 @@ class Beat:
     #: does); None and () from a worker that did not say
     model: str | None = None
     tools: tuple[ToolInfo, ...] = ()
+    #: the name of the connection it beats on (:func:`connection_name`); None from a worker that
+    #: did not say
+    connection: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +99,7 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
         concurrency = body.get("concurrency")
         worker_id, host, servers = body.get("id"), body.get("host"), body.get("mcp")
         deferred = body.get("deferred")
-        model, tools = body.get("model"), body.get("tools")
+        model, tools, connection = body.get("model"), body.get("tools"), body.get("connection")
         return Beat(
             pid=int(pid) if pid is not None else None,
             started_at=float(body["started_at"]),
@@ -104,6 +114,7 @@ def parse_beat(raw: str | bytes | None) -> Beat | None:
                 ToolInfo(str(t["name"]), str(t.get("description") or ""))
                 for t in (tools if isinstance(tools, list) else ()) if isinstance(t, dict)
             ),
+            connection=str(connection) if connection is not None else None,
         )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -117,7 +128,7 @@ async def read_liveness(redis: Redis) -> Liveness:
     aggregate, last, *own = await redis.mget(
         WORKER_HEARTBEAT, WORKER_LAST_BEAT, *(worker_heartbeat_key(m) for m in members)
     )
-    workers = [beat for raw in own if (beat := parse_beat(raw)) is not None]
+    workers = await _connected([beat for raw in own if (beat := parse_beat(raw)) is not None], redis)
     legacy = parse_beat(aggregate)
     if legacy is not None and legacy.id is None:
         workers.append(legacy)  # a worker from before per-worker heartbeats
@@ -128,3 +139,19 @@ async def read_liveness(redis: Redis) -> Liveness:
         # A heartbeat we cannot parse is still a heartbeat.
         return Liveness(alive=True, beat=parse_beat(last))
     return Liveness(alive=False, beat=parse_beat(last))
+
+
+async def _connected(workers: list[Beat], redis: Redis) -> list[Beat]:
+    """``workers`` less those whose beating connection Redis no longer has: a worker killed
+    (``kill -9``, a crash, its host gone with its TCP connection reset) is gone at once, not when
+    its heartbeat expires (10 s). A worker paused or cut off from Redis keeps its connection
+    open, and is told by its beat's age. Where ``CLIENT LIST`` is refused (an ACL, a managed
+    Redis), the beats alone say."""
+    if not any(beat.connection for beat in workers):
+        return workers
+    try:
+        clients = await redis.client_list(_type="normal")
+    except ResponseError:
+        return workers
+    names = {str(client.get("name") or "") for client in clients}
+    return [beat for beat in workers if beat.connection is None or beat.connection in names]

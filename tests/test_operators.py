@@ -359,10 +359,12 @@ def test_dead_worker_shows_in_readyz_runs_metrics_and_check(
     dead = worker_check(sophos_env)
     assert dead.returncode == 1 and "no live worker" in dead.stderr and str(worker.pid) in dead.stderr
     info = runs(api)["worker"]
-    assert info["alive"] is False and info["pid"] == worker.pid and info["heartbeatAgeMs"] >= 5000
+    # Told by the beating connection Redis dropped at the kill, before the heartbeat expired
+    # (10 s after its last beat): the age is the last beat's, however recent.
+    assert info["alive"] is False and info["pid"] == worker.pid and info["heartbeatAgeMs"] < 10_000
     samples = metrics(api)
     assert samples[("sophos_worker_up", ())] == 0
-    assert samples[("sophos_worker_heartbeat_age_seconds", ())] >= 5
+    assert 0 <= samples[("sophos_worker_heartbeat_age_seconds", ())] < 10
 
     unreachable = subprocess.run(
         [sys.executable, "-m", "worker", "--check"], env={**sophos_env, "REDIS_URL": "redis://127.0.0.1:1/0"},

@@ -18,7 +18,8 @@ from redis.exceptions import RedisError
 
 from shared import tracing
 from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
-from shared.liveness import new_worker_id
+from shared.liveness import connection_name, new_worker_id
+from shared.redis import connection_kwargs
 from shared.redis_protocol import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
@@ -69,6 +70,7 @@ async def _heartbeat(
     body = {
         "id": worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at,
         "concurrency": settings.worker_concurrency, "model": settings.ollama_model,
+        "connection": connection_name(worker_id),
     }
     # Its own key and set member (several workers share a Redis), the aggregate for older
     # readers, and the last beat, which outlives the worker so "no worker since ..." can be told.
@@ -163,9 +165,15 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await stack.enter_async_context(service.cancel_signals())
         # The lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
         worker_id = store.owner or new_worker_id()
+        # Beats go over a connection of their own, named, so readers see at once that this process
+        # is gone (shared/liveness.py): Redis drops it when the process dies.
+        beating = Redis.from_url(
+            settings.redis_url, client_name=connection_name(worker_id), **connection_kwargs()
+        )
+        stack.push_async_callback(beating.aclose)
         beat = asyncio.create_task(
             _heartbeat(
-                redis, worker_id, time.time(), settings, toolbox.status, toolbox.current,
+                beating, worker_id, time.time(), settings, toolbox.status, toolbox.current,
                 lambda: len(service.unrecorded),
             ),
             name="heartbeat",

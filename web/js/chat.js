@@ -17,8 +17,9 @@ import { TitleEditor } from "./rename.js";
 const ACTIVE = new Set(["queued", "running"]);
 // While a run streams, how often the page asks whether a worker still beats.
 const WORKER_CHECK_MS = 1000;
-// Workers beat every 2 s: a newest beat older than this has missed two, and its worker is gone
-// (its heartbeat key lasts 10 s, which is when the API itself stops counting it alive).
+// A worker whose process died is not alive to the API at once (Redis drops its beating
+// connection: shared/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
+// beat every 2 s, so a newest beat older than this has missed two, and its worker is gone.
 const HEARTBEAT_STALE_MS = 5000;
 const STATUS_LABELS = {
   queued: "queued",
