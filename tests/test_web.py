@@ -380,7 +380,9 @@ def test_a_killed_worker_shows_within_two_seconds_and_resume_gives_one_answer(
     worker.kill()
     assert worker.wait(10) == -signal.SIGKILL
     hang.release()
-    gone = wait_for(lambda: _gone_worker(api.url), timeout=20, message="the API to say the worker is gone")
+    gone: dict[str, Any] = wait_for(
+        lambda: _gone_worker(api.url) or {}, timeout=20, message="the API to say the worker is gone"
+    )
     # Told by the beating connection Redis dropped at the kill, not by the heartbeat's expiry
     # (10 s after the last beat; beats are 2 s apart): what lets the page say it within two seconds.
     assert gone["heartbeatAgeMs"] < 10_000, gone
