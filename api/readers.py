@@ -314,6 +314,9 @@ class Readers:
                             self.warm()
                         self._notify()
         except TimeoutError:
+            # Given up while waiting for a reader too (the spare it waited for taken or killed):
+            # one stays on its way, so the next read does not pay for a start.
+            self.warm()
             raise ReadTimedOut(
                 f"reading {what} took longer than {self.timeout:g} s (READ_TIMEOUT); try again later"
             ) from None
