@@ -263,7 +263,7 @@ def test_no_live_worker(
     conversation, _ = chat(api, "hello")
     assert read_sse(api, conversation)[-1].event == "end"
     alive = scraped_when(api, "sophos_worker_up", 1)
-    worker.kill()  # SIGKILL: its heartbeat expires, nothing says goodbye
+    worker.kill()  # SIGKILL: Redis drops its beating connection, nothing says goodbye
     gone = scraped_when(api, "sophos_worker_up", 0)
     assert gone[("sophos_workers", ())] == 0
     again = start_worker(sophos_env)
