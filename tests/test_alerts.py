@@ -16,7 +16,6 @@ import json
 import math
 import re
 import shutil
-import sqlite3
 import subprocess
 import time
 import uuid
@@ -36,6 +35,7 @@ from shared.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, mcp_servers
+from tests.support.faults import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -329,15 +329,6 @@ REFUSE_OUTCOMES = """
 CREATE TRIGGER test_refuse_outcomes BEFORE UPDATE OF status ON runs WHEN NEW.status <> 'running'
 BEGIN SELECT RAISE(ABORT, 'outcome refused by the test'); END
 """
-
-
-def execute(database: Path, sql: str) -> None:
-    conn = sqlite3.connect(database, timeout=10)
-    try:
-        conn.execute(sql)
-        conn.commit()
-    finally:
-        conn.close()
 
 
 def test_outcomes_deferred(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sqlite3
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import get_json, read_sse, read_sse_async, wait_for, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
-from tests.support.faults import accepted, integrity
+from tests.support.faults import accepted, execute, integrity
 
 pytestmark = pytest.mark.fault
 
@@ -41,16 +39,6 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
     tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
     sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
     return sophos_env
-
-
-def execute(database: Path, sql: str) -> None:
-    """One statement from another connection, as an operator's sqlite3 shell would."""
-    conn = sqlite3.connect(database, timeout=10)
-    try:
-        conn.execute(sql)
-        conn.commit()
-    finally:
-        conn.close()
 
 
 def subscribers(api_url: str) -> float:

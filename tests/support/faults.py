@@ -211,3 +211,13 @@ class DatabaseLock:
         self.release()
         if self.proc.poll() is None:
             self.proc.kill()
+
+
+def execute(database: Path, sql: str) -> None:
+    """One statement from another connection, as an operator's sqlite3 shell would."""
+    conn = sqlite3.connect(database, timeout=10)
+    try:
+        conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
