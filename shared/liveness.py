@@ -142,11 +142,11 @@ async def read_liveness(redis: Redis) -> Liveness:
 
 
 async def _connected(workers: list[Beat], redis: Redis) -> list[Beat]:
-    """``workers`` less those whose beating connection Redis no longer has: a worker killed
-    (``kill -9``, a crash, its host gone with its TCP connection reset) is gone at once, not when
-    its heartbeat expires (10 s). A worker paused or cut off from Redis keeps its connection
-    open, and is told by its beat's age. Where ``CLIENT LIST`` is refused (an ACL, a managed
-    Redis), the beats alone say."""
+    """``workers`` less those whose beating connection Redis no longer has: a worker whose process
+    died (``kill -9``, a crash: the kernel closes its sockets) is gone at once, not when its
+    heartbeat expires (10 s). A worker paused, cut off from Redis or on a host that lost power
+    leaves its connection open to Redis, and is gone when its heartbeat expires. Where
+    ``CLIENT LIST`` is refused (an ACL, a managed Redis), the beats alone say."""
     if not any(beat.connection for beat in workers):
         return workers
     try:
