@@ -590,7 +590,9 @@ async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: Fak
     assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
     values = await client.runs.join(thread_id, second["run_id"])
     texts = [text_of(m) for m in values["messages"]]
-    assert texts == ["slowly", "Working on it", "instead", "Instead, this."]
+    # The cut answer keeps what had streamed when the interrupt came (all of it, or less).
+    assert texts[0] == "slowly" and "Working on it".startswith(texts[1]), texts
+    assert texts[2:] == ["instead", "Instead, this."]
     # On an idle thread it simply starts the run.
     model.script(Text("Idle start."))
     values = await wait(client, thread_id, "again", multitask_strategy="interrupt")
