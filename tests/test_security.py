@@ -298,7 +298,7 @@ def test_a_pickled_job_in_the_queue_is_not_executed(
         client.zadd(QUEUE_NAME, {job_id: int(time.time() * 1000)})
         line = worker.wait_for_log(f"deserializing job {job_id} failed", timeout=20)
         # arq logs the failure, then takes the job off the queue: it is not retried.
-        wait_for(lambda: client.zscore(QUEUE_NAME, job_id) is None, timeout=10, message="the job off the queue")
+        wait_for(lambda: client.zscore(QUEUE_NAME, job_id) is None, timeout=10, message="the job dequeued")
     finally:
         client.close()
     assert json.loads(line)["level"] == "error"
