@@ -8,22 +8,25 @@ API reads it through its reader (api/store.py ``read_thread``), never the tables
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.runnables import RunnableConfig
-from langgraph.pregel import Pregel
 from msgspec import UNSET
 
 from api.schemas import DecisionBody, PendingCall
 from shared.contracts import Decision, DecisionAction
 from shared.errors import BadRequest
-from shared.thread import interrupt_requests
+
+if TYPE_CHECKING:  # read by a reader process; the API's main process never loads LangGraph
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.pregel import Pregel
 
 
 def pending_requests(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
 ) -> list[dict[str, Any]] | None:
     """The tool calls waiting for a decision, or None when none wait (picklable: a reader runs it)."""
+    from shared.thread import interrupt_requests
+
     return interrupt_requests(graph.get_state(config))
 
 

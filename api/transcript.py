@@ -11,20 +11,26 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langgraph.types import StateSnapshot
 from msgspec import UNSET
 
 from api.schemas import Approval, Branch, CheckpointLine, ConversationInfo, LedgerEntry, Message, ToolCall
 from shared.contracts import APPROVALS_MARK, STOPPED_MARK, text_of
+
+# langchain is imported by the functions that run in a reader process (api/store.py): the API's
+# main process, which formats Markdown here, never loads it.
+if TYPE_CHECKING:
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langgraph.types import StateSnapshot
 
 _START = "__start__"
 
 
 def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
     """The API's shape of a thread message; None for kinds never shown (system prompts)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
     message_id = message.id or fallback_id
     content = text_of(message.content)
     if isinstance(message, HumanMessage):
@@ -83,6 +89,8 @@ def thread_messages(state: StateSnapshot) -> list[BaseMessage]:
     state, ``get_state`` of the thread, already counts it in ``values``; a record
     of the history does not.)
     """
+    from langchain_core.messages import BaseMessage
+
     values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
     messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
     known = {m.id for m in messages if m.id}

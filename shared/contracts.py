@@ -18,6 +18,13 @@ from typing import Any
 
 import msgspec
 
+# --- the agent graph's nodes (worker/graph.py), as the thread and the protocol's events name them
+
+AGENT = "agent"
+TOOLS = "tools"
+#: asks the user to approve, edit or reject the turn's tool calls (worker/graph.py)
+APPROVAL = "approval"
+
 # --- run and error vocabulary -------------------------------------------------
 
 

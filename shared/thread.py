@@ -22,10 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import _messages_delta_reducer
 from langgraph.graph.state import CompiledStateGraph
 
-AGENT = "agent"
-TOOLS = "tools"
-#: asks the user to approve, edit or reject the turn's tool calls (worker/graph.py)
-APPROVAL = "approval"
+from shared.contracts import AGENT, APPROVAL, TOOLS
 
 #: A full copy of the message list every this many updates of it (LangGraph's
 #: default, written out so that a change is deliberate): between two copies a

@@ -70,6 +70,14 @@ def _no_strays(api: ServiceProcess) -> None:
              message=lambda: f"the API's processes to end: {api.stray_descendants()}")
 
 
+def _loaded_langgraph(pid: int) -> bool:
+    """Whether ``pid`` has loaded LangGraph: its checkpoint serializer's compiled ormsgpack and
+    its xxhash show in the process's memory map (nothing else of ours loads either)."""
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read()
+    return "ormsgpack" in maps and "xxhash" in maps
+
+
 def _error_code(response: httpx.Response) -> str:
     return str(response.json()["error"]["code"])
 
@@ -263,6 +271,10 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
         # No read started a process: the reader was there before the first request.
         assert set(readers) <= set(api.descendants())
     assert read_sse(api.url or "", conversation)[-1].data["status"] == "completed"
+    # The readers decoded the thread; the API's main process, which only sent them the reads
+    # and formatted what came back, never loaded LangGraph or langchain (api/store.py).
+    assert all(_loaded_langgraph(pid) for pid in readers)
+    assert not _loaded_langgraph(api.pid)
 
 
 # --- the runs listing --------------------------------------------------------------------------

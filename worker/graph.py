@@ -42,9 +42,9 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
-from shared.contracts import APPROVALS_MARK, Decision, DecisionAction
+from shared.contracts import AGENT, APPROVAL, APPROVALS_MARK, TOOLS, Decision, DecisionAction
 from shared.metrics import MODEL_CALL
-from shared.thread import AGENT, APPROVAL, TOOLS, AgentState
+from shared.thread import AgentState
 from worker.ledger import APPROVAL_KIND, CallRef, Ledger
 from worker.metrics import timed
 from worker.model_calls import ModelCalls

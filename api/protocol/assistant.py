@@ -13,10 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from langgraph.checkpoint.memory import InMemorySaver
-
 from api.protocol.translate import GRAPH_ID
-from shared.thread import reader_graph
 
 _MESSAGES_STATE: dict[str, Any] = {
     "title": "AgentState",
@@ -54,6 +51,11 @@ INPUT_SCHEMA: dict[str, Any] = {
 @functools.cache
 def graph() -> dict[str, Any]:
     """The SDK's drawable graph: ``{nodes: [{id, type, data}], edges: [{source, target, conditional?}]}``."""
+    # LangGraph is loaded here, by Studio's first request for the graph, not with the API.
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from shared.thread import reader_graph
+
     drawn: dict[str, Any] = reader_graph(InMemorySaver()).get_graph().to_json()
     return drawn
 

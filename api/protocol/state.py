@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-from langchain_core.messages import BaseMessage
-from langchain_core.runnables import RunnableConfig
-from langgraph.pregel import Pregel
-from langgraph.types import StateSnapshot
+from typing import TYPE_CHECKING, Any
 
 from api.protocol.interrupts import hitl_value
-from shared.thread import pending_interrupts
+
+# Imported by the functions, which run in a reader process: the API's main process, which only
+# names them, never loads LangGraph (api/store.py).
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.pregel import Pregel
+    from langgraph.types import StateSnapshot
 
 
 def _plain(value: Any) -> Any:
@@ -30,6 +32,8 @@ def message_dict(message: BaseMessage) -> dict[str, Any]:
 
 
 def values_of(state: StateSnapshot) -> dict[str, Any]:
+    from langchain_core.messages import BaseMessage
+
     values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
     if not values:
         return {}
@@ -135,4 +139,6 @@ def pending_of(
 ) -> list[tuple[str, list[dict[str, Any]]]]:
     """In a reader process: the thread's pending interrupts that ask for decisions, with their
     requests (``shared.thread.pending_interrupts``), to map ``command.resume`` onto."""
+    from shared.thread import pending_interrupts
+
     return pending_interrupts(graph.get_state(config))

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from api.protocol.status import run_status
-from shared.contracts import EventType, RunStatus, text_of
+from shared.contracts import AGENT, TOOLS, EventType, RunStatus, text_of
 from shared.errors import BadRequest
-from shared.thread import AGENT, TOOLS
 
 GRAPH_ID = "agent"
 

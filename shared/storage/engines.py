@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from shared.settings import Settings
 from shared.storage import Database
 from shared.storage.reading import PostgresReader, Reader, SqliteReader
+
+if TYPE_CHECKING:  # the API's main process opens a reader here, and never loads LangGraph
+    from langgraph.checkpoint.base import BaseCheckpointSaver
 
 log = structlog.get_logger(__name__)
 

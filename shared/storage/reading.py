@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import aiosqlite
 import anyio
 import structlog
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from shared.errors import DatabaseUnavailable
 from shared.storage import Dialect
 
 # psycopg is imported where PostgreSQL is read, not here: on SQLite the API and each of its
-# reader processes are ~9 MB lighter without it (bench figure 15).
+# reader processes are ~9 MB lighter without it (bench figure 15). LangGraph is imported by
+# ThreadSource.read, in a reader process: the API's main process never loads it.
 if TYPE_CHECKING:
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.checkpoint.serde.base import SerializerProtocol
     from psycopg_pool import AsyncConnectionPool
 
 log = structlog.get_logger(__name__)
@@ -60,47 +60,6 @@ class CheckpointDecodeError(Exception):
     """The serializer could not decode a stored checkpoint or write (damaged, or refused)."""
 
 
-class DecodingSerializer(JsonPlusSerializer):
-    """The strict serializer, its failures told apart from the connection's.
-
-    The saver decodes inside the same call that queries, so an error from a
-    closed or broken connection and one from a damaged blob arrive the same way;
-    only the second is the conversation's fault (CONVERSATION_UNREADABLE).
-    """
-
-    def loads_typed(self, data: tuple[str, bytes]) -> Any:
-        try:
-            return super().loads_typed(data)
-        except Exception as exc:
-            raise CheckpointDecodeError(f"{type(exc).__name__}: {exc}") from exc
-
-
-class DecodedOnce(DecodingSerializer):
-    """The strict serializer, decoding each stored blob once per read.
-
-    Rebuilding a thread's state at a checkpoint replays the writes since the last
-    full copy of its messages, so reading its whole history (the JSON Lines export)
-    decodes each write again for every checkpoint after it, up to ~100 times: a
-    400-message export spent 90% of its time building the same messages again
-    (measured: 14.3 s → 2.0 s under load). What is decoded is only read, never
-    changed, so one object per blob can serve every checkpoint.
-    """
-
-    def __init__(self) -> None:
-        # Strict deserialization whatever the environment says (as for the async saver).
-        super().__init__(allowed_msgpack_modules=None)
-        self._decoded: dict[tuple[str, bytes], Any] = {}
-
-    def loads_typed(self, data: tuple[str, bytes]) -> Any:
-        if not isinstance(data[1], bytes):
-            return super().loads_typed(data)
-        try:
-            return self._decoded[data]
-        except KeyError:
-            value = self._decoded[data] = super().loads_typed(data)
-            return value
-
-
 @dataclass(frozen=True, slots=True)
 class ThreadSource:
     """Where a reader process reads threads: a SQLite file's read-only URI, or a PostgreSQL URL."""
@@ -110,11 +69,13 @@ class ThreadSource:
 
     def read(self, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
         """``read(saver)`` on a connection of its own (synchronous: a reader process's), with
-        the strict serializer that decodes each stored blob once (:class:`DecodedOnce`).
+        the strict serializer that decodes each stored blob once (shared/storage/decoding.py).
 
         The engine's errors, opening or reading, are DATABASE_UNAVAILABLE; anything else
         ``read`` raises (a checkpoint that cannot be decoded) passes through as it is.
         """
+        from shared.storage.decoding import DecodedOnce
+
         serde = DecodedOnce()
         if self.dialect == "sqlite":
             return self._read_sqlite(serde, read)
