@@ -15,13 +15,6 @@ if TYPE_CHECKING:
 #: Seconds uvicorn waits for open requests before cancelling them on SIGTERM. Event
 #: streams end by themselves within a second of the signal (see ``draining``).
 GRACEFUL_SHUTDOWN_SECONDS = 3
-#: Most bytes of a request's line and headers (h11 buffers them until complete; its
-#: default is 16 KiB). No request of ours needs more than a bearer token and an
-#: Idempotency-Key; nginx's default header buffers are 8 KiB too. Beyond: 400, closed.
-#: Only h11 has such a bound: with httptools (uvicorn's pick when it is installed) a
-#: client could send headers of any size, all kept in memory (50 MB were taken, measured),
-#: hence ``http="h11"`` below. The difference in time per request was lost in the noise.
-MAX_HEADER_BYTES = 8 * 1024
 #: An idle kept-alive connection is closed after this (uvicorn's default, made explicit).
 #: uvicorn has no bound on the time a client may take to send its headers: a proxy
 #: in front sets it (deploy/: nginx's client_header_timeout).
@@ -51,6 +44,7 @@ def main() -> int:
 
     from api.app import create_app
     from api.auth import exposure_problem
+    from api.http import MAX_HEADER_BYTES, protocol
     from shared import tracing
     from shared.logging import configure_logging
     from shared.settings import Settings, SettingsError
@@ -92,7 +86,7 @@ def main() -> int:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         server_header=False,
-        http="h11",
+        http=protocol(speedups.api_http),  # either bounds a request's head (api/http.py)
         loop=speedups.event_loop,  # uvicorn's names: "uvloop" or "asyncio"
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,

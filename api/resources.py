@@ -100,7 +100,7 @@ def lifespan(
             app.state.resources = resources
             log.info(
                 "api.started", database=settings.database_name, auth=settings.api_token is not None,
-                **in_use(resources.redis),
+                **in_use(resources.redis), http=Speedups.of(settings).api_http,
             )
             try:
                 yield

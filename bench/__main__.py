@@ -4,7 +4,8 @@
 replaces only its section of the results file; ``--only tracing`` does the same for
 figure 15 (the cost of exporting traces), ``--only memory`` for figure 16 (the process tree's
 memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENCY`` 1 and 4),
-``--only hops`` for figure 18 (thread hops per run).
+``--only hops`` for figure 18 (thread hops per run), ``--only switches`` for figure 12 (the
+speed switches, the API's HTTP parser among them).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -122,10 +123,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "tracing", "memory", "solo", "hops"],
+        choices=["ledger", "tracing", "memory", "solo", "hops", "switches"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
-        "solo: figure 17; hops: figure 18) and replace only its section of the results",
+        "solo: figure 17; hops: figure 18; switches: figure 12) and replace only its section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -331,6 +332,21 @@ def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str
     return result, text
 
 
+def switches_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[variants.Switches, str]:
+    """Figure 12 alone and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = variants.measure(
+        quick=args.quick, clients=args.clients or 16, rng=random.Random(args.seed), overrides=overrides,
+        keep=args.keep, say=say,
+    )
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    stamp = (f"Measured by `{command}` on {date} (code {code_version()}; load average at start, at end: "
+             f"{load_start}; {load_average()}).\n\n")
+    return result, f"{variants.HEADING}\n\n{stamp}{variants.section(result)}"
+
+
 def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
     """Figure 18 and its section, stamped with how it was measured."""
     result = hops.measure(quick=args.quick)
@@ -341,7 +357,9 @@ def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
 def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
     """``--only ledger|tracing|memory|solo|hops``: one figure alone; its section replaces the one in
     the results file."""
-    measured: ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops
+    measured: (
+        ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
+    )
     try:
         if args.only == "ledger":
             measured = cost = ledger_phase(args, overrides, command)
@@ -355,6 +373,9 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "solo":
             measured, section = solo_phase(args, overrides, command)
             heading = solo.HEADING
+        elif args.only == "switches":
+            measured, section = switches_phase(args, overrides, command)
+            heading = variants.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING

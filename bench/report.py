@@ -22,7 +22,7 @@ from bench.storage import Storage
 from bench.streams import ApiStreams, Relay
 from bench.tracing import TracingCost
 from bench.tracing import section as tracing_section
-from bench.variants import Switches, section
+from bench.variants import HEADING, Switches, section
 
 MB = 1024 * 1024
 
@@ -685,7 +685,7 @@ def splice_section(text: str, heading: str, section: str) -> str:
 def switches_section(r: Results) -> str:
     if r.switches is None:
         return ""
-    return "## 12. Speed switches\n\n" + section(r.switches)
+    return f"{HEADING}\n\n" + section(r.switches)
 
 
 def console(r: Results) -> str:

@@ -310,6 +310,7 @@ class Settings:
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
     json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts.py)
+    api_http: str = "h11"  # auto, httptools or h11: the API's HTTP/1.1 parser (api/http.py)
     # Traces exported over OTLP (shared/tracing.py): on when OTEL_EXPORTER_OTLP_ENDPOINT or
     # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and neither OTEL_SDK_DISABLED nor
     # OTEL_TRACES_EXPORTER=none says otherwise); the SDK reads the other OTEL_* variables itself.
@@ -385,6 +386,7 @@ class Settings:
             event_loop=_choice(env, "EVENT_LOOP", d.event_loop, ("auto", "uvloop", "asyncio")),
             redis_parser=_choice(env, "REDIS_PARSER", d.redis_parser, ("auto", "hiredis", "python")),
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
+            api_http=_choice(env, "API_HTTP", d.api_http, ("auto", "httptools", "h11")),
             tracing=_otlp_traces(env),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),

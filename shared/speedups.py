@@ -1,14 +1,15 @@
-"""The fast libraries a process may run on: uvloop, hiredis, msgspec.
+"""The fast libraries a process may run on: uvloop, hiredis, msgspec, httptools.
 
-``EVENT_LOOP``, ``REDIS_PARSER`` and ``JSON_CODEC`` choose each; ``auto`` takes the fast
-one when it is installed, else the plain one (asyncio's loop, redis-py's own parser,
-the standard library's ``json``). Each entry point resolves them once, next to its
+``EVENT_LOOP``, ``REDIS_PARSER``, ``JSON_CODEC`` and ``API_HTTP`` choose each; ``auto`` takes
+the fast one when it is installed, else the plain one (asyncio's loop, redis-py's own parser,
+the standard library's ``json``, h11). Each entry point resolves them once, next to its
 settings, so a choice that cannot be had (``uvloop`` when it is not installed) stops
 the process at start-up with the variable named, like any other bad setting.
 
-None of them changes what crosses Redis or HTTP: an event loop and a reply parser are
-invisible on the wire, and the codec's output parses the same as ``json``'s (see
-:func:`shared.contracts.use_json_codec`). Bench figure 12 measures each on and off.
+None of them changes what crosses Redis or HTTP: an event loop, a reply parser and an HTTP
+parser bounded alike (api/http.py) are invisible on the wire, and the codec's output parses
+the same as ``json``'s (see :func:`shared.contracts.use_json_codec`). Bench figure 12
+measures each on and off.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Speedups:
     event_loop: str
     redis_parser: str
     json_codec: str
+    api_http: str
 
     @classmethod
     def of(cls, settings: Settings) -> Speedups:
@@ -54,6 +56,7 @@ class Speedups:
             event_loop=_pick("EVENT_LOOP", settings.event_loop, "uvloop", "asyncio", _installed("uvloop")),
             redis_parser=_pick("REDIS_PARSER", settings.redis_parser, "hiredis", "python", HIREDIS_AVAILABLE),
             json_codec=_pick("JSON_CODEC", settings.json_codec, "msgspec", "json", _installed("msgspec")),
+            api_http=_pick("API_HTTP", settings.api_http, "httptools", "h11", _installed("httptools")),
         )
 
     def loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop]:
