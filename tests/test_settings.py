@@ -56,6 +56,7 @@ def test_database_url_picks_postgresql_and_hides_its_password() -> None:
         ("EVENT_LOOP", "trio"),
         ("REDIS_PARSER", "resp3"),
         ("JSON_CODEC", "orjson"),
+        ("API_HTTP", "granian"),
         ("DATABASE_URL", "mysql://db/sophos"),
         ("DATABASE_URL", "postgresql://db:port/sophos"),
         ("DATABASE_URL", "postgresql://db:5432"),
@@ -79,12 +80,17 @@ def test_speedups_auto_takes_the_fast_one_and_a_missing_one_is_refused(
     from shared import speedups
     from shared.speedups import Speedups
 
-    auto = Settings.from_env({"EVENT_LOOP": "auto", "REDIS_PARSER": "auto", "JSON_CODEC": "auto"})
-    assert Speedups.of(auto) == Speedups("uvloop", "hiredis", "msgspec")
-    plain = Settings.from_env({"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json"})
-    assert Speedups.of(plain) == Speedups("asyncio", "python", "json")
+    auto = Settings.from_env(
+        {"EVENT_LOOP": "auto", "REDIS_PARSER": "auto", "JSON_CODEC": "auto", "API_HTTP": "auto"}
+    )
+    assert Speedups.of(auto) == Speedups("uvloop", "hiredis", "msgspec", "httptools")
+    plain = Settings.from_env(
+        {"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json", "API_HTTP": "h11"}
+    )
+    assert Speedups.of(plain) == Speedups("asyncio", "python", "json", "h11")
     monkeypatch.setattr(speedups, "_installed", lambda module: False)
     assert Speedups.of(auto).event_loop == "asyncio" and Speedups.of(auto).json_codec == "json"
+    assert Speedups.of(auto).api_http == "h11"
     with pytest.raises(SettingsError) as caught:
         Speedups.of(Settings.from_env({"EVENT_LOOP": "uvloop"}))
     assert caught.value.variable == "EVENT_LOOP" and "not installed" in str(caught.value)
@@ -122,8 +128,8 @@ def test_msgspec_codec_parses_the_same_as_json() -> None:
 @pytest.mark.parametrize(
     "chosen",
     [
-        {"EVENT_LOOP": "uvloop", "REDIS_PARSER": "hiredis", "JSON_CODEC": "msgspec"},
-        {"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json"},
+        {"EVENT_LOOP": "uvloop", "REDIS_PARSER": "hiredis", "JSON_CODEC": "msgspec", "API_HTTP": "httptools"},
+        {"EVENT_LOOP": "asyncio", "REDIS_PARSER": "python", "JSON_CODEC": "json", "API_HTTP": "h11"},
     ],
 )
 def test_worker_and_api_run_on_the_chosen_loop_parser_and_codec(
@@ -139,3 +145,5 @@ def test_worker_and_api_run_on_the_chosen_loop_parser_and_codec(
     for proc, event in ((worker, "worker.ready"), (api, "api.started")):
         [record] = [r for r in proc.log_records() if r.get("event") == event]
         assert {k: record.get(k) for k in expected} == expected, proc.name
+    [started] = [r for r in api.log_records() if r.get("event") == "api.started"]
+    assert started["http"] == chosen["API_HTTP"]
