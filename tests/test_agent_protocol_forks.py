@@ -14,7 +14,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
-from tests.fakes.ollama import FakeOllama, Hang, Text
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
 from tests.support.ports import free_port
@@ -37,12 +37,15 @@ def texts(values: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
-    """One API and worker for the module, on a Redis of its own."""
+    """One API and worker for the module, on a Redis of its own. The fake tools server's ``add``
+    asks for approval."""
     root = tmp_path_factory.mktemp("protocol-forks")
     redis_server = RedisServer(root / "redis", appendonly=False)
     redis_server.start()
     env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    env.write_mcp_config(mcp_servers(env.tools_log, root / "empty-bin"))
+    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
+    env.write_mcp_config(config)
     group = ProcessGroup(log_dir=root / "logs", cwd=root)
     try:
         group.start_worker(env)
@@ -152,6 +155,15 @@ async def test_a_bad_checkpoint_is_refused_and_changes_nothing(
             thread_id, "agent", input=said("two"), checkpoint_id=unknown,
             checkpoint={"checkpoint_id": state["checkpoint"]["checkpoint_id"]},
         )
+    with pytest.raises(UnprocessableEntityError, match="subgraphs"):
+        await client.runs.create(
+            thread_id, "agent", input=said("two"), checkpoint={**state["checkpoint"], "checkpoint_ns": "sub"}
+        )
+    with pytest.raises(UnprocessableEntityError, match="command"):
+        await client.runs.create(
+            thread_id, "agent", checkpoint_id=state["checkpoint"]["checkpoint_id"],
+            command={"resume": {"decisions": [{"type": "approve"}]}},
+        )
     # No input from a checkpoint with nothing left to run: nothing to resume there.
     with pytest.raises(ConflictError, match="nothing to resume"):
         await client.runs.create(thread_id, "agent", checkpoint_id=state["checkpoint"]["checkpoint_id"])
@@ -160,6 +172,31 @@ async def test_a_bad_checkpoint_is_refused_and_changes_nothing(
     assert await history(client, thread_id) == states
     assert await client.runs.list(thread_id) == runs
     assert await client.threads.get_history(empty) == []
+
+
+@shared_stack
+async def test_no_fork_over_a_decision(client: LangGraphClient, model: FakeOllama) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(Text("First."), ToolCalls([("tools__add", {"a": 2, "b": 3})]))
+    await answered(client, thread_id, "one")
+    await client.runs.wait(thread_id, "agent", input=said("add 2 and 3"))
+    waiting = await client.threads.get_state(thread_id)
+    assert waiting["next"] == ["approval"]
+    after_first = ending_with(await history(client, thread_id), "First.")["checkpoint"]["checkpoint_id"]
+    # While the thread waits for a decision, it takes no fork (as on the web page)...
+    with pytest.raises(ConflictError, match="decision"):
+        await client.runs.create(thread_id, "agent", input=said("other"), checkpoint_id=after_first)
+    model.script(Text("The sum is 5."))
+    approve: Any = {"resume": {"decisions": [{"type": "approve"}]}}
+    decided = await client.runs.wait(thread_id, "agent", command=approve)
+    assert texts(decided)[-1] == "The sum is 5."
+    # ... and a checkpoint that waits for one takes no run: it would abandon the decision.
+    for graph_input in (said("other"), None):
+        with pytest.raises(ConflictError, match="waits for a decision"):
+            await client.runs.create(
+                thread_id, "agent", input=graph_input, checkpoint_id=waiting["checkpoint"]["checkpoint_id"]
+            )
+    assert texts((await client.threads.get_state(thread_id))["values"])[-1] == "The sum is 5."
 
 
 async def _hanging(client: LangGraphClient, model: FakeOllama, thread_id: str) -> tuple[str, Hang]:
@@ -206,7 +243,9 @@ async def test_rollback_as_a_multitask_strategy(client: LangGraphClient, model: 
 
 
 @shared_stack
-async def test_rollback_as_a_cancel_action(client: LangGraphClient, model: FakeOllama) -> None:
+async def test_rollback_as_a_cancel_action(
+    client: LangGraphClient, model: FakeOllama, stack: SophosEnv
+) -> None:
     thread_id = (await client.threads.create())["thread_id"]
     model.script(Text("First."))
     before = await answered(client, thread_id, "one")
@@ -217,14 +256,22 @@ async def test_rollback_as_a_cancel_action(client: LangGraphClient, model: FakeO
     assert (await client.runs.get(thread_id, cancelled))["status"] == "interrupted"
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "idle" and texts(thread["values"]) == before
-    assert texts((await client.threads.get_state(thread_id))["values"]) == before
-    # The protocol's run list shows the runs the client made (not the rollback's switch).
+    state = await client.threads.get_state(thread_id)
+    assert texts(state["values"]) == before
+    # The protocol's run list shows the runs the client made; the rollback's switch run is on
+    # Sophos's own list.
     assert [r["status"] for r in await client.runs.list(thread_id)] == ["interrupted", "success"]
-    abandoned = [s for s in await history(client, thread_id) if "slowly" in texts(s["values"])]
-    assert abandoned  # the cancelled run's checkpoints stay
+    native = get_json(stack.api_url, f"/api/runs?conversation={thread_id}")
+    assert native is not None and [r["kind"] for r in native["runs"]] == ["switch", "run", "run"]
+    # The cancelled run's checkpoints stay, newer than the state the thread is back at.
+    states = await history(client, thread_id)
+    assert "slowly" in texts(states[0]["values"]) and state["checkpoint"] in [s["checkpoint"] for s in states]
     # The next run starts from there.
     model.script(Text("Next."))
     assert await answered(client, thread_id, "next") == [*before, "next", "Next."]
+    finished = (await client.runs.list(thread_id))[0]["run_id"]
+    with pytest.raises(ConflictError):  # a finished run is not cancelled, nor rolled back
+        await client.runs.cancel(thread_id, finished, action="rollback")
 
     # The thread's first run has nothing before it: refused, and it goes on.
     first_thread = (await client.threads.create())["thread_id"]
