@@ -90,7 +90,8 @@ async def test_a_run_from_an_earlier_checkpoint_forks_the_thread(
     # A new message from the checkpoint after the first answer: a new branch.
     model.script(Text("Another second."))
     fork_at = after_first["checkpoint"]["checkpoint_id"]
-    values = await answered(client, thread_id, "two, again", checkpoint_id=fork_at)
+    run = await client.runs.create(thread_id, "agent", input=said("two, again"), checkpoint_id=fork_at)
+    values = texts(await client.runs.join(thread_id, run["run_id"]))
     assert values == ["one", "First.", "two, again", "Another second."]
     state = await client.threads.get_state(thread_id)
     assert texts(state["values"]) == values
@@ -120,12 +121,15 @@ async def test_a_run_from_an_earlier_checkpoint_forks_the_thread(
     assert [m["branch"]["count"] for m in detail["messages"] if m.get("branch")] == [2]
 
     # No input from a checkpoint with a step still to run (`checkpoint`, as agent-chat-ui sends
-    # it): that step runs again there, another answer to the same message.
+    # it), streamed: that step runs again there, another answer to the same message.
     asked = next(
         s for s in after if s["next"] == ["agent"] and texts(s["values"]) == ["one", "First.", "two"]
     )
     model.script(Text("A third second."))
-    values = texts(await client.runs.wait(thread_id, "agent", checkpoint=asked["checkpoint"]))
+    stream = client.runs.stream(thread_id, "agent", checkpoint=asked["checkpoint"], stream_mode="values")
+    parts = [p async for p in stream]
+    assert [p.event for p in parts] == ["metadata", "values", "end"]
+    values = texts(parts[1].data)
     assert values == ["one", "First.", "two", "A third second."]
     assert texts((await client.threads.get_state(thread_id))["values"]) == values
     assert ending_with(await history(client, thread_id), "Another second.")  # still there
@@ -197,6 +201,10 @@ async def test_no_fork_over_a_decision(client: LangGraphClient, model: FakeOllam
                 thread_id, "agent", input=graph_input, checkpoint_id=waiting["checkpoint"]["checkpoint_id"]
             )
     assert texts((await client.threads.get_state(thread_id))["values"])[-1] == "The sum is 5."
+    # Decided, the thread forks again.
+    model.script(Text("Other."))
+    values = await answered(client, thread_id, "other", checkpoint_id=after_first)
+    assert values == ["one", "First.", "other", "Other."]
 
 
 async def _hanging(client: LangGraphClient, model: FakeOllama, thread_id: str) -> tuple[str, Hang]:
