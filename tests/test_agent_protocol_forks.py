@@ -277,7 +277,9 @@ async def test_rollback_as_a_cancel_action(
     # The next run starts from there.
     model.script(Text("Next."))
     assert await answered(client, thread_id, "next") == [*before, "next", "Next."]
-    finished = (await client.runs.list(thread_id))[0]["run_id"]
+    listed = await client.runs.list(thread_id, limit=2)  # a page past the switch run is still full
+    assert [r["status"] for r in listed] == ["success", "interrupted"]
+    finished = listed[0]["run_id"]
     with pytest.raises(ConflictError):  # a finished run is not cancelled, nor rolled back
         await client.runs.cancel(thread_id, finished, action="rollback")
 

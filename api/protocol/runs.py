@@ -325,7 +325,12 @@ class ProtocolRuns:
             raise BadRequest(f"status must be one of {', '.join(sorted(RUN_STATUSES))}")
         want = RUNS_LIST_MAX if status is not None else offset + limit
         page = await self.runs.page(status=None, conversation_id=thread_id, limit=want, cursor=None)
-        # A rollback's switch run (api/protocol/forks.py) is Sophos's, not one the client asked for.
+        # A rollback's switch run (api/protocol/forks.py) is Sophos's, not one the client asked for:
+        # left out, so a full page that held one is read further.
+        if len(page.runs) == want < RUNS_LIST_MAX and any(r.kind is JobKind.SWITCH for r in page.runs):
+            page = await self.runs.page(
+                status=None, conversation_id=thread_id, limit=RUNS_LIST_MAX, cursor=None
+            )
         infos = [
             r for r in page.runs
             if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status) == status)
