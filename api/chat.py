@@ -141,20 +141,23 @@ class ChatService:
             raise
 
     async def submit_to_thread(
-        self, conversation_id: str, message: str | None, *, may_be_new: bool
+        self, conversation_id: str, message: str | None, *, may_be_new: bool, checkpoint_id: str | None = None
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
         :meth:`submit`. ``may_be_new``: the id may have no conversation yet (a thread created
-        empty), and then this first run creates it."""
+        empty), and then this first run creates it. ``checkpoint_id``: the run starts there (a
+        fork, api/protocol/forks.py, which checked that checkpoint: a resume needs its tasks)."""
         request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
         if message is not None:
             self._message(request)
-        return await self._submit(request, message, conversation_id, False, None, may_be_new=may_be_new)
+        return await self._submit(
+            request, message, conversation_id, False, None, may_be_new=may_be_new, checkpoint_id=checkpoint_id
+        )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
-        idempotency: Idempotency | None, *, may_be_new: bool = False,
+        idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
@@ -162,11 +165,11 @@ class ChatService:
         head = None
         if not new:
             row = await self._free(conversation_id, may_be_new=may_be_new)
-            if request.resume and (row is None or not row.pending_tasks):
+            if request.resume and checkpoint_id is None and (row is None or not row.pending_tasks):
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
             new = row is None  # only with may_be_new: the first run of a thread created empty
-            head = row.branch_head if row is not None else None
+            head = checkpoint_id or (row.branch_head if row is not None else None)
 
         job = RunJob(
             run_id=new_id(),
@@ -269,9 +272,18 @@ class ChatService:
                 f"no branch of conversation {conversation_id} starts with message {message_id[:80]!r} "
                 "at a fork of its current branch"
             )
+        return await self.follow(conversation_id, head, row)
+
+    async def follow(
+        self, conversation_id: str, checkpoint_id: str, row: ConversationRow | None = None
+    ) -> ChatAccepted:
+        """Make the branch whose head is ``checkpoint_id`` the one the conversation follows: a run
+        of kind ``switch`` (a rollback's too, api/protocol/forks.py, which checked the checkpoint)."""
+        if row is None:
+            row = await self._existing(conversation_id)
         job = RunJob(
             run_id=new_id(), conversation_id=conversation_id, kind=JobKind.SWITCH, message=None,
-            enqueued_at=time.time(), checkpoint_id=head,
+            enqueued_at=time.time(), checkpoint_id=checkpoint_id,
         )
         return await self._enqueue(job, row.title, None, False, None)
 

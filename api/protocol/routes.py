@@ -316,7 +316,10 @@ class RunsController(Controller):
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
         threads: Threads,
         wait: Annotated[bool, Parameter(description="Answer once the run has ended")] = False,
-        action: Annotated[str, Parameter(description="`interrupt` (rollback is not served)")] = "interrupt",
+        action: Annotated[str, Parameter(description=(
+            "`interrupt`, or `rollback`: then the thread goes back to where the run started "
+            "(answered once done)"
+        ))] = "interrupt",
     ) -> Response[None]:
         tid = thread_id_of(thread_id)
         await protocol_runs.cancel(tid, run_id, action)

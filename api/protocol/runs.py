@@ -25,6 +25,7 @@ from api import live
 from api.cancel import cancel_run
 from api.chat import ChatService
 from api.ids import parse_id
+from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
@@ -33,7 +34,7 @@ from api.protocol.translate import DEFAULT_STREAM_MODES, GRAPH_ID, stream_modes
 from api.relay import run_of_conversation
 from api.runs import Runs, from_queued
 from api.schemas import ChatAccepted, ChatRequest, RunInfo
-from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, text_of
+from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, JobKind, protocol_run_key, text_of
 from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
 
 log = structlog.get_logger(__name__)
@@ -42,9 +43,10 @@ log = structlog.get_logger(__name__)
 #: a UUID5 of the graph id
 ASSISTANT_ID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), GRAPH_ID))
 RUNS_LIST_MAX = 1000
-#: ``reject`` (Sophos's default: a busy thread is 409) and ``interrupt`` (cancel the run holding the
-#: thread, then start); the Agent Server's ``enqueue`` and ``rollback`` are refused by name
-MULTITASK_STRATEGIES = ("reject", "interrupt")
+#: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
+#: thread, then start) and ``rollback`` (the same, from where the cancelled run started:
+#: api/protocol/forks.py); the Agent Server's ``enqueue`` is refused by name
+MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback")
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
@@ -96,7 +98,7 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: RunCreate) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
-    for name in ("checkpoint", "checkpoint_id", "interrupt_before", "interrupt_after", "webhook",
+    for name in ("interrupt_before", "interrupt_after", "webhook",
                  "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
@@ -104,10 +106,10 @@ def refuse_unserved(body: RunCreate) -> None:
         raise _unserved("config" if body.config else "context")
     # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
     # stream is the same with it or without it.
-    if body.multitask_strategy in ("enqueue", "rollback"):
+    if body.multitask_strategy == "enqueue":
         raise _unserved(
             f"multitask_strategy {body.multitask_strategy!r}",
-            "; use reject (a busy thread is 409) or interrupt",
+            "; use reject (a busy thread is 409), interrupt or rollback",
         )
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
         raise BadRequest(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
@@ -204,13 +206,23 @@ class ProtocolRuns:
         options = Options(
             body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject"
         )
+        fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
         if body.command is not None:
+            if fork is not None:
+                raise BadRequest(
+                    "checkpoint_id is not taken with command: decisions continue the thread where it waits"
+                )
             resume = resume_of(body)
             await self.threads.find(thread_id)
             # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
             accepted = await self._decide(thread_id, resume)
             return await self._created(thread_id, accepted, options, kind="decide")
         message = message_of(body.input)
+        if options.multitask_strategy == "rollback" and message is None:
+            raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
+        if fork is not None:
+            await self.threads.find(thread_id)
+            await self.forks.check(thread_id, fork, message)
         record = await self.threads.record(thread_id)
         if record is None:
             try:
@@ -222,7 +234,9 @@ class ProtocolRuns:
                 record = await self.threads.record(thread_id)
         accepted = await self._taking_over(
             thread_id, options,
-            lambda: self.chat.submit_to_thread(thread_id, message, may_be_new=record is not None),
+            lambda rolled_back_to: self.chat.submit_to_thread(
+                thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to
+            ),
         )
         return await self._created(thread_id, accepted, options, kind="resume" if message is None else "run")
 
@@ -236,14 +250,15 @@ class ProtocolRuns:
         return await self.chat.submit(ChatRequest(conversation=thread_id, decisions=decisions))
 
     async def _taking_over(
-        self, thread_id: str, options: Options, submit: Callable[[], Awaitable[ChatAccepted]]
+        self, thread_id: str, options: Options, submit: Callable[[str | None], Awaitable[ChatAccepted]]
     ) -> ChatAccepted:
-        """``submit()``; when the thread is busy and the strategy is ``interrupt``, cancel the run
-        holding it, wait for its end and submit once more (busy again: 409)."""
+        """``submit(None)``; when the thread is busy and the strategy is ``interrupt``, cancel the
+        run holding it, wait for its end and submit once more (busy again: 409). ``rollback``
+        submits from where the cancelled run started (api/protocol/forks.py)."""
         try:
-            return await submit()
+            return await submit(None)
         except SessionInProgress:
-            if options.multitask_strategy != "interrupt":
+            if options.multitask_strategy not in ("interrupt", "rollback"):
                 raise
         holder = await live.active_run(self.redis, thread_id)
         if holder is not None:
@@ -257,7 +272,9 @@ class ProtocolRuns:
                 raise SessionInProgress(
                     f"thread {thread_id}: run {holder} was cancelled but has not ended yet"
                 ) from exc
-        return await submit()
+            if options.multitask_strategy == "rollback":
+                return await submit(await self.forks.new_run_start(thread_id, holder))
+        return await submit(None)
 
     async def _created(
         self, thread_id: str, accepted: ChatAccepted, options: Options, *, kind: str
@@ -308,12 +325,28 @@ class ProtocolRuns:
             raise BadRequest(f"status must be one of {', '.join(sorted(RUN_STATUSES))}")
         want = RUNS_LIST_MAX if status is not None else offset + limit
         page = await self.runs.page(status=None, conversation_id=thread_id, limit=want, cursor=None)
-        infos = [r for r in page.runs if status is None or run_status(r.status) == status]
+        # A rollback's switch run (api/protocol/forks.py) is Sophos's, not one the client asked for:
+        # left out, so a full page that held one is read further.
+        if len(page.runs) == want < RUNS_LIST_MAX and any(r.kind is JobKind.SWITCH for r in page.runs):
+            page = await self.runs.page(
+                status=None, conversation_id=thread_id, limit=RUNS_LIST_MAX, cursor=None
+            )
+        infos = [
+            r for r in page.runs
+            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status) == status)
+        ]
         shown = infos[offset : offset + limit]
         return [run_shape(info, await self.options(info.id)) for info in shown]
 
+    @property
+    def forks(self) -> Forks:
+        return Forks(self.chat, self.runs, self.threads.store, self.ended)
+
     async def cancel(self, thread_id: str, run_id: str, action: str) -> None:
-        if action != "interrupt":
-            raise BadRequest("action must be 'interrupt' (rollback is not served by Sophos)")
+        if action not in ("interrupt", "rollback"):
+            raise BadRequest("action must be 'interrupt' or 'rollback'")
         run_id = await self.check(thread_id, run_id)
-        await cancel_run(self.runs, run_id)
+        if action == "rollback":
+            await self.forks.rollback(thread_id, run_id)
+        else:
+            await cancel_run(self.runs, run_id)

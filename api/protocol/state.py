@@ -99,14 +99,16 @@ def thread_history(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
 ) -> list[dict[str, Any]]:
     """In a reader process (a partial of this, with the request's options): the thread's
-    checkpoints, newest first, each as a ``ThreadState``."""
+    checkpoints, newest first, each as a ``ThreadState``: every branch's (api/protocol/forks.py),
+    also when the read's config names the head of the branch the conversation follows."""
     thread_id = str(config["configurable"]["thread_id"])
     before_config: RunnableConfig | None = None
     if before is not None:
         before_config = {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}
         }
-    history = graph.get_state_history(config, filter=metadata or None, before=before_config, limit=limit)
+    whole: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    history = graph.get_state_history(whole, filter=metadata or None, before=before_config, limit=limit)
     return [state_of(thread_id, state) for state in history]
 
 
