@@ -202,18 +202,16 @@ class Runs:
     async def queued(self) -> list[RunInfo]:
         """Runs in arq's queue that the worker has not started, in queue order.
 
-        ``position`` counts from 0 among them; the worker takes them in this order.
+        ``position`` counts from 0 among them (the runs ahead; a rename or a delete queued
+        among them is not a run); the worker takes them in this order.
         """
         entries = await live.queue(self.redis)
         started = await self.store.runs_by_id([e.run_id for e in entries])
         waiting = [e.run_id for e in entries if e.run_id not in started]
         described = await live.described_runs(self.redis, waiting)
         now = time.time()
-        return [
-            from_queued(described[run_id], position, now)
-            for position, run_id in enumerate(waiting)
-            if run_id in described
-        ]
+        runs = [run_id for run_id in waiting if run_id in described]
+        return [from_queued(described[run_id], position, now) for position, run_id in enumerate(runs)]
 
     async def worker(self) -> WorkerInfo | None:
         try:

@@ -147,6 +147,14 @@ def test_listing_and_paging_follow_a_queue_of_five_behind_a_slow_run(
     assert [run for p in pages for run in p] == everything
     assert ids(runs(api, limit=1)) == [late]
 
+    # A rename queued among the runs is no run ahead of the ones behind it.
+    with httpx.Client(base_url=api, timeout=30, trust_env=False) as http:
+        renamed = http.patch(f"/api/conversations/{first_conversation}", json={"title": "the slow one"})
+    assert renamed.status_code == 202, renamed.text  # queued: the worker is busy with the slow run
+    _, behind = chat(api, "behind the rename")
+    assert get_json(api, f"/api/runs/{behind}")["position"] == len(queued) + 1  # and `late`
+    assert [r["position"] for r in runs(api, status="queued")["runs"]] == list(range(len(queued) + 2))[::-1]
+
     bad = get_json(api, "/api/runs", cursor="not-a-cursor", expect=400)
     assert bad["error"]["code"] == "BAD_REQUEST" and "cursor" in bad["error"]["message"]
     bad = get_json(api, "/api/runs", status="sleeping", expect=400)
@@ -154,10 +162,10 @@ def test_listing_and_paging_follow_a_queue_of_five_behind_a_slow_run(
 
     # The slow run ends; the queue drains in order; finished runs show duration and steps.
     slow.release()
-    for run in [first, *queued, late]:
+    for run in [first, *queued, late, behind]:
         wait_status(api, run, "completed")
     done = runs(api, status="completed")
-    assert ids(done) == [late, *reversed(queued), first]
+    assert ids(done) == [behind, late, *reversed(queued), first]
     for run in done["runs"]:
         assert run["durationMs"] >= 0 and run["stepCount"] == 1 and "error" not in run and "node" not in run
         assert run["startedAt"] >= run["enqueuedAt"] and run["finishedAt"] >= run["startedAt"]
