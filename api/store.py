@@ -277,8 +277,12 @@ class Store:
 
 #: most processes reading threads for one API process: as many exports at once
 READER_PROCESSES = 2
-#: what a reader imports before its first read (the functions reads send it come from these)
-READER_MODULES = ("api.store", "api.transcript", "api.approvals", "api.branches")
+#: what a reader imports before its first read: the functions reads send it, and LangGraph and
+#: langchain, which those import only when they run (so that the API's main process never does)
+READER_MODULES = (
+    "api.store", "api.transcript", "api.approvals", "api.branches", "api.protocol.state",
+    "shared.thread", "shared.storage.decoding", "langgraph.checkpoint.sqlite",
+)
 
 
 def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> T:

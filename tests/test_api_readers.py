@@ -242,6 +242,8 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
 
     api = start_api(sophos_env)  # a fresh API process: it has read nothing yet
     readers = _readers_started(api)
+    # Ready means LangGraph is loaded: no read pays for importing it (api/store.py READER_MODULES).
+    assert all(_loaded_langgraph(pid) for pid in readers)
     timings: dict[str, float] = {}
     with DatabaseLock(sophos_env.database_path) as lock, httpx.Client(
         base_url=api.url or "", timeout=2 * BUSY_TIMEOUT_SECONDS, trust_env=False
@@ -271,9 +273,8 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
         # No read started a process: the reader was there before the first request.
         assert set(readers) <= set(api.descendants())
     assert read_sse(api.url or "", conversation)[-1].data["status"] == "completed"
-    # The readers decoded the thread; the API's main process, which only sent them the reads
-    # and formatted what came back, never loaded LangGraph or langchain (api/store.py).
-    assert all(_loaded_langgraph(pid) for pid in readers)
+    # The API's main process, which only sent the reads and formatted what came back, never
+    # loaded LangGraph or langchain (api/store.py).
     assert not _loaded_langgraph(api.pid)
 
 
