@@ -30,13 +30,12 @@ from typing import Any, Final
 from api.protocol.status import run_status
 from shared.contracts import EventType, RunStatus, text_of
 from shared.errors import BadRequest
+from shared.protocol import DEFAULT_STREAM_MODES as DEFAULT_STREAM_MODES
+from shared.protocol import GRAPH_ID as GRAPH_ID
 from shared.thread import AGENT, TOOLS
-
-GRAPH_ID = "agent"
 
 #: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events)
 STREAM_MODES: Final = ("values", "updates", "messages-tuple", "custom")
-DEFAULT_STREAM_MODES: Final = ("values",)
 
 
 class _Values:
