@@ -176,9 +176,18 @@ async def test_a_cancelled_run_says_interrupted(
     thread_id = (await client.threads.create())["thread_id"]
     run = await client.runs.create(thread_id, "agent", input=said("go"), webhook=receiver.url(path))
     await hang.wait_started_async(20)
+    # Another thread's run waits in the queue behind it (one run at a time): cancelled there.
+    queued_path = a_path()
+    other = (await client.threads.create())["thread_id"]
+    queued = await client.runs.create(other, "agent", input=said("later"), webhook=receiver.url(queued_path))
+    assert queued["status"] == "pending"
+    await client.runs.cancel(other, queued["run_id"])
     await client.runs.cancel(thread_id, run["run_id"])
     body = await received_one(receiver, path)
     assert body["run_id"] == run["run_id"] and body["status"] == "interrupted"
+    body = await received_one(receiver, queued_path)
+    assert body["run_id"] == queued["run_id"] and body["status"] == "interrupted"
+    assert body["values"] == {} and body["created_at"]
 
 
 async def test_a_run_cut_by_a_crash_says_interrupted(
