@@ -23,7 +23,7 @@ from langgraph_sdk.client import LangGraphClient
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
-from tests.support.procs import ServiceProcess
+from tests.support.procs import ProcessGroup, ServiceProcess
 
 #: loopback over plain http, retried quickly: what these tests need of the policy and the backoff
 ALLOWED = {
@@ -131,7 +131,7 @@ async def delivery(
 
 
 async def test_a_run_with_a_webhook_is_posted_once_when_it_ends(
-    client: LangGraphClient, model: FakeOllama, receiver: Receiver
+    client: LangGraphClient, model: FakeOllama, receiver: Receiver, procs: ProcessGroup
 ) -> None:
     model.script(Text("hello there"))
     path = a_path()
@@ -151,6 +151,10 @@ async def test_a_run_with_a_webhook_is_posted_once_when_it_ends(
     assert recorded["attempts"] == 1 and recorded["last_status"] == "200" and recorded["delivered_at"]
     assert "token" not in recorded["url"] and recorded["url"].endswith(path.split("?")[0])
     assert len(receiver.received(path)) == 1
+    # The worker logged the delivery, and no process logged the URL's query (it may hold a secret).
+    logs = {proc.name: proc.log_path.read_text() for proc in procs.processes}
+    assert any("webhook.delivered" in text for text in logs.values()), logs
+    assert not [name for name, text in logs.items() if "s3cret" in text]
 
 
 async def test_a_failing_receiver_gets_it_on_the_third_attempt(
