@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,6 +63,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body["_received_at"] = time.monotonic()
                 path = self.path
                 with receiver.lock:
                     receiver.posts.setdefault(path, []).append(body)
@@ -169,6 +171,9 @@ async def test_a_failing_receiver_gets_it_on_the_third_attempt(
     posts = receiver.received(path)
     assert len(posts) == 3 and {p["run_id"] for p in posts} == {run["run_id"]}
     assert {p["status"] for p in posts} == {"success"}
+    # Backed off: WEBHOOK_RETRY_SECONDS (0.2) before the second attempt, twice that before the third.
+    first, second, third = (p["_received_at"] for p in posts)
+    assert second - first >= 0.2 and third - second >= 0.4, (second - first, third - second)
 
 
 async def test_a_cancelled_run_says_interrupted(
