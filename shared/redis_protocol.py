@@ -103,6 +103,12 @@ hook_run(KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[10], ARGV[11], ARGV[12], ARGV[
 return n
 """
 
+# A run's webhook enqueued by the API, for a run that ended before its protocol record named the
+# webhook (shared/webhooks.py). KEYS and ARGV: hook_run's four each (as END_RUN_LUA's).
+HOOK_LUA = END_LUA + """
+hook_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+"""
+
 # --- scripts --------------------------------------------------------------------
 
 # Delete ACTIVE_RUNS[conversation] only if it still names this run.
@@ -321,6 +327,7 @@ class Scripts:
     def __init__(self, redis: Redis) -> None:
         self.release_active: AsyncScript = redis.register_script(RELEASE_ACTIVE_LUA)
         self.end_run: AsyncScript = redis.register_script(END_RUN_LUA)
+        self.hook: AsyncScript = redis.register_script(HOOK_LUA)
         self.submit: AsyncScript = redis.register_script(SUBMIT_LUA)
         self.record_ended: AsyncScript = redis.register_script(RECORD_ENDED_LUA)
         self.drop_unstarted: AsyncScript = redis.register_script(DROP_UNSTARTED_LUA)

@@ -8,7 +8,9 @@ run's protocol record (``protocol_run_key``). Every script that ends a run in Re
 webhook: the worker's ending, the cancel of a queued run and the sweep's drop of a run that
 never started. The job's id is deterministic (:func:`webhook_job_id`) and the record's
 ``webhook_outcome`` is set with HSETNX in the same script, so an ending retried enqueues no
-second job. The worker delivers it (worker/webhooks.py), never in the run's own path.
+second job. The worker delivers it (worker/webhooks.py), never in the run's own path. A run
+that ended before the API wrote its record (a fast run: its ending found no webhook) has the
+job enqueued by the API itself, just after it wrote the record (:func:`enqueue_delivery`).
 
 The record's fields (kept as long as the record, ``PROTOCOL_RUN_RETENTION_SECONDS``):
 ``webhook`` (the URL), ``webhook_outcome`` (``pending``, ``delivered`` or ``failed``),
@@ -26,9 +28,11 @@ from urllib.parse import urlsplit
 
 from arq.constants import expires_extra_ms
 from arq.jobs import serialize_job
+from redis.asyncio import Redis
 
 from shared.contracts import QUEUE_NAME, WAKE_LIST, arq_job_key, dumps, protocol_run_key
 from shared.pinned import is_public_address, resolve_checked
+from shared.redis_protocol import scripts
 from shared.settings import Settings
 
 #: arq's name of the delivery job (worker/webhooks.py)
@@ -136,6 +140,12 @@ class WebhookPolicy:
         named = host if host == address else f"{host} ({address})"
         return (f"webhook: {named} is a loopback, private or link-local address "
                 "(allowed only with WEBHOOK_ALLOW_PRIVATE)")
+
+
+async def enqueue_delivery(redis: Redis, run_id: str, conversation_id: str) -> None:
+    """Enqueue the run's delivery unless it was (the same ``hook_run`` as the endings': once)."""
+    keys, args = hook_keys_args(run_id, conversation_id)
+    await scripts(redis).hook(keys=keys, args=args)
 
 
 def hook_keys_args(

@@ -20,7 +20,10 @@ import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
+from redis.asyncio import Redis
 
+from shared.contracts import QUEUE_NAME, arq_job_key, protocol_run_key
+from shared.webhooks import enqueue_delivery, webhook_job_id
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
@@ -288,3 +291,21 @@ async def test_a_hanging_receiver_does_not_hold_the_run_or_its_events(
     receiver.release()
     recorded = await delivery(client, thread_id, run_id, "delivered")
     assert recorded["attempts"] == 1
+
+
+async def test_the_delivery_is_enqueued_once_whoever_enqueues_it(redis: Redis) -> None:
+    """The endings' ``hook_run`` and the API's late enqueueing (a run that ended before its record
+    named the webhook) are one script: a run with no webhook enqueues nothing, and a second
+    enqueueing (an ending retried, or the API after the ending) enqueues nothing more."""
+    run_id, conversation_id = str(uuid.uuid4()), str(uuid.uuid4())
+    job_id = webhook_job_id(run_id)
+    await enqueue_delivery(redis, run_id, conversation_id)
+    assert await redis.zcard(QUEUE_NAME) == 0 and not await redis.exists(protocol_run_key(run_id))
+    await redis.hset(protocol_run_key(run_id), "webhook", "https://hooks.example.com/x")
+    await enqueue_delivery(redis, run_id, conversation_id)
+    assert await redis.zrange(QUEUE_NAME, 0, -1) == [job_id] and await redis.exists(arq_job_key(job_id))
+    assert await redis.hget(protocol_run_key(run_id), "webhook_outcome") == "pending"
+    await redis.delete(arq_job_key(job_id))  # taken and done
+    await redis.zrem(QUEUE_NAME, job_id)
+    await enqueue_delivery(redis, run_id, conversation_id)
+    assert await redis.zcard(QUEUE_NAME) == 0 and not await redis.exists(arq_job_key(job_id))

@@ -36,7 +36,7 @@ from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, t
 from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
 from shared.protocol import ASSISTANT_ID as ASSISTANT_ID
 from shared.protocol import RunRecord, sdk_run
-from shared.webhooks import WebhookPolicy, WebhookRefused
+from shared.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
 
 log = structlog.get_logger(__name__)
 
@@ -269,6 +269,10 @@ class ProtocolRuns:
             })
             pipe.expire(key, PROTOCOL_RUN_RETENTION_SECONDS)
             await pipe.execute()
+        if webhook is not None and (await self._info(accepted.run)).status.finished:
+            # It ended before the record named its webhook: its ending enqueued nothing (the
+            # ending is recorded before its script runs, so one of the two enqueues it; once).
+            await enqueue_delivery(self.redis, accepted.run, thread_id)
         log.info("protocol.run_created", conversation_id=thread_id, run_id=accepted.run, kind=kind)
         return await self.get(thread_id, accepted.run), options
 
