@@ -4,8 +4,10 @@ A run's input is one new user message (``{"messages": [{"role": "user", "content
 a run with no input resumes the thread (``POST /api/chat {resume: true}``). Either goes through
 ``ChatService.submit_to_thread``: the same checks, the same atomic one-run-per-conversation
 claim (a busy thread is 409, the ``reject`` strategy), the same queue and worker. What the
-protocol adds to a run, its metadata and stream modes, is a Redis record beside it
-(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``).
+protocol adds to a run, its metadata, stream modes and webhook, is a Redis record beside it
+(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``; shared/protocol.py reads it). A
+webhook is checked here, before anything is submitted, and delivered by the worker once the run
+ended (shared/webhooks.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Sophos's run and conversation statuses as the Agent Server's, derived here and nowhere else.
+"""Sophos's run and conversation statuses as the Agent Server's, derived here and nowhere else
+(the runs' table lives in shared/protocol.py, which the worker's webhooks read too).
 
 docs/agent-protocol.md has the table; tests/test_agent_protocol.py holds it to these functions.
 """
