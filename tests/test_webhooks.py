@@ -45,6 +45,8 @@ class Receiver:
         self.posts: dict[str, list[dict[str, Any]]] = {}
         self.statuses: dict[str, list[int]] = {}
         self.hanging: set[str] = set()
+        #: paths whose first request only is held
+        self.hang_first: set[str] = set()
         self.released = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -72,7 +74,8 @@ class Receiver:
                     receiver.posts.setdefault(path, []).append(body)
                     scripted = receiver.statuses.get(path) or []
                     status = scripted.pop(0) if scripted else 200
-                if path in receiver.hanging:
+                    first = len(receiver.posts[path]) == 1
+                if path in receiver.hanging or (path in receiver.hang_first and first):
                     receiver.released.wait(60)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -221,6 +224,28 @@ async def test_a_run_cut_by_a_crash_says_interrupted(
         body = await received_one(receiver, path)
         assert body["run_id"] == run["run_id"] and body["status"] == "interrupted"
         assert body["error"]["error"] == "INTERRUPTED"
+
+
+async def test_an_attempt_cut_by_the_workers_death_is_made_again(
+    allowed_env: SophosEnv, start_worker, start_api, model: FakeOllama, receiver: Receiver
+) -> None:
+    # The restarted worker frees the dead one's jobs at once (SQLite: it is the only worker); on
+    # PostgreSQL the attempt's marker would lapse WEBHOOK_TIMEOUT + 10 s after it began.
+    env = allowed_env.with_(WEBHOOK_TIMEOUT=3)
+    worker = start_worker(env)
+    api = start_api(env)
+    path = a_path()
+    receiver.hang_first.add(path)
+    async with get_client(url=api.url) as client:
+        thread_id = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(thread_id, "agent", input=said("hi"), webhook=receiver.url(path))
+        await received_one(receiver, path)  # the first attempt, held by the receiver
+        worker.kill()
+        assert worker.wait(10) == -signal.SIGKILL
+        start_worker(env)
+        recorded = await delivery(client, thread_id, run["run_id"], "delivered", "failed")
+        assert (recorded["outcome"], recorded["attempts"]) == ("delivered", 2), recorded
+        assert [p["run_id"] for p in receiver.received(path)] == [run["run_id"]] * 2
 
 
 #: URLs the default policy refuses (https only, public addresses only), and the problem named

@@ -16,15 +16,21 @@ events back: the run's terminal event is published before the job exists. Each a
    (another status, a refused or failed connection, a timeout) is tried again after
    ``WEBHOOK_RETRY_SECONDS * 2**(n-1)`` seconds, up to ``WEBHOOK_ATTEMPTS`` attempts in all;
    then the delivery is ``failed``.
+
+An attempt is bounded by ``WEBHOOK_TIMEOUT`` as a whole, and its job's in-progress marker is cut
+to a little more than that: a worker that dies during an attempt leaves the job to be taken
+again, as the next attempt, soon after.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import structlog
+from arq.constants import in_progress_key_prefix
 from arq.worker import Retry
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
@@ -44,6 +50,9 @@ log = structlog.get_logger(__name__)
 #: attempts arq may start beyond WEBHOOK_ATTEMPTS: a worker killed mid-attempt makes arq start
 #: the job again, and the job then records the delivery failed rather than vanish unrecorded
 SPARE_TRIES = 3
+#: seconds an attempt's in-progress marker outlives WEBHOOK_TIMEOUT: a worker killed during the
+#: attempt leaves the job to be taken again once it lapses (the worker's markers last a day)
+IN_PROGRESS_MARGIN = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +70,13 @@ class WebhookDelivery:
     store: RunStore
     graph: CompiledStateGraph[Any, Any, Any, Any]
 
-    async def deliver(self, job: WebhookJob, attempt: int) -> str:
+    async def deliver(self, job: WebhookJob, attempt: int, job_id: str | None = None) -> str:
         """Attempt ``attempt`` (1-based) of the job; raises :class:`Retry` for the next one."""
+        if job_id is not None:
+            # The marker the worker set when it took the job lasts a day: an attempt cut by the
+            # worker's death is taken again (by any worker) once this shorter one lapses.
+            ttl = self.settings.webhook_timeout + IN_PROGRESS_MARGIN
+            await self.redis.pexpire(in_progress_key_prefix + job_id, int(ttl * 1000))
         key = protocol_run_key(job.run_id)
         record = RunRecord.parse(_text(await self.redis.hgetall(key)))  # type: ignore[misc]
         if record.webhook is None:
@@ -135,11 +149,14 @@ class WebhookDelivery:
             return Attempt(False, str(exc))
         transport = PinnedTransport(allowed=policy.allowed)
         try:
-            async with httpx.AsyncClient(
+            # httpx's timeout bounds each read and write; this bounds the attempt as a whole.
+            async with asyncio.timeout(self.settings.webhook_timeout), httpx.AsyncClient(
                 transport=transport, timeout=self.settings.webhook_timeout, trust_env=False,
                 follow_redirects=False,
             ) as http:
                 response = await http.post(url, json=body, headers={"User-Agent": "sophos-webhook"})
+        except TimeoutError:
+            return Attempt(False, "TimeoutError: timed out")
         except httpx.HTTPError as exc:
             # The error's text may name the URL: only its kind and the host's refusal are kept.
             return Attempt(False, f"{type(exc).__name__}: {_reason(exc)}")
@@ -182,5 +199,5 @@ async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
     ):
         delivery: WebhookDelivery = ctx["webhooks"]
-        return await delivery.deliver(job, int(ctx.get("job_try") or 1))
+        return await delivery.deliver(job, int(ctx.get("job_try") or 1), ctx.get("job_id"))
 
