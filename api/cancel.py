@@ -49,6 +49,7 @@ from shared.contracts import (
 from shared.errors import NotFound, RunFinished
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.redis_protocol import scripts
+from shared.webhooks import hook_keys_args
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +68,7 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     redis = runs.redis
     # A run's conversation never changes: reading it first is safe, and names the script's last key.
     conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
+    hook_keys, hook_args = hook_keys_args(run_id, conversation)  # its webhook, if it has one
     result = await scripts(redis).cancel_queued(
         keys=[
             QUEUE_NAME,
@@ -78,6 +80,7 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
             CANCELLED_RUNS,
             METRICS_KEY,
             cancelled_run_key(conversation),
+            *hook_keys,
         ],
         args=[
             run_id,
@@ -86,6 +89,7 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
             str(runs.settings.event_retention),
             counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
             conversation,
+            *hook_args,
         ],
     )
     if result in ("cancelled", "already"):

@@ -55,6 +55,8 @@ from shared.metrics import (
     TOOL_CALL_OUTCOMES,
     TOOL_CALLS,
     TOOL_CALLS_REPEATED,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_OUTCOMES,
     MetricsSnapshot,
     bound_label,
     read_snapshot,
@@ -189,6 +191,13 @@ class SharedStateCollector:
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",
             value=snapshot.counter(CONVERSATIONS_EXPIRED),
         )
+        webhooks = CounterMetricFamily(
+            WEBHOOK_DELIVERIES, "Attempts at delivering a run's webhook, by outcome: delivered, retried"
+            " (to be tried again) or failed (the last attempt failed)", labels=["outcome"],
+        )
+        for outcome in WEBHOOK_OUTCOMES:
+            webhooks.add_metric([outcome], snapshot.counter(WEBHOOK_DELIVERIES, outcome=outcome))
+        yield webhooks
         for metric, labels in _HISTOGRAMS:
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])

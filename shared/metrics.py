@@ -42,6 +42,10 @@ REPEAT_REASONS = ("safe_to_repeat", "decided")
 #: model calls a resume made again for a step whose model output, whole or in part, was lost
 #: with the run that crashed before the step's writes were saved (counter; worker/model_calls.py)
 MODEL_CALLS_REPEATED = "sophos_model_calls_repeated"
+#: attempts at delivering a run's webhook, by outcome (counter; worker/webhooks.py): ``delivered``,
+#: ``retried`` (to be tried again) or ``failed`` (the last attempt failed)
+WEBHOOK_DELIVERIES = "sophos_webhook_deliveries"
+WEBHOOK_OUTCOMES = ("delivered", "retried", "failed")
 #: seconds from a run's acceptance to its start by a worker (histogram)
 QUEUE_WAIT = "sophos_queue_wait_seconds"
 #: seconds from a run's start to its outcome, by status (histogram)

@@ -46,6 +46,7 @@ from shared.contracts import (
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.redis_protocol import scripts
+from shared.webhooks import hook_keys_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,7 @@ async def drop_unstarted(
     database, which also published its ending: only its release was lost) keeps
     that record and is only released. True if the claim was released.
     """
+    hook_keys, hook_args = hook_keys_args(run_id, conversation_id)  # its webhook, if it has one
     done = await scripts(redis).drop_unstarted(
         keys=[
             ACTIVE_RUNS,
@@ -222,6 +224,7 @@ async def drop_unstarted(
             run_key(run_id),
             events_key(run_id),
             METRICS_KEY,
+            *hook_keys,
         ],
         args=[
             conversation_id,
@@ -232,6 +235,7 @@ async def drop_unstarted(
             counter_field(RUNS_FINISHED, status=RunStatus.FAILED.value),
             code,
             message,
+            *hook_args,
         ],
     )
     return bool(done)

@@ -3,9 +3,10 @@
 The keys stay in :mod:`shared.contracts`, beside the jobs and events they carry
 (every module already names them from there); the events' shapes are in
 :mod:`shared.events`; this module owns what is *done* with them atomically, the
-Lua scripts. A run's ending in Redis is one Lua function, :data:`END_LUA`, used by
-the three scripts that end a run: the worker's (:data:`END_RUN_LUA`, whatever
-ended the run), the queued cancel and the sweep's drop of a run that never started.
+Lua scripts. A run's ending in Redis is one Lua function, :data:`END_LUA` (with
+``hook_run``, which enqueues its webhook), used by the three scripts that end a run:
+the worker's (:data:`END_RUN_LUA`, whatever ended the run), the queued cancel and the
+sweep's drop of a run that never started.
 
 Scripts are registered once per Redis client (:func:`scripts`) with redis-py's
 ``register_script``: each call is an ``EVALSHA`` of the script's SHA-1, not the
@@ -72,15 +73,40 @@ local function end_run(active, stream, metrics, conversation, run, status, code,
   redis.call('HINCRBY', metrics, counter, 1)
   return n
 end
+
+-- The run's webhook (shared/webhooks.py): when its protocol record has one, enqueue the
+-- delivery job, once (webhook_outcome is set with HSETNX, so an ending retried enqueues
+-- nothing more), and wake the worker.
+local function hook_run(record, job, queue, wake, job_id, payload, job_ttl, score)
+  if redis.call('HEXISTS', record, 'webhook') == 0 then
+    return
+  end
+  if redis.call('HSETNX', record, 'webhook_outcome', 'pending') == 0 then
+    return
+  end
+  redis.call('SET', job, payload, 'PX', job_ttl)
+  redis.call('ZADD', queue, score, job_id)
+  redis.call('LPUSH', wake, '1')
+  redis.call('LTRIM', wake, 0, 15)
+end
 """
 
 # The worker's ending of a run it executed or found orphaned (worker/ending.py).
-# KEYS: active hash, events stream, metrics
+# KEYS: active hash, events stream, metrics, then hook_run's: protocol record, webhook job,
+#       queue, wake list (shared/webhooks.py hook_keys_args)
 # ARGV: conversation, run, status, code, message, requests (JSON list, or ''), first event id,
-#       event retention (s), metrics field
+#       event retention (s), metrics field, then hook_run's: job id, job bytes, job ttl ms, score
 END_RUN_LUA = END_LUA + """
-return end_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
-               ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+local n = end_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
+                  ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+hook_run(KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[10], ARGV[11], ARGV[12], ARGV[13])
+return n
+"""
+
+# A run's webhook enqueued by the API, for a run that ended before its protocol record named the
+# webhook (shared/webhooks.py). KEYS and ARGV: hook_run's four each (as END_RUN_LUA's).
+HOOK_LUA = END_LUA + """
+hook_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 """
 
 # --- scripts --------------------------------------------------------------------
@@ -131,8 +157,10 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 """
 
 # Release the claim of a run that will never start (shared/queue.py, for the sweep).
-# KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics
-# ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message
+# KEYS: active hash, queue, arq job, arq in-progress, run hash, events stream, metrics, then
+#       hook_run's four (as END_RUN_LUA's)
+# ARGV: conversation, run, now (s), record ttl (s), event ttl (s), metrics field, error code, message,
+#       then hook_run's four
 # 1 if the claim was released (and the run recorded failed, its terminal event published); 2 if
 # released only, the run being recorded already (refused by the database: only its release was
 # lost); else 0.
@@ -160,6 +188,7 @@ redis.call('HSET', KEYS[5], 'conversation', ARGV[1], 'status', 'failed', 'failed
            'error_code', ARGV[7], 'error_message', ARGV[8])
 redis.call('EXPIRE', KEYS[5], ARGV[4])
 end_run(nil, KEYS[6], KEYS[7], ARGV[1], ARGV[2], 'failed', ARGV[7], ARGV[8], nil, 1, ARGV[5], ARGV[6])
+hook_run(KEYS[8], KEYS[9], KEYS[10], KEYS[11], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
 return 1
 """
 
@@ -180,9 +209,10 @@ return gone
 
 # Cancel a queued run (api/cancel.py).
 # KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
-#       the conversation's cancelled run
+#       the conversation's cancelled run, then hook_run's four (as END_RUN_LUA's)
 # ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
-#       (the one KEYS[9] was named for: read before the script, as a script must be told its keys)
+#       (the one KEYS[9] was named for: read before the script, as a script must be told its keys),
+#       then hook_run's four
 CANCEL_QUEUED_LUA = END_LUA + """
 if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
   return 'already'
@@ -206,6 +236,7 @@ end
 -- (end_run frees the conversation only if it is still this run's: compare-and-delete)
 end_run(KEYS[5], KEYS[6], KEYS[8], conversation or '', ARGV[1], 'cancelled', nil, nil, nil, 1,
         ARGV[4], ARGV[5])
+hook_run(KEYS[10], KEYS[11], KEYS[12], KEYS[13], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
 return 'cancelled'
 """
 
@@ -296,6 +327,7 @@ class Scripts:
     def __init__(self, redis: Redis) -> None:
         self.release_active: AsyncScript = redis.register_script(RELEASE_ACTIVE_LUA)
         self.end_run: AsyncScript = redis.register_script(END_RUN_LUA)
+        self.hook: AsyncScript = redis.register_script(HOOK_LUA)
         self.submit: AsyncScript = redis.register_script(SUBMIT_LUA)
         self.record_ended: AsyncScript = redis.register_script(RECORD_ENDED_LUA)
         self.drop_unstarted: AsyncScript = redis.register_script(DROP_UNSTARTED_LUA)

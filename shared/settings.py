@@ -278,6 +278,15 @@ class Settings:
     # Web origins (scheme://host[:port]) whose pages may call the API from a browser: they
     # get CORS headers and pass the browser guard (api/auth.py). Empty: same origin only.
     cors_origins: tuple[str, ...] = ()
+    # Webhooks of Agent Protocol runs (shared/webhooks.py, worker/webhooks.py): plain http and
+    # loopback, private or link-local destinations are refused unless allowed here.
+    webhook_allow_http: bool = False
+    webhook_allow_private: bool = False
+    # Attempts at delivering one run's webhook; the nth waits WEBHOOK_RETRY_SECONDS * 2**(n-2).
+    webhook_attempts: int = 5
+    webhook_retry_seconds: float = 2.0
+    # Seconds one attempt may take (connecting, sending, the receiver's answer).
+    webhook_timeout: float = 10.0
     # json, console, or auto: readable lines on a terminal, JSON lines otherwise.
     log_format: str = "auto"
     log_content: bool = False
@@ -369,6 +378,11 @@ class Settings:
             rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
             max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
             cors_origins=_origins(env, "CORS_ORIGINS"),
+            webhook_allow_http=_bool(env, "WEBHOOK_ALLOW_HTTP", d.webhook_allow_http),
+            webhook_allow_private=_bool(env, "WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private),
+            webhook_attempts=_int(env, "WEBHOOK_ATTEMPTS", d.webhook_attempts, minimum=1),
+            webhook_retry_seconds=_float(env, "WEBHOOK_RETRY_SECONDS", d.webhook_retry_seconds, minimum=0.01),
+            webhook_timeout=_float(env, "WEBHOOK_TIMEOUT", d.webhook_timeout, minimum=0.1),
             log_format=_choice(env, "LOG_FORMAT", d.log_format, ("auto", "json", "console")),
             log_content=_bool(env, "LOG_CONTENT", d.log_content),
             event_retention=_int(env, "EVENT_RETENTION", d.event_retention, minimum=1),

@@ -93,7 +93,7 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
     log = structlog.get_logger("worker")
     ctx: dict[str, object] = {"settings": settings}
     worker = WakeableWorker(
-        functions=functions(),
+        functions=functions(settings),
         queue_name=QUEUE_NAME,
         redis_settings=redis_settings(settings.redis_url),
         on_startup=on_startup,

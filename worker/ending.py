@@ -19,8 +19,9 @@ The ending then, in this order:
    described in its Redis hash instead.
 3. **Notifies**, persist-then-notify: in one Redis script (``END_RUN_LUA``) the claim
    is compared-and-deleted, the ``approval`` and terminal events appended after the
-   run's last event, the stream's expiry set and the outcome counted (its duration
-   observed by status, in the same round trip). Redis away: the
+   run's last event, the stream's expiry set, the outcome counted (its duration
+   observed by status, in the same round trip) and the run's webhook, if it has one,
+   enqueued for delivery (shared/webhooks.py). Redis away: the
    script is retried in the background for as long as events are
    (``GIVE_UP_SECONDS``); the sweep frees a claim whose run is recorded finished.
 """
@@ -56,6 +57,7 @@ from shared.redis_protocol import scripts
 from shared.rows import Breakdown
 from shared.settings import Settings
 from shared.thread import interrupt_requests
+from shared.webhooks import hook_keys_args
 from worker.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
 from worker.outcomes import UnrecordedOutcomes
 from worker.store import RunStore
@@ -202,13 +204,16 @@ class RunEnding:
         self, run_id: str, conversation_id: str, outcome: Outcome, first_id: int,
         riders: list[Callable[[Pipeline], None]],
     ) -> None:
-        args = [
+        args: list[Any] = [
             conversation_id, run_id, outcome.status.value, outcome.code or "", outcome.message or "",
             "" if outcome.status is not RunStatus.WAITING else json.dumps(outcome.requests or []),
             str(first_id), str(self.settings.event_retention),
             counter_field(RUNS_FINISHED, status=outcome.status.value),
         ]
-        keys = [ACTIVE_RUNS, events_key(run_id), METRICS_KEY]
+        # The run's webhook, if it has one, is enqueued by the same script (shared/webhooks.py).
+        hook_keys, hook_args = hook_keys_args(run_id, conversation_id)
+        keys = [ACTIVE_RUNS, events_key(run_id), METRICS_KEY, *hook_keys]
+        args += hook_args
         script = scripts(self.redis).end_run
 
         async def send() -> None:

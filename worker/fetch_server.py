@@ -5,8 +5,9 @@ host, checks every address, and then lets httpx resolve the name again to connec
 name whose answer changes in between (DNS rebinding, a TTL of 0) passes the check with a
 public address and is connected to 127.0.0.1 or 169.254.169.254. Here each direct
 connection resolves the name once, refuses it unless every address is public, and
-connects to one of those very addresses. The URL is not rewritten, so the ``Host``
-header and the TLS server name (SNI, and the certificate's check) stay the name's.
+connects to one of those very addresses (shared/pinned.py, which webhooks use too). The
+URL is not rewritten, so the ``Host`` header and the TLS server name (SNI, and the
+certificate's check) stay the name's.
 
 Everything else is mcp-server-fetch's own (``python -m worker.fetch_server`` takes its
 arguments): only its ``make_client`` is replaced. A request sent to a proxy
@@ -16,91 +17,37 @@ with ``--allow-private-ips`` nothing is checked, so nothing is replaced.
 
 from __future__ import annotations
 
-import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-import anyio
-import httpcore
 import httpx
 import mcp_server_fetch
 from mcp.shared.exceptions import McpError
 from mcp.types import INVALID_PARAMS, ErrorData
 from mcp_server_fetch import server as upstream
 
+from shared import pinned
+
 #: mcp-server-fetch's own rule: every special-purpose range refused, on every Python
-is_public_address: Callable[[str], bool] = upstream._is_public_address
+is_public_address = pinned.is_public_address
 _upstream_make_client = upstream.make_client
 
 
-class PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Connects to an address of the host's one resolution, once ``allowed`` passed them all."""
+def refused(host: str, address: str) -> McpError:
+    """What the tool answers for a destination that is not public."""
+    return McpError(ErrorData(
+        code=INVALID_PARAMS,
+        message=f"Refused to connect to {host}: it resolves to {address}, which is not a "
+        "public address. Start the server with --allow-private-ips to allow private, "
+        "loopback and link-local addresses.",
+    ))
+
+
+class PinnedTransport(pinned.PinnedTransport):
+    """The shared pinned transport (shared/pinned.py), refusing as the fetch tool does."""
 
     def __init__(self, allowed: Callable[[str], bool] = is_public_address) -> None:
-        self._allowed = allowed
-        self._network = httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            with anyio.fail_after(timeout):
-                infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from exc
-        except OSError as exc:  # socket.gaierror: the name does not resolve
-            raise httpcore.ConnectError(f"{host} does not resolve: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        for address in addresses:
-            if not self._allowed(address):
-                raise McpError(ErrorData(
-                    code=INVALID_PARAMS,
-                    message=f"Refused to connect to {host}: it resolves to {address}, which is not a "
-                    "public address. Start the server with --allow-private-ips to allow private, "
-                    "loopback and link-local addresses.",
-                ))
-        failure: httpcore.ConnectError | httpcore.ConnectTimeout = httpcore.ConnectError(
-            f"{host} resolves to no address"
-        )
-        for address in addresses:  # in the resolver's order, as a connector tries them
-            try:
-                return await self._network.connect_tcp(
-                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-                )
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                failure = exc
-        raise failure
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("the fetch tool does not connect to Unix sockets")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._network.sleep(seconds)
-
-
-class PinnedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over :class:`PinnedBackend` (httpx takes no network backend itself)."""
-
-    def __init__(self, allowed: Callable[[str], bool] = is_public_address) -> None:
-        super().__init__()
-        limits = httpx.Limits()  # httpx's defaults, as the transport it replaces had
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=PinnedBackend(allowed),
-        )
+        super().__init__(allowed, refused)
 
 
 def make_client(proxy_url: str | None) -> httpx.AsyncClient:

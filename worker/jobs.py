@@ -12,10 +12,12 @@ from arq.worker import Function
 from shared import tracing
 from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
 from shared.settings import Settings
+from shared.webhooks import WEBHOOK_FUNCTION
 from worker.deletion import delete_job
 from worker.renaming import rename_job
 from worker.resources import worker_resources
 from worker.runs import RunService
+from worker.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
 
 
 async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
@@ -34,7 +36,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     settings: Settings = ctx["settings"]
     stack = AsyncExitStack()
     ctx["stack"] = stack
-    ctx["service"] = await stack.enter_async_context(worker_resources(settings, ctx["redis"]))
+    service = ctx["service"] = await stack.enter_async_context(worker_resources(settings, ctx["redis"]))
+    ctx["webhooks"] = WebhookDelivery(service.settings, service.redis, service.store, service.graph)
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:
@@ -43,11 +46,14 @@ async def on_shutdown(ctx: dict[str, Any]) -> None:
         await stack.aclose()
 
 
-def functions() -> list[Function]:
+def functions(settings: Settings) -> list[Function]:
     # A run is never retried by arq behind the user's back: execute_run returns
     # without doing anything for a run that already started (see RunService.execute).
     return [
         func(execute_run, name=JOB_FUNCTION),
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
+        # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job
+        # started again after a kill record its failure (worker/webhooks.py).
+        func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),
     ]

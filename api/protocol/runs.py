@@ -4,15 +4,16 @@ A run's input is one new user message (``{"messages": [{"role": "user", "content
 a run with no input resumes the thread (``POST /api/chat {resume: true}``). Either goes through
 ``ChatService.submit_to_thread``: the same checks, the same atomic one-run-per-conversation
 claim (a busy thread is 409, the ``reject`` strategy), the same queue and worker. What the
-protocol adds to a run, its metadata and stream modes, is a Redis record beside it
-(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``).
+protocol adds to a run, its metadata, stream modes and webhook, is a Redis record beside it
+(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``; shared/protocol.py reads it). A
+webhook is checked here, before anything is submitted, and delivered by the worker once the run
+ended (shared/webhooks.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,18 +31,18 @@ from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
-from api.protocol.translate import DEFAULT_STREAM_MODES, GRAPH_ID, stream_modes
+from api.protocol.translate import GRAPH_ID, stream_modes
 from api.relay import run_of_conversation
 from api.runs import Runs, from_queued
 from api.schemas import ChatAccepted, ChatRequest, RunInfo
 from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, JobKind, protocol_run_key, text_of
 from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
+from shared.protocol import ASSISTANT_ID as ASSISTANT_ID
+from shared.protocol import RunRecord, sdk_run
+from shared.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
 
 log = structlog.get_logger(__name__)
 
-#: the one assistant's id: fixed, so a client may keep it (``agent``, its graph id, works too);
-#: a UUID5 of the graph id
-ASSISTANT_ID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), GRAPH_ID))
 RUNS_LIST_MAX = 1000
 #: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
 #: thread, then start) and ``rollback`` (the same, from where the cancelled run started:
@@ -98,7 +99,7 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: RunCreate) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
-    for name in ("interrupt_before", "interrupt_after", "webhook",
+    for name in ("interrupt_before", "interrupt_after",
                  "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
@@ -159,34 +160,23 @@ class Options:
     metadata: dict[str, Any]
     stream_mode: tuple[str, ...]
     multitask_strategy: str = "reject"
+    #: its webhook's delivery, when it has one (shared/webhooks.py)
+    webhook: dict[str, Any] | None = None
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Options:
-        try:
-            metadata = msgspec.json.decode(fields.get("metadata") or "{}")
-            modes = msgspec.json.decode(fields.get("stream_mode") or "[]")
-        except msgspec.DecodeError:
-            metadata, modes = {}, []
-        return cls(
-            metadata if isinstance(metadata, dict) else {}, tuple(modes) or DEFAULT_STREAM_MODES,
-            fields.get("multitask_strategy") or "reject",
-        )
+        record = RunRecord.parse(fields)
+        return cls(record.metadata, record.stream_mode, record.multitask_strategy, record.webhook_state())
 
 
 def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
-    """The SDK's ``Run``."""
-    created = info.enqueued_at or info.started_at
-    return {
-        "run_id": info.id,
-        "thread_id": info.conversation,
-        "assistant_id": ASSISTANT_ID,
-        "created_at": created,
-        "updated_at": info.finished_at or info.started_at or created,
-        "status": run_status(info.status),
-        "metadata": options.metadata,
-        "multitask_strategy": options.multitask_strategy,
-        "kwargs": {"stream_mode": list(options.stream_mode)},
-    }
+    """The SDK's ``Run`` (with its webhook's delivery, when it has one)."""
+    return sdk_run(
+        run_id=info.id, thread_id=info.conversation, status=info.status, created_at=info.enqueued_at,
+        started_at=info.started_at, finished_at=info.finished_at, metadata=options.metadata,
+        multitask_strategy=options.multitask_strategy, stream_mode=options.stream_mode,
+        webhook=options.webhook,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +193,11 @@ class ProtocolRuns:
         first); its ``Run`` and options. ``command.resume`` decides a waiting thread."""
         assistant_of(body.assistant_id)
         refuse_unserved(body)
+        if body.webhook is not None:
+            try:
+                await WebhookPolicy.of(self.runs.settings).check(body.webhook)
+            except WebhookRefused as exc:
+                raise BadRequest(str(exc)) from None
         options = Options(
             body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject"
         )
@@ -216,7 +211,7 @@ class ProtocolRuns:
             await self.threads.find(thread_id)
             # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
             accepted = await self._decide(thread_id, resume)
-            return await self._created(thread_id, accepted, options, kind="decide")
+            return await self._created(thread_id, accepted, options, kind="decide", webhook=body.webhook)
         message = message_of(body.input)
         if options.multitask_strategy == "rollback" and message is None:
             raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
@@ -238,7 +233,9 @@ class ProtocolRuns:
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to
             ),
         )
-        return await self._created(thread_id, accepted, options, kind="resume" if message is None else "run")
+        return await self._created(
+            thread_id, accepted, options, kind="resume" if message is None else "run", webhook=body.webhook
+        )
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the
@@ -277,7 +274,8 @@ class ProtocolRuns:
         return await submit(None)
 
     async def _created(
-        self, thread_id: str, accepted: ChatAccepted, options: Options, *, kind: str
+        self, thread_id: str, accepted: ChatAccepted, options: Options, *, kind: str,
+        webhook: str | None = None,
     ) -> tuple[dict[str, Any], Options]:
         key = protocol_run_key(accepted.run)
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -285,9 +283,15 @@ class ProtocolRuns:
                 "metadata": msgspec.json.encode(options.metadata).decode(),
                 "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
                 "multitask_strategy": options.multitask_strategy,
+                # Whatever ends the run enqueues its delivery (shared/webhooks.py).
+                **({"webhook": webhook} if webhook is not None else {}),
             })
             pipe.expire(key, PROTOCOL_RUN_RETENTION_SECONDS)
             await pipe.execute()
+        if webhook is not None and (await self._info(accepted.run)).status.finished:
+            # It ended before the record named its webhook: its ending enqueued nothing (the
+            # ending is recorded before its script runs, so one of the two enqueues it; once).
+            await enqueue_delivery(self.redis, accepted.run, thread_id)
         log.info("protocol.run_created", conversation_id=thread_id, run_id=accepted.run, kind=kind)
         return await self.get(thread_id, accepted.run), options
 

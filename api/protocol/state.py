@@ -6,39 +6,18 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from api.protocol.interrupts import hitl_value
+from shared.protocol import plain as _plain
+from shared.protocol import values_of as values_of
 
 # Imported by the functions, which run in a reader process: the API's main process, which only
 # names them, never loads LangGraph (api/store.py).
 if TYPE_CHECKING:
-    from langchain_core.messages import BaseMessage
     from langchain_core.runnables import RunnableConfig
     from langgraph.pregel import Pregel
     from langgraph.types import StateSnapshot
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: what JSON cannot hold (a datetime in a model's metadata) becomes text."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def message_dict(message: BaseMessage) -> dict[str, Any]:
-    """A message as the Agent Server sends it: LangChain's fields, ``type`` human/ai/tool."""
-    return dict(_plain(message.model_dump()))
-
-
-def values_of(state: StateSnapshot) -> dict[str, Any]:
-    from langchain_core.messages import BaseMessage
-
-    values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
-    if not values:
-        return {}
-    messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
-    return {"messages": [message_dict(m) for m in messages]}
 
 
 def _checkpoint(thread_id: str, config: RunnableConfig | None) -> dict[str, Any] | None:

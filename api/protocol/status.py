@@ -1,4 +1,5 @@
-"""Sophos's run and conversation statuses as the Agent Server's, derived here and nowhere else.
+"""Sophos's run and conversation statuses as the Agent Server's, derived here and nowhere else
+(the runs' table lives in shared/protocol.py, which the worker's webhooks read too).
 
 docs/agent-protocol.md has the table; tests/test_agent_protocol.py holds it to these functions.
 """
@@ -9,23 +10,13 @@ from typing import Literal
 
 from api.schemas import ConversationInfo
 from shared.contracts import RunStatus
+from shared.protocol import SDK_RUN_STATUS
+from shared.protocol import SdkRunStatus as SdkRunStatus
 
-SdkRunStatus = Literal["pending", "running", "success", "error", "interrupted", "timeout"]
 SdkThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 
-#: ``timeout`` is never given: no Sophos run ends for lack of time (AGENT_RECURSION_LIMIT is an error).
-_RUN: dict[RunStatus, SdkRunStatus] = {
-    RunStatus.QUEUED: "pending",
-    RunStatus.RUNNING: "running",
-    RunStatus.COMPLETED: "success",
-    RunStatus.FAILED: "error",
-    # Stopped before its end by a crash or a drain; the thread keeps what it did and resumes.
-    RunStatus.INTERRUPTED: "interrupted",
-    # The Agent Server has no `cancelled`: a cancelled run is `interrupted` there.
-    RunStatus.CANCELLED: "interrupted",
-    # As the Agent Server: a run that pauses for a decision ends `success`; its thread is `interrupted`.
-    RunStatus.WAITING: "success",
-}
+#: the table lives in shared/protocol.py: the worker's webhook says the same status
+_RUN = SDK_RUN_STATUS
 
 RUN_STATUSES: frozenset[str] = frozenset(_RUN.values()) | {"timeout"}
 THREAD_STATUSES: frozenset[str] = frozenset({"idle", "busy", "interrupted", "error"})
