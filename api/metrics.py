@@ -43,6 +43,8 @@ from shared.metrics import (
     BUCKETS,
     CHECKPOINT_WRITE,
     CONVERSATIONS_EXPIRED,
+    CRON_TICK_OUTCOMES,
+    CRON_TICKS,
     FIRST_TOKEN,
     METRICS_KEY,
     MODEL_CALL,
@@ -189,6 +191,13 @@ class SharedStateCollector:
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",
             value=snapshot.counter(CONVERSATIONS_EXPIRED),
         )
+        ticks = CounterMetricFamily(
+            CRON_TICKS, "Ticks of crons, by outcome: fired (a run submitted) or skipped (thread busy)",
+            labels=["outcome"],
+        )
+        for outcome in CRON_TICK_OUTCOMES:
+            ticks.add_metric([outcome], snapshot.counter(CRON_TICKS, outcome=outcome))
+        yield ticks
         for metric, labels in _HISTOGRAMS:
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])

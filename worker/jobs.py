@@ -11,7 +11,9 @@ from arq.worker import Function
 
 from shared import tracing
 from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
 from shared.settings import Settings
+from worker.crons import cron_create_job, cron_delete_job
 from worker.deletion import delete_job
 from worker.renaming import rename_job
 from worker.resources import worker_resources
@@ -50,4 +52,6 @@ def functions() -> list[Function]:
         func(execute_run, name=JOB_FUNCTION),
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
+        func(cron_create_job, name=CRON_CREATE_FUNCTION),
+        func(cron_delete_job, name=CRON_DELETE_FUNCTION),
     ]

@@ -1,0 +1,282 @@
+"""Crons (docs/agent-protocol.md, "Crons") driven by the real ``langgraph-sdk`` client against real
+APIs and workers with the fake model: a tick fires once across two workers (PostgreSQL), a cron
+survives a worker's restart and fires a missed tick once, late, a busy thread's tick is skipped
+and said so, a deleted cron stops, search lists them, a bad schedule is 422. Schedules have a
+seconds field (``*/2 * * * * *``), so the tests wait seconds for conditions, never minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
+from redis.asyncio import Redis
+
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
+from shared.storage.postgres import PostgresDatabase, migrate
+from tests.fakes.ollama import FakeOllama, Hang
+from tests.support.client import chat, wait_for_async
+from tests.support.env import SophosEnv
+from tests.support.procs import ServiceProcess
+from worker.crons import CronTicker
+
+EVERY_2S = "*/2 * * * * *"
+SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'
+
+StartService = Callable[..., ServiceProcess]
+
+
+def said(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def tick_of(run: dict[str, Any]) -> float:
+    return datetime.fromisoformat(run["metadata"]["cron_tick"]).timestamp()
+
+
+async def cron_runs(client: LangGraphClient, thread_id: str) -> list[dict[str, Any]]:
+    runs = await client.runs.list(thread_id, limit=100)
+    return [dict(r) for r in runs if r["metadata"].get("cron_id")]
+
+
+async def one_cron(client: LangGraphClient, cron_id: str) -> dict[str, Any]:
+    found = [dict(c) for c in await client.crons.search(limit=100) if c["cron_id"] == cron_id]
+    assert len(found) == 1
+    return found[0]
+
+
+async def runs_at_least(client: LangGraphClient, thread_id: str, n: int) -> list[dict[str, Any]]:
+    async def enough() -> list[dict[str, Any]] | None:
+        runs = await cron_runs(client, thread_id)
+        return runs if len(runs) >= n else None
+
+    return await wait_for_async(enough, timeout=30, message=f"{n} runs of the cron on {thread_id}")
+
+
+def fired_lines(*workers: ServiceProcess) -> list[dict[str, Any]]:
+    return [r for w in workers for r in w.log_records() if r.get("event") == "cron.tick_fired"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_cron_on_a_thread_fires_once_per_tick_across_two_workers_and_stops_when_deleted(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    workers = [start_worker(sophos_env), start_worker(sophos_env)]
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        thread = await client.threads.create()
+        cron = await client.crons.create_for_thread(
+            thread["thread_id"], "agent", schedule=EVERY_2S, input=said("tick"), metadata={"kind": "test"},
+        )
+        assert cron["thread_id"] == thread["thread_id"] and cron["schedule"] == EVERY_2S
+        runs = await runs_at_least(client, thread["thread_id"], 4)
+
+        ticks = [tick_of(r) for r in runs]
+        assert len(set(ticks)) == len(ticks), "one run per tick"
+        assert all(t % 2 == 0 for t in ticks)
+        assert all(r["metadata"]["kind"] == "test" for r in runs)
+        assert all(r["metadata"]["cron_id"] == cron["cron_id"] for r in runs)
+        # Every tick was fired by one worker only, and each fired tick is one run.
+        fired = fired_lines(*workers)
+        fired_ticks = [line["tick"] for line in fired]
+        assert len(fired_ticks) == len(set(fired_ticks))
+        await wait_for_async(
+            lambda: {r["run_id"] for r in runs} <= {line["run_id"] for line in fired_lines(*workers)},
+            timeout=10, message="each run's tick logged as fired",
+        )
+        stored = await one_cron(client, cron["cron_id"])
+        assert stored["skipped"] == 0
+        assert stored["fired"] == len(fired_lines(*workers))
+
+        await client.crons.delete(cron["cron_id"])
+        assert [c for c in await client.crons.search() if c["cron_id"] == cron["cron_id"]] == []
+        deleted_at = len(await cron_runs(client, thread["thread_id"]))
+        # A witness on another thread with the same schedule: once it has fired twice after the
+        # delete, the deleted cron had two ticks in which to fire, and fired in none.
+        witness_thread = await client.threads.create()
+        witness = await client.crons.create_for_thread(
+            witness_thread["thread_id"], "agent", schedule=EVERY_2S, input=said("witness"),
+        )
+        await runs_at_least(client, witness_thread["thread_id"], 2)
+        after = await cron_runs(client, thread["thread_id"])
+        # The delete waited for the worker's commit, which waits for a tick being fired to commit.
+        assert len(after) == deleted_at
+        await client.crons.delete(witness["cron_id"])
+    assert all(w.alive for w in workers)
+
+
+async def test_a_cron_survives_a_worker_restart_and_fires_a_missed_tick_once_late(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    worker = start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        thread = await client.threads.create()
+        cron = await client.crons.create_for_thread(
+            thread["thread_id"], "agent", schedule=EVERY_2S, input=said("still there?"),
+        )
+        await runs_at_least(client, thread["thread_id"], 1)
+        assert worker.stop() == 0
+        stopped_at = time.time()
+        before = await cron_runs(client, thread["thread_id"])
+        # Down long enough for several ticks to be missed (a condition: the clock has passed them).
+        await wait_for_async(lambda: time.time() > stopped_at + 5, timeout=10, message="ticks missed")
+        restarted_at = time.time()
+        again = start_worker(sophos_env)
+        runs = await runs_at_least(client, thread["thread_id"], len(before) + 2)
+
+        new = [r for r in runs if r["run_id"] not in {b["run_id"] for b in before}]
+        missed = [r for r in new if tick_of(r) < restarted_at]
+        assert len(missed) == 1, "the ticks missed while no worker ran fire once, late"
+        late = [line for line in again.log_records() if line.get("event") == "cron.tick_fired"]
+        assert late[0]["late_seconds"] > 1
+        assert (await one_cron(client, cron["cron_id"]))["fired"] == len(runs)
+
+
+async def test_a_tick_on_a_busy_thread_is_skipped_and_said_so(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    # Two jobs at once: the cron's creation is a job, and the run holding the thread holds one.
+    env = sophos_env.with_(WORKER_CONCURRENCY="2")
+    worker = start_worker(env)
+    api = start_api(env)
+    hang = Hang(text="busy ")
+    model.script_for("hold the thread", hang)
+    async with get_client(url=api.url) as client:
+        thread_id, holder = chat(api.url, "hold the thread")
+        await hang.wait_started_async(20)
+        cron = await client.crons.create_for_thread(thread_id, "agent", schedule=EVERY_2S, input=said("tick"))
+
+        async def skipped_twice() -> dict[str, Any] | None:
+            stored = await one_cron(client, cron["cron_id"])
+            return stored if stored["skipped"] >= 2 else None
+
+        stored = await wait_for_async(skipped_twice, timeout=30, message="two ticks skipped")
+        assert stored["fired"] == 0
+        assert stored["last_tick"]["outcome"] == f"skipped: the thread is busy with run {holder}"
+        assert stored["last_tick"]["run_id"] is None
+        # Never queued: the thread's only run is the one holding it.
+        assert [r["run_id"] for r in await client.runs.list(thread_id)] == [holder]
+        assert worker.wait_for_log(lambda line: "cron.tick_skipped" in line and holder in line)
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{api.url}/metrics")).text
+        counted = [line for line in metrics.splitlines() if line.startswith(SKIPPED_METRIC)]
+        assert len(counted) == 1 and float(counted[0].split()[-1]) >= 2
+
+        # Once the thread is free, the next tick runs on it.
+        hang.release()
+        await runs_at_least(client, thread_id, 1)
+        await client.crons.delete(cron["cron_id"])
+
+
+async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search_lists_crons(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        thread = await client.threads.create()
+        daily = await client.crons.create_for_thread(
+            thread["thread_id"], "agent", schedule="0 9 * * *", input=said("good morning"),
+        )
+        assert daily["next_run_date"].endswith("T09:00:00+00:00")
+        cron = await client.crons.create("agent", schedule=EVERY_2S, input=said("new thread each time"))
+        assert cron["thread_id"] is None
+
+        async def two_fired() -> dict[str, Any] | None:
+            stored = await one_cron(client, cron["cron_id"])
+            return stored if stored["fired"] >= 2 else None
+
+        await wait_for_async(two_fired, timeout=30, message="two ticks fired")
+        threads = await client.threads.search(limit=100)
+        made = [t for t in threads if t["thread_id"] != thread["thread_id"]]
+        assert len(made) >= 2, "a new thread per tick"
+        for made_thread in made[:2]:
+            runs = await cron_runs(client, made_thread["thread_id"])
+            assert [r["metadata"]["cron_id"] for r in runs] == [cron["cron_id"]]
+
+        listed = await client.crons.search()
+        assert {c["cron_id"] for c in listed} == {daily["cron_id"], cron["cron_id"]}
+        assert [c["cron_id"] for c in await client.crons.search(thread_id=thread["thread_id"])] == [
+            daily["cron_id"]
+        ]
+        assert len(await client.crons.search(limit=1)) == 1
+        oldest_first = await client.crons.search(sort_by="created_at", sort_order="asc")
+        assert [c["cron_id"] for c in oldest_first] == [daily["cron_id"], cron["cron_id"]]
+        assert await client.crons.search(assistant_id="other") == []
+        await client.crons.delete(cron["cron_id"])
+        assert [c["cron_id"] for c in await client.crons.search()] == [daily["cron_id"]]
+
+
+async def test_refusals_name_the_problem_and_change_nothing(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        thread = await client.threads.create()
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"schedule": "61 * * * *"}, "61 is out of the minute field's range 0-59"),
+            ({"schedule": "every minute"}, "has 2 fields"),
+            ({"schedule": "0 0 31 2 *"}, "never fires"),
+            ({"schedule": EVERY_2S, "input": None}, "input must be one user message"),
+            ({"schedule": EVERY_2S, "webhook": "http://example.test/"}, "webhook is not served"),
+            ({"schedule": EVERY_2S, "timezone": "Europe/Paris"}, "timezone 'Europe/Paris' is not served"),
+            ({"schedule": EVERY_2S, "multitask_strategy": "enqueue"}, "multitask_strategy 'enqueue'"),
+        ]
+        for options, named in cases:
+            kwargs = {"input": said("x"), **options}
+            with pytest.raises(UnprocessableEntityError) as refused:
+                await client.crons.create_for_thread(thread["thread_id"], "agent", **kwargs)
+            body = refused.value.response.json()
+            assert named in body["error"]["message"] and body["error"]["code"] == "BAD_REQUEST", body
+        with pytest.raises(NotFoundError):
+            await client.crons.create_for_thread(
+                "00000000-0000-4000-8000-000000000000", "agent", schedule=EVERY_2S, input=said("x")
+            )
+        with pytest.raises(NotFoundError) as unknown:
+            await client.crons.delete("00000000-0000-4000-8000-000000000000")
+        detail = unknown.value.response.json()["detail"]
+        assert detail == "cron 00000000-0000-4000-8000-000000000000 not found"
+        with pytest.raises(UnprocessableEntityError):
+            await client.crons.delete("not-a-uuid")
+        assert await client.crons.search() == []
+        info = await client.http.get("/info")
+        assert info["flags"]["crons"] is True
+
+
+async def test_two_workers_racing_for_the_same_ticks_fire_each_once(postgres_url: str, redis: Redis) -> None:
+    """The conditional update, without processes around it: two tickers (two workers' pools) look
+    at the same due ticks at the same instant, twenty times; each tick is fired by one of them."""
+    await migrate(postgres_url)
+    dbs = [await PostgresDatabase.open(postgres_url), await PostgresDatabase.open(postgres_url)]
+    try:
+        tickers = [CronTicker(db, redis) for db in dbs]
+        now = time.time()
+        for i in range(20):
+            cron_id = str(uuid.uuid4())
+            async with dbs[0].transaction() as tx:
+                await tx.execute(
+                    "INSERT INTO crons (id, thread_id, schedule, message, metadata, created_at, updated_at,"
+                    " next_tick) VALUES (?, NULL, ?, 'hi', '{}', 'now', 'now', ?)",
+                    (cron_id, EVERY_2S, int(now) - 1 - i),
+                )
+            fired = await asyncio.gather(*(t.once(now) for t in tickers))
+            assert sorted(fired) == [0, 1], f"tick {i}: {fired}"
+            rows = await dbs[1].fetchall(
+                "SELECT fired, skipped, last_run_id FROM crons WHERE id = ?", (cron_id,)
+            )
+            assert rows[0][:2] == (1, 0)
+            assert await redis.zscore(QUEUE_NAME, rows[0][2]) is not None  # its run is queued, once
+        assert await redis.zcard(QUEUE_NAME) == 20 and await redis.hlen(ACTIVE_RUNS) == 20
+    finally:
+        for db in dbs:
+            await db.close()
