@@ -215,6 +215,15 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
         await client.crons.delete(cron["cron_id"])
         assert [c["cron_id"] for c in await client.crons.search()] == [daily["cron_id"]]
 
+        # A thread's crons are deleted with it.
+        await client.runs.wait(thread["thread_id"], "agent", input=said("a conversation now"))
+        await client.threads.delete(thread["thread_id"])
+
+        async def none_left() -> bool:
+            return await client.crons.search() == []
+
+        await wait_for_async(none_left, timeout=10, message="the thread's cron deleted with it")
+
 
 async def test_refusals_name_the_problem_and_change_nothing(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
