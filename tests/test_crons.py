@@ -10,7 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -22,9 +22,9 @@ from redis.asyncio import Redis
 
 from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
 from shared.storage.postgres import PostgresDatabase, migrate
-from tests.fakes.ollama import FakeOllama, Hang
+from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.client import chat, wait_for_async
-from tests.support.env import SophosEnv
+from tests.support.env import SophosEnv, mcp_servers
 from tests.support.procs import ServiceProcess
 from worker.crons import CronTicker
 
@@ -247,6 +247,18 @@ async def test_refusals_name_the_problem_and_change_nothing(
                 await client.crons.create_for_thread(thread["thread_id"], "agent", **kwargs)
             body = refused.value.response.json()
             assert named in body["error"]["message"] and body["error"]["code"] == "BAD_REQUEST", body
+        threadless: list[tuple[dict[str, Any], str]] = [
+            ({"end_time": datetime(2030, 1, 1, tzinfo=UTC)}, "end_time is not served"),
+            ({"enabled": False}, "enabled: false is not served"),
+            ({"on_run_completed": "delete"}, "on_run_completed 'delete' is not served"),
+            ({"stream_mode": "updates"}, "stream_mode other than values"),
+        ]
+        for options, named in threadless:
+            with pytest.raises(UnprocessableEntityError) as refused:
+                await client.crons.create("agent", schedule=EVERY_2S, input=said("x"), **options)
+            assert named in refused.value.response.json()["detail"]
+        with pytest.raises(NotFoundError):
+            await client.crons.create("other", schedule=EVERY_2S, input=said("x"))
         with pytest.raises(NotFoundError):
             await client.crons.create_for_thread(
                 "00000000-0000-4000-8000-000000000000", "agent", schedule=EVERY_2S, input=said("x")
@@ -289,3 +301,69 @@ async def test_two_workers_racing_for_the_same_ticks_fire_each_once(postgres_url
     finally:
         for db in dbs:
             await db.close()
+
+
+async def test_a_tick_on_a_thread_waiting_for_a_decision_or_gone_is_skipped(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    config: dict[str, Any] = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
+    sophos_env.write_mcp_config(config)
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    model.script_for("add them", ToolCalls([("tools__add", {"a": 2, "b": 3})]))
+    async with get_client(url=api.url) as client:
+        waiting = await client.threads.create()
+        await client.runs.wait(waiting["thread_id"], "agent", input=said("add them"))
+        assert (await client.threads.get(waiting["thread_id"]))["status"] == "interrupted"
+        gone = await client.threads.create()
+        on_waiting = await client.crons.create_for_thread(
+            waiting["thread_id"], "agent", schedule=EVERY_2S, input=said("tick"),
+        )
+        on_gone = await client.crons.create_for_thread(
+            gone["thread_id"], "agent", schedule=EVERY_2S, input=said("x")
+        )
+        await client.threads.delete(gone["thread_id"])  # created empty: no conversation, its crons stay
+
+        async def skipped(cron_id: str) -> dict[str, Any] | None:
+            stored = await one_cron(client, cron_id)
+            return stored if stored["skipped"] >= 1 else None
+
+        stored = await wait_for_async(lambda: skipped(on_waiting["cron_id"]), timeout=30, message="skipped")
+        assert stored["last_tick"]["outcome"] == "skipped: the thread waits for a decision or a resume"
+        stored = await wait_for_async(lambda: skipped(on_gone["cron_id"]), timeout=30, message="skipped")
+        assert stored["last_tick"]["outcome"] == "skipped: the thread is gone"
+        assert stored["fired"] == 0
+        assert len(await client.runs.list(waiting["thread_id"])) == 1  # still waiting, nothing queued
+
+
+async def test_a_cron_created_while_no_worker_runs_is_stored_once_one_is_back(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client, httpx.AsyncClient(base_url=api.url) as http:
+        thread = await client.threads.create()
+        cron = await client.crons.create_for_thread(
+            thread["thread_id"], "agent", schedule="0 9 * * *", input=said("later"),
+        )
+        assert cron["next_run_date"].endswith("T09:00:00+00:00") and cron["fired"] == 0
+        assert await client.crons.search() == []  # the job waits for a worker
+        worker = start_worker(sophos_env)
+
+        async def listed() -> list[Any] | None:
+            return await client.crons.search() or None
+
+        found = await wait_for_async(listed, timeout=30, message="the cron stored by the worker")
+        assert [c["cron_id"] for c in found] == [cron["cron_id"]]
+        assert found[0]["next_run_date"] == cron["next_run_date"]
+
+        # A delete while no worker runs is accepted (202), and done once one is back.
+        assert worker.stop() == 0
+        assert (await http.delete(f"/runs/crons/{cron['cron_id']}")).status_code == 202
+        assert len(await client.crons.search()) == 1
+        start_worker(sophos_env)
+
+        async def none_left() -> bool:
+            return await client.crons.search() == []
+
+        await wait_for_async(none_left, timeout=30, message="the cron deleted by the worker")
