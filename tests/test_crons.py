@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,11 +21,16 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, QUEUE_NAME
+from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.crons import tick_run_id, tick_thread_id
+from shared.queue import submit_run
+from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate
+from shared.storage.sqlite import SqliteDatabase
 from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
+from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
 from worker.crons import CronTicker
 
@@ -186,6 +192,7 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
         thread = await client.threads.create()
         daily = await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule="0 9 * * *", input=said("good morning"),
+            metadata={"kind": "daily"},
         )
         assert daily["next_run_date"].endswith("T09:00:00+00:00")
         cron = await client.crons.create("agent", schedule=EVERY_2S, input=said("new thread each time"))
@@ -212,6 +219,10 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
         oldest_first = await client.crons.search(sort_by="created_at", sort_order="asc")
         assert [c["cron_id"] for c in oldest_first] == [daily["cron_id"], cron["cron_id"]]
         assert await client.crons.search(assistant_id="other") == []
+        by_metadata = await client.crons.search(metadata={"kind": "daily"})
+        assert [c["cron_id"] for c in by_metadata] == [daily["cron_id"]]
+        soonest_first = await client.crons.search(sort_by="next_run_date", sort_order="asc")
+        assert [c["cron_id"] for c in soonest_first] == [cron["cron_id"], daily["cron_id"]]
         await client.crons.delete(cron["cron_id"])
         assert [c["cron_id"] for c in await client.crons.search()] == [daily["cron_id"]]
 
@@ -367,3 +378,47 @@ async def test_a_cron_created_while_no_worker_runs_is_stored_once_one_is_back(
             return await client.crons.search() == []
 
         await wait_for_async(none_left, timeout=30, message="the cron deleted by the worker")
+
+
+async def due_cron(db: Database, now: float) -> tuple[str, int]:
+    """A cron without a thread whose tick is due at ``now``: its id and that tick."""
+    cron_id, tick = str(uuid.uuid4()), int(now) - 1
+    async with db.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO crons (id, thread_id, schedule, message, metadata, created_at, updated_at,"
+            " next_tick) VALUES (?, NULL, ?, 'hi', '{}', 'now', 'now', ?)",
+            (cron_id, EVERY_2S, tick),
+        )
+    return cron_id, tick
+
+
+async def test_a_tick_whose_submission_failed_is_fired_again_as_the_same_run(
+    tmp_path: Path, redis: Redis
+) -> None:
+    """Redis down at the tick: nothing is committed, the tick stays due; the next pass fires it.
+    A tick whose run was submitted by an attempt that did not commit counts as fired, once."""
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    unreachable = Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=1)
+    try:
+        now = time.time()
+        cron_id, tick = await due_cron(db, now)
+        assert await CronTicker(db, unreachable).once(now) == 0
+        rows = await db.fetchall("SELECT next_tick, fired, skipped FROM crons WHERE id = ?", (cron_id,))
+        assert rows == [(tick, 0, 0)]
+        assert await CronTicker(db, redis).once(now) == 1
+        rows = await db.fetchall("SELECT next_tick > ?, fired, last_run_id FROM crons WHERE id = ?",
+                                 (tick, cron_id))
+        assert rows == [(1, 1, tick_run_id(cron_id, tick))]
+
+        # An earlier attempt submitted this tick's run, then failed before its commit.
+        cron_id, tick = await due_cron(db, now)
+        run_id = tick_run_id(cron_id, tick)
+        job = RunJob(run_id, tick_thread_id(cron_id, tick), JobKind.RUN, "hi", now, new_conversation=True)
+        assert await submit_run(redis, job, title="hi") is None
+        assert await CronTicker(db, redis).once(now) == 1
+        rows = await db.fetchall("SELECT fired, skipped, last_run_id FROM crons WHERE id = ?", (cron_id,))
+        assert rows == [(1, 0, run_id)]
+        assert await redis.zcard(QUEUE_NAME) == 2  # the first cron's run and this one, once each
+    finally:
+        await unreachable.aclose()
+        await db.close()

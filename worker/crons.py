@@ -166,8 +166,13 @@ class CronTicker:
         for row in rows:
             cron = CronRow.from_row(row)
             with structlog.contextvars.bound_contextvars(cron_id=cron.id):
-                if await self.fire(cron, now):
-                    done += 1
+                try:
+                    done += await self.fire(cron, now)
+                except Exception as exc:
+                    # Rolled back: the tick is still due, and the next pass tries it again. One
+                    # cron's failure does not hold back the others'.
+                    error = f"{type(exc).__name__}: {exc}"
+                    log.warning("cron.fire_failed", tick=iso(cron.next_tick), error=error)
         return done
 
     async def fire(self, cron: CronRow, now: float) -> bool:
