@@ -12,9 +12,11 @@ already accepted finds the thread held by that same run and counts as fired, and
 recorded is never executed twice (``RunService.execute``).
 
 **The one-run rule.** A tick is submitted like any run (``shared.queue.submit``: the atomic
-claim of the thread). A thread held by another run, or waiting for a decision or a resume, is
-not run on: the tick is recorded ``skipped`` (the cron's ``skipped`` count and last outcome, the
-log line ``cron.tick_skipped``, the counter ``sophos_cron_ticks_total{outcome="skipped"}``).
+claim of the thread), checked as a message on ``POST /api/chat`` is. A thread held by another
+run, or waiting for a decision (an approval), is not run on (one with a run to resume takes the
+message, as it would from a user): the tick is recorded ``skipped`` (the cron's ``skipped``
+count and last outcome, the log line ``cron.tick_skipped``, the counter
+``sophos_cron_ticks_total{outcome="skipped"}``).
 
 **Ticks missed while no worker ran** are fired once, late, by the first pass that finds them:
 the tick fired is the first one missed, and the next is the schedule's first after now, so a
@@ -34,9 +36,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.contracts import (
+    ACTIVE_RUNS,
     PROTOCOL_RUN_RETENTION_SECONDS,
     JobKind,
     RunJob,
+    RunStatus,
     protocol_run_key,
     protocol_thread_key,
 )
@@ -142,6 +146,10 @@ async def cron_delete_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
 # --- the ticks --------------------------------------------------------------------
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class _Skip(Exception):
     """The tick does not run: why."""
 
@@ -216,15 +224,23 @@ class CronTicker:
         new = True
         title = title_of(cron.message)
         if cron.thread_id is not None:
+            # As a message on POST /api/chat is checked (api/chat.py): the claim first, then the
+            # row. A run records its outcome before it frees the claim, so a row read after a
+            # free claim is that run's outcome, and a run ending ``waiting`` in between is seen.
+            holder = await self.redis.hget(ACTIVE_RUNS, thread_id)  # type: ignore[misc]
+            if holder is not None and _text(holder) != run_id:
+                raise _Skip(f"the thread is busy with run {_text(holder)}")
             rows = await tx.fetchall(
-                "SELECT pending_tasks, branch_head, title FROM conversations WHERE id = ?", (thread_id,)
+                "SELECT r.status, c.branch_head, c.title FROM conversations c"
+                " LEFT JOIN runs r ON r.id = c.last_run_id WHERE c.id = ?",
+                (thread_id,),
             )
             if rows:
-                pending, head, title = bool(rows[0][0]), rows[0][1], str(rows[0][2])
+                status, head, title = rows[0][0], rows[0][1], str(rows[0][2])
                 new = False
-                if pending:
-                    raise _Skip("the thread waits for a decision or a resume")
-            elif not await self.redis.exists(protocol_thread_key(thread_id)):
+                if status == RunStatus.WAITING and holder is None:
+                    raise _Skip("the thread waits for a decision")
+            elif holder is None and not await self.redis.exists(protocol_thread_key(thread_id)):
                 raise _Skip("the thread is gone")
         metadata = {**json.loads(cron.metadata), "cron_id": cron.id, "cron_tick": iso(tick)}
         key = protocol_run_key(run_id)
@@ -239,11 +255,11 @@ class CronTicker:
             run_id=run_id, conversation_id=thread_id, kind=JobKind.RUN, message=cron.message,
             enqueued_at=time.time(), new_conversation=new, checkpoint_id=head,
         )
-        holder = await submit_run(self.redis, job, title=title)
+        taken_by = await submit_run(self.redis, job, title=title)
         # Held by this very run: an earlier attempt at this tick submitted it and did not commit.
-        if holder is not None and holder != run_id:
+        if taken_by is not None and taken_by != run_id:
             await self.redis.delete(key)
-            raise _Skip(f"the thread is busy with run {holder}")
+            raise _Skip(f"the thread is busy with run {taken_by}")
         return thread_id
 
     async def _forever(self) -> None:

@@ -11,6 +11,7 @@ Modules: ``status`` (Sophos statuses as the SDK's), ``translate`` (a run's nativ
 Agent Server's stream modes, pure), ``interrupts`` (approvals as langchain's
 ``HumanInTheLoopMiddleware`` interrupts, and their decisions back, pure), ``state`` (a thread's
 state and history in the SDK's shape, read in a reader process), ``assistant`` (the agent's
-graph and schemas), ``threads`` and ``runs`` (the services), ``routes`` (the controllers, which
+graph and schemas), ``threads`` and ``runs`` (the services), ``crons`` (schedules of runs: stored,
+fired and deleted by the workers; its own controller), ``routes`` (the controllers, which
 only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
 """
