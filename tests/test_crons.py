@@ -45,13 +45,18 @@ def said(text: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}]}
 
 
+def as_cron(made: Any) -> dict[str, Any]:
+    """A created cron: the SDK types it as a ``Run``, the server answers a ``Cron``."""
+    return dict(made)
+
+
 def tick_of(run: dict[str, Any]) -> float:
     return datetime.fromisoformat(run["metadata"]["cron_tick"]).timestamp()
 
 
 async def cron_runs(client: LangGraphClient, thread_id: str) -> list[dict[str, Any]]:
     runs = await client.runs.list(thread_id, limit=100)
-    return [dict(r) for r in runs if r["metadata"].get("cron_id")]
+    return [dict(r) for r in runs if (r["metadata"] or {}).get("cron_id")]
 
 
 async def one_cron(client: LangGraphClient, cron_id: str) -> dict[str, Any]:
@@ -84,9 +89,9 @@ async def test_a_cron_on_a_thread_fires_once_per_tick_across_two_workers_and_sto
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
         thread = await client.threads.create()
-        cron = await client.crons.create_for_thread(
+        cron = as_cron(await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule=EVERY_2S, input=said("tick"), metadata={"kind": "test"},
-        )
+        ))
         assert cron["thread_id"] == thread["thread_id"] and cron["schedule"] == EVERY_2S
         runs = await runs_at_least(client, thread["thread_id"], 4)
 
@@ -118,9 +123,9 @@ async def test_a_cron_on_a_thread_fires_once_per_tick_across_two_workers_and_sto
         # A witness on another thread with the same schedule: once it has fired twice after the
         # delete, the deleted cron had two ticks in which to fire, and fired in none.
         witness_thread = await client.threads.create()
-        witness = await client.crons.create_for_thread(
+        witness = as_cron(await client.crons.create_for_thread(
             witness_thread["thread_id"], "agent", schedule=EVERY_2S, input=said("witness"),
-        )
+        ))
         await runs_at_least(client, witness_thread["thread_id"], 2)
         after = await cron_runs(client, thread["thread_id"])
         # The delete waited for the worker's commit, which waits for a tick being fired to commit.
@@ -138,9 +143,9 @@ async def test_a_cron_survives_a_worker_killed_mid_run_and_fires_a_missed_tick_o
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
         thread = await client.threads.create()
-        cron = await client.crons.create_for_thread(
+        cron = as_cron(await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule=EVERY_2S, input=said("still there?"),
-        )
+        ))
         await hang.wait_started_async(30)
         worker.kill()
         assert worker.wait(10) == -signal.SIGKILL
@@ -176,9 +181,11 @@ async def test_a_tick_on_a_busy_thread_is_skipped_and_said_so(
     hang = Hang(text="busy ")
     model.script_for("hold the thread", hang)
     async with get_client(url=api.url) as client:
-        thread_id, holder = chat(api.url, "hold the thread")
+        thread_id, holder = chat(api.url or "", "hold the thread")
         await hang.wait_started_async(20)
-        cron = await client.crons.create_for_thread(thread_id, "agent", schedule=EVERY_2S, input=said("tick"))
+        cron = as_cron(
+            await client.crons.create_for_thread(thread_id, "agent", schedule=EVERY_2S, input=said("tick"))
+        )
 
         async def skipped_twice() -> dict[str, Any] | None:
             stored = await one_cron(client, cron["cron_id"])
@@ -209,12 +216,14 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
         thread = await client.threads.create()
-        daily = await client.crons.create_for_thread(
+        daily = as_cron(await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule="0 9 * * *", input=said("good morning"),
             metadata={"kind": "daily"},
-        )
+        ))
         assert daily["next_run_date"].endswith("T09:00:00+00:00")
-        cron = await client.crons.create("agent", schedule=EVERY_2S, input=said("new thread each time"))
+        cron = as_cron(
+            await client.crons.create("agent", schedule=EVERY_2S, input=said("new thread each time"))
+        )
         assert cron["thread_id"] is None
 
         async def two_fired() -> dict[str, Any] | None:
@@ -274,7 +283,7 @@ async def test_refusals_name_the_problem_and_change_nothing(
         for options, named in cases:
             kwargs = {"input": said("x"), **options}
             with pytest.raises(UnprocessableEntityError) as refused:
-                await client.crons.create_for_thread(thread["thread_id"], "agent", **kwargs)
+                as_cron(await client.crons.create_for_thread(thread["thread_id"], "agent", **kwargs))
             body = refused.value.response.json()
             assert named in body["error"]["message"] and body["error"]["code"] == "BAD_REQUEST", body
         threadless: list[tuple[dict[str, Any], str]] = [
@@ -285,14 +294,14 @@ async def test_refusals_name_the_problem_and_change_nothing(
         ]
         for options, named in threadless:
             with pytest.raises(UnprocessableEntityError) as refused:
-                await client.crons.create("agent", schedule=EVERY_2S, input=said("x"), **options)
+                as_cron(await client.crons.create("agent", schedule=EVERY_2S, input=said("x"), **options))
             assert named in refused.value.response.json()["detail"]
         with pytest.raises(NotFoundError):
-            await client.crons.create("other", schedule=EVERY_2S, input=said("x"))
+            as_cron(await client.crons.create("other", schedule=EVERY_2S, input=said("x")))
         with pytest.raises(NotFoundError):
-            await client.crons.create_for_thread(
+            as_cron(await client.crons.create_for_thread(
                 "00000000-0000-4000-8000-000000000000", "agent", schedule=EVERY_2S, input=said("x")
-            )
+            ))
         with pytest.raises(NotFoundError) as unknown:
             await client.crons.delete("00000000-0000-4000-8000-000000000000")
         detail = unknown.value.response.json()["detail"]
@@ -327,7 +336,8 @@ async def test_two_workers_racing_for_the_same_ticks_fire_each_once(postgres_url
             )
             assert rows[0][:2] == (1, 0)
             assert await redis.zscore(QUEUE_NAME, rows[0][2]) is not None  # its run is queued, once
-        assert await redis.zcard(QUEUE_NAME) == 20 and await redis.hlen(ACTIVE_RUNS) == 20
+        assert await redis.zcard(QUEUE_NAME) == 20
+        assert await redis.hlen(ACTIVE_RUNS) == 20  # type: ignore[misc]
     finally:
         for db in dbs:
             await db.close()
@@ -347,12 +357,12 @@ async def test_a_tick_on_a_thread_waiting_for_a_decision_or_gone_is_skipped(
         await client.runs.wait(waiting["thread_id"], "agent", input=said("add them"))
         assert (await client.threads.get(waiting["thread_id"]))["status"] == "interrupted"
         gone = await client.threads.create()
-        on_waiting = await client.crons.create_for_thread(
+        on_waiting = as_cron(await client.crons.create_for_thread(
             waiting["thread_id"], "agent", schedule=EVERY_2S, input=said("tick"),
-        )
-        on_gone = await client.crons.create_for_thread(
+        ))
+        on_gone = as_cron(await client.crons.create_for_thread(
             gone["thread_id"], "agent", schedule=EVERY_2S, input=said("x")
-        )
+        ))
         await client.threads.delete(gone["thread_id"])  # created empty: no conversation, its crons stay
 
         async def skipped(cron_id: str) -> dict[str, Any] | None:
@@ -360,8 +370,10 @@ async def test_a_tick_on_a_thread_waiting_for_a_decision_or_gone_is_skipped(
             return stored if stored["skipped"] >= 1 else None
 
         stored = await wait_for_async(lambda: skipped(on_waiting["cron_id"]), timeout=30, message="skipped")
+        assert stored is not None
         assert stored["last_tick"]["outcome"] == "skipped: the thread waits for a decision"
         stored = await wait_for_async(lambda: skipped(on_gone["cron_id"]), timeout=30, message="skipped")
+        assert stored is not None
         assert stored["last_tick"]["outcome"] == "skipped: the thread is gone"
         assert stored["fired"] == 0
         assert len(await client.runs.list(waiting["thread_id"])) == 1  # still waiting, nothing queued
@@ -371,11 +383,11 @@ async def test_a_cron_created_while_no_worker_runs_is_stored_once_one_is_back(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
 ) -> None:
     api = start_api(sophos_env)
-    async with get_client(url=api.url) as client, httpx.AsyncClient(base_url=api.url) as http:
+    async with get_client(url=api.url) as client, httpx.AsyncClient(base_url=api.url or "") as http:
         thread = await client.threads.create()
-        cron = await client.crons.create_for_thread(
+        cron = as_cron(await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule="0 9 * * *", input=said("later"),
-        )
+        ))
         assert cron["next_run_date"].endswith("T09:00:00+00:00") and cron["fired"] == 0
         assert await client.crons.search() == []  # the job waits for a worker
         worker = start_worker(sophos_env)
