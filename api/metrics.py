@@ -43,6 +43,8 @@ from shared.metrics import (
     BUCKETS,
     CHECKPOINT_WRITE,
     CONVERSATIONS_EXPIRED,
+    CRON_TICK_OUTCOMES,
+    CRON_TICKS,
     FIRST_TOKEN,
     METRICS_KEY,
     MODEL_CALL,
@@ -198,6 +200,13 @@ class SharedStateCollector:
         for outcome in WEBHOOK_OUTCOMES:
             webhooks.add_metric([outcome], snapshot.counter(WEBHOOK_DELIVERIES, outcome=outcome))
         yield webhooks
+        ticks = CounterMetricFamily(
+            CRON_TICKS, "Ticks of crons, by outcome: fired (a run submitted) or skipped (thread busy)",
+            labels=["outcome"],
+        )
+        for outcome in CRON_TICK_OUTCOMES:
+            ticks.add_metric([outcome], snapshot.counter(CRON_TICKS, outcome=outcome))
+        yield ticks
         for metric, labels in _HISTOGRAMS:
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])

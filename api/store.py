@@ -19,6 +19,7 @@ from api import title_search
 from api.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.readers import Readers
 from shared.contracts import RunStatus
+from shared.crons import CRON_COLUMNS, CronRow
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.rows import RUN_COLUMNS, RunRow
 from shared.schema import MIGRATIONS
@@ -227,6 +228,19 @@ class Store:
             (conversation_id,),
         )
         return [LedgerRow.from_row(r) for r in rows]
+
+    async def crons(
+        self, *, cron_id: str | None = None, thread_id: str | None = None, order: str = "created_at DESC",
+        limit: int = 1, offset: int = 0,
+    ) -> list[CronRow]:
+        """Crons (shared/crons.py), filtered by id or thread; ``order``: a column and direction."""
+        where = [c for c, v in (("id = ?", cron_id), ("thread_id = ?", thread_id)) if v is not None]
+        rows = await self._fetch(
+            f"SELECT {CRON_COLUMNS} FROM crons{' WHERE ' + ' AND '.join(where) if where else ''}"
+            f" ORDER BY {order}, id LIMIT ? OFFSET ?",
+            (*(v for v in (cron_id, thread_id) if v is not None), limit, offset),
+        )
+        return [CronRow.from_row(tuple(r)) for r in rows]
 
     async def running_count(self) -> int:
         """How many runs are recorded ``running`` (a search of the status index, not a scan)."""

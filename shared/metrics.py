@@ -30,6 +30,10 @@ METRICS_KEY = "sophos:metrics"
 RUNS_FINISHED = "sophos_runs_finished"
 #: conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS (counter)
 CONVERSATIONS_EXPIRED = "sophos_conversations_expired"
+#: crons' ticks by outcome (counter): ``fired`` (its run submitted) or ``skipped`` (the thread was
+#: held by another run, waiting for a decision, or gone); worker/crons.py
+CRON_TICKS = "sophos_cron_ticks"
+CRON_TICK_OUTCOMES = ("fired", "skipped")
 #: tool calls by outcome (counter): ``success``/``error`` (sent, and answered), ``answered``
 #: (a later attempt answered from the ledger, not sent), ``not_repeated`` (it may have run, and
 #: the user chose not to send it again); worker/ledger.py

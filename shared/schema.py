@@ -106,6 +106,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE conversations ADD COLUMN branch_head TEXT;
     ALTER TABLE conversations ADD COLUMN forked INTEGER NOT NULL DEFAULT 0;
     """,
+    # 9: crons (the Agent Protocol's ``client.crons``; shared/crons.py, worker/crons.py): a run
+    # on a schedule. ``thread_id`` NULL: a new thread per tick. ``next_tick`` (seconds since the
+    # epoch) is the tick to fire next: the worker that moves it on (a conditional update) is the
+    # one that fires it. ``fired``, ``skipped`` and ``last_*`` say what the ticks did.
+    """
+    CREATE TABLE crons (
+        id           TEXT PRIMARY KEY,
+        thread_id    TEXT,
+        schedule     TEXT NOT NULL,
+        message      TEXT NOT NULL,
+        metadata     TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        updated_at   TEXT NOT NULL,
+        next_tick    BIGINT NOT NULL,
+        fired        INTEGER NOT NULL DEFAULT 0,
+        skipped      INTEGER NOT NULL DEFAULT 0,
+        last_tick    BIGINT,
+        last_outcome TEXT,
+        last_run_id  TEXT
+    );
+    CREATE INDEX crons_due ON crons(next_tick);
+    CREATE INDEX crons_by_thread ON crons(thread_id);
+    """,
 )
 
 

@@ -123,7 +123,7 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     with pytest.raises(NotFoundError):
         await client.assistants.get_graph("other")
     info = await client.http.get("/info")
-    assert info["flags"]["crons"] is False and info["flags"]["langsmith"] is False
+    assert info["flags"]["crons"] is True and info["flags"]["langsmith"] is False
 
     # A thread created empty: idle, no values, its metadata kept.
     thread = await client.threads.create(metadata={"user": "ada"})

@@ -11,8 +11,10 @@ from arq.worker import Function
 
 from shared import tracing
 from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
 from shared.settings import Settings
 from shared.webhooks import WEBHOOK_FUNCTION
+from worker.crons import cron_create_job, cron_delete_job
 from worker.deletion import delete_job
 from worker.renaming import rename_job
 from worker.resources import worker_resources
@@ -56,4 +58,6 @@ def functions(settings: Settings) -> list[Function]:
         # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job
         # started again after a kill record its failure (worker/webhooks.py).
         func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),
+        func(cron_create_job, name=CRON_CREATE_FUNCTION),
+        func(cron_delete_job, name=CRON_DELETE_FUNCTION),
     ]

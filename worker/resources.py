@@ -24,6 +24,7 @@ from shared.redis_protocol import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
+from worker.crons import CronTicker
 from worker.deadlines import ApprovalDeadlines
 from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
 from worker.graph import build_graph, read_system_prompt
@@ -151,6 +152,9 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # Stopped before the store closes (the stack unwinds in reverse).
         sweep.start()
         stack.push_async_callback(sweep.stop)
+        ticker = CronTicker(store.db, redis)
+        ticker.start()
+        stack.push_async_callback(ticker.stop)
         if store.db.leases:
             leases = Leases(service, saver)
             leases.start()

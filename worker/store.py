@@ -187,6 +187,8 @@ class RunStore:
             rows = await tx.fetchall("SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,))
             run_ids = [str(row[0]) for row in rows]
             await tx.execute("DELETE FROM tool_calls WHERE conversation_id = ?", (conversation_id,))
+            # Its crons go with it: none fires on a thread that is gone (worker/crons.py).
+            await tx.execute("DELETE FROM crons WHERE thread_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         return run_ids

@@ -19,6 +19,7 @@ from api.conversations import Conversations
 from api.openapi import errors
 from api.protocol.assistant import graph as agent_graph
 from api.protocol.assistant import schemas
+from api.protocol.crons import CronsController
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
 from api.protocol.state import values_with_interrupts
 from api.protocol.stream import ProtocolStream
@@ -122,7 +123,7 @@ class ServerController(Controller):
     async def info(self) -> dict[str, Any]:
         return {
             "version": "sophos",
-            "flags": {"assistants": True, "crons": False, "langsmith": False, "thread_ttl": False},
+            "flags": {"assistants": True, "crons": True, "langsmith": False, "thread_ttl": False},
             "metadata": {"engine": "sophos", "docs": "docs/agent-protocol.md"},
         }
 
@@ -375,4 +376,4 @@ async def _outcome(
     return values_with_interrupts(await threads.state(thread_id))
 
 
-ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController]
+ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController]

@@ -1,0 +1,68 @@
+"""Cron schedules (shared/crons.py): what parses, what is refused and why, when each fires next."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.crons import Schedule, tick_run_id, tick_thread_id
+from shared.errors import BadRequest
+
+#: Sunday 6 December 2026, 13:30:15.5 UTC
+NOW = datetime(2026, 12, 6, 13, 30, 15, 500000, tzinfo=UTC).timestamp()
+
+
+def next_of(schedule: str, after: float = NOW) -> datetime:
+    return datetime.fromtimestamp(Schedule.parse(schedule).next_after(after), UTC)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "fires"),
+    [
+        ("*/2 * * * * *", datetime(2026, 12, 6, 13, 30, 16, tzinfo=UTC)),  # seconds first
+        ("0 9 * * *", datetime(2026, 12, 7, 9, 0, tzinfo=UTC)),
+        ("*/15 * * * *", datetime(2026, 12, 6, 13, 45, tzinfo=UTC)),
+        ("@hourly", datetime(2026, 12, 6, 14, 0, tzinfo=UTC)),
+        ("30 8 * * 1-5", datetime(2026, 12, 7, 8, 30, tzinfo=UTC)),  # Monday to Friday
+        ("0 12 * * sun", datetime(2026, 12, 13, 12, 0, tzinfo=UTC)),
+        ("0 12 * * 7", datetime(2026, 12, 13, 12, 0, tzinfo=UTC)),  # 7 is Sunday too
+        ("0 0 1 jan *", datetime(2027, 1, 1, 0, 0, tzinfo=UTC)),
+        ("0 0 29 2 *", datetime(2028, 2, 29, 0, 0, tzinfo=UTC)),  # the next leap day
+        # both day fields restricted: either matching fires (the 13th, or a Friday)
+        ("0 0 13 * 5", datetime(2026, 12, 11, 0, 0, tzinfo=UTC)),
+        ("0,30 1-3/2 * * *", datetime(2026, 12, 7, 1, 0, tzinfo=UTC)),
+    ],
+)
+def test_the_next_tick(schedule: str, fires: datetime) -> None:
+    assert next_of(schedule) == fires
+
+
+def test_a_tick_is_strictly_after_the_time_given() -> None:
+    tick = Schedule.parse("*/2 * * * * *").next_after(NOW)
+    assert Schedule.parse("*/2 * * * * *").next_after(tick) == tick + 2
+
+
+@pytest.mark.parametrize(
+    ("schedule", "named"),
+    [
+        ("", "cron expression"),
+        ("* * * *", "has 4 fields"),
+        ("61 * * * *", "61 is out of the minute field's range 0-59"),
+        ("* 24 * * *", "hour"),
+        ("0 0 31 2 *", "never fires"),
+        ("*/0 * * * *", "step '0'"),
+        ("0 0 * * funday", "'funday' is not a value of the day-of-week field"),
+        ("5-1 * * * *", "runs backwards"),
+        ("every minute", "has 2 fields"),
+    ],
+)
+def test_a_bad_schedule_is_refused_naming_the_problem(schedule: str, named: str) -> None:
+    with pytest.raises(BadRequest, match=named):
+        Schedule.parse(schedule)
+
+
+def test_a_ticks_run_and_thread_are_the_same_for_every_worker() -> None:
+    assert tick_run_id("c", 100) == tick_run_id("c", 100)
+    assert tick_run_id("c", 100) != tick_run_id("c", 102) != tick_run_id("d", 100)
+    assert tick_thread_id("c", 100) != tick_run_id("c", 100)
