@@ -4,7 +4,8 @@
 second cancel: if the run is in the queue and arq has not taken it (no
 in-progress key), remove it from the queue, delete its arq job (if arq is just
 taking it, arq finds no job and drops it: the run never starts), free its
-conversation, mark its description ``cancelled``, index it in ``CANCELLED_RUNS``
+conversation (or, for a run waiting behind another, take it out of the conversation's
+waiting list: it never takes its turn), mark its description ``cancelled``, index it in ``CANCELLED_RUNS``
 and name it in ``cancelled_run_key(conversation)``, publish its terminal ``end``
 event and count it. The API never writes SQLite and the run never reached the
 worker, so its Redis description *is* its record (kept
@@ -45,6 +46,7 @@ from shared.contracts import (
     cancelled_run_key,
     events_key,
     run_key,
+    waiting_key,
 )
 from shared.errors import NotFound, RunFinished
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -78,6 +80,7 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
             CANCELLED_RUNS,
             METRICS_KEY,
             cancelled_run_key(conversation),
+            waiting_key(conversation),
         ],
         args=[
             run_id,

@@ -345,7 +345,7 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
         with pytest.raises(UnprocessableEntityError):
             await client.runs.create(thread_id, "agent", input=graph_input)
     with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
-        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy="enqueue")
+        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy="rollback")
     with pytest.raises(UnprocessableEntityError, match="stream_mode"):
         await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="debug")
     with pytest.raises(NotFoundError):
@@ -577,9 +577,8 @@ async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: Fak
     await hang.wait_started_async(20)
     with pytest.raises(ConflictError):
         await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="reject")
-    for strategy in ("enqueue", "rollback"):
-        with pytest.raises(UnprocessableEntityError, match=strategy):
-            await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy=strategy)
+    with pytest.raises(UnprocessableEntityError, match="rollback"):
+        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="rollback")
     assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "running"
 
     # interrupt: the run holding the thread is cancelled, then the new one starts.

@@ -42,9 +42,10 @@ log = structlog.get_logger(__name__)
 #: a UUID5 of the graph id
 ASSISTANT_ID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), GRAPH_ID))
 RUNS_LIST_MAX = 1000
-#: ``reject`` (Sophos's default: a busy thread is 409) and ``interrupt`` (cancel the run holding the
-#: thread, then start); the Agent Server's ``enqueue`` and ``rollback`` are refused by name
-MULTITASK_STRATEGIES = ("reject", "interrupt")
+#: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
+#: thread, then start) and ``enqueue`` (wait behind it, in the queue: shared/queue.py); the Agent
+#: Server's ``rollback`` is refused by name
+MULTITASK_STRATEGIES = ("reject", "interrupt", "enqueue")
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
@@ -104,10 +105,10 @@ def refuse_unserved(body: RunCreate) -> None:
         raise _unserved("config" if body.config else "context")
     # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
     # stream is the same with it or without it.
-    if body.multitask_strategy in ("enqueue", "rollback"):
+    if body.multitask_strategy == "rollback":
         raise _unserved(
             f"multitask_strategy {body.multitask_strategy!r}",
-            "; use reject (a busy thread is 409) or interrupt",
+            "; use reject (a busy thread is 409), interrupt or enqueue",
         )
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
         raise BadRequest(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
@@ -222,7 +223,10 @@ class ProtocolRuns:
                 record = await self.threads.record(thread_id)
         accepted = await self._taking_over(
             thread_id, options,
-            lambda: self.chat.submit_to_thread(thread_id, message, may_be_new=record is not None),
+            lambda: self.chat.submit_to_thread(
+                thread_id, message, may_be_new=record is not None,
+                enqueue=options.multitask_strategy == "enqueue",
+            ),
         )
         return await self._created(thread_id, accepted, options, kind="resume" if message is None else "run")
 
