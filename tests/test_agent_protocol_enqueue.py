@@ -17,7 +17,7 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError
 from langgraph_sdk.schema import Command
 
-from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import tool_calls, wait_for_async
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
 from tests.support.ports import free_port
@@ -119,6 +119,8 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
         await client.runs.create(thread_id, "agent", input=said("three"))
     with pytest.raises(ConflictError):
         await client.threads.delete(thread_id)
+    with pytest.raises(ConflictError, match="waits for no decision"):  # decisions are never enqueued
+        await client.runs.create(thread_id, "agent", command=APPROVE, multitask_strategy="enqueue")
 
     # runs.join on the pending run waits for its end, which comes after the first run's.
     joined = asyncio.create_task(client.runs.join(thread_id, second["run_id"]))
@@ -133,6 +135,35 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
     asked = model.requests[-1]["messages"]
     assert [m["content"] for m in asked if m["role"] != "system"] == ["one", "First answer.", "two"]
     assert (await client.threads.get(thread_id))["status"] == "idle"
+    # On an idle thread it simply starts.
+    model.script(Text("Idle answer."))
+    values = await client.runs.wait(thread_id, "agent", input=said("idle"), multitask_strategy="enqueue")
+    assert texts(values)[-2:] == ["idle", "Idle answer."]
+
+
+@shared_stack
+async def test_an_enqueued_run_starts_after_a_run_that_is_cancelled_or_fails(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    hang = Hang(text="Cut short")
+    model.script(hang, Text("Answer two."))
+    thread_id, first = await busy_thread(client, model, hang)
+    second = await enqueue(client, thread_id, "two")
+    await client.runs.cancel(thread_id, first, wait=True)
+    assert (await client.runs.get(thread_id, first))["status"] == "interrupted"
+    values = await client.runs.join(thread_id, second["run_id"])
+    assert texts(values)[-2:] == ["two", "Answer two."]
+
+    failing = Hang(text="Half", then=Drop())  # the model's connection cut: the run fails
+    model.script(failing, Text("Answer four."))
+    third = await client.runs.create(thread_id, "agent", input=said("three"))
+    await failing.wait_started_async(20)
+    fourth = await enqueue(client, thread_id, "four")
+    failing.release()
+    values = await client.runs.join(thread_id, fourth["run_id"])
+    assert (await client.runs.get(thread_id, third["run_id"]))["status"] == "error"
+    assert (await client.runs.get(thread_id, fourth["run_id"]))["status"] == "success"
+    assert texts(values)[-2:] == ["four", "Answer four."]
 
 
 @shared_stack
@@ -188,6 +219,8 @@ async def test_an_enqueued_message_behind_a_run_that_ends_waiting_for_an_approva
     refused = await status_of(client, thread_id, behind["run_id"], "error", "success", "interrupted")
     assert refused["status"] == "error"
     assert (await client.runs.get(thread_id, first))["status"] == "success"  # paused at its approval
+    # Never recorded (no row): runs.get knows it, runs.list does not.
+    assert [r["run_id"] for r in await client.runs.list(thread_id)] == [first]
     events = [p async for p in client.runs.join_stream(thread_id, behind["run_id"], last_event_id="-1")]
     assert [p.event for p in events[-2:]] == ["error", "end"] and events[-1].data["status"] == "error"
     assert events[-2].data["error"] == "APPROVAL_PENDING" and "decision" in events[-2].data["message"]
@@ -202,9 +235,53 @@ async def test_an_enqueued_message_behind_a_run_that_ends_waiting_for_an_approva
     assert len(tool_calls(stack.tools_log, "add")) == 1
 
 
+@shared_stack
+async def test_an_enqueued_resume_that_finds_nothing_to_resume_fails(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    hang = Hang(text="First answer.")
+    model.script(hang)
+    thread_id, first = await busy_thread(client, model, hang)
+    resume = dict(await client.runs.create(thread_id, "agent", multitask_strategy="enqueue"))  # no input
+    assert resume["status"] == "pending"
+    hang.release()
+    refused = await status_of(client, thread_id, resume["run_id"], "error", "success", "interrupted")
+    assert refused["status"] == "error"
+    events = [p async for p in client.runs.join_stream(thread_id, resume["run_id"], last_event_id="-1")]
+    assert events[-2].event == "error" and events[-2].data["error"] == "RUN_NOT_RESUMABLE"
+    assert (await client.runs.get(thread_id, first))["status"] == "success"
+    thread = await client.threads.get(thread_id)
+    assert thread["status"] == "idle" and texts(thread["values"]) == ["one", "First answer."]
+    assert model.calls == 1
+
+
+async def test_enqueued_runs_keep_their_order_when_the_worker_takes_them_early(
+    sophos_env: SophosEnv, start_worker: Any, start_api: Any, model: FakeOllama
+) -> None:
+    """With two runs at once, the worker takes the waiting runs' jobs while the first run holds
+    the thread, and defers them: still they start one at a time, in the order accepted."""
+    env = sophos_env.with_(WORKER_CONCURRENCY=2)
+    hang = Hang(text="First answer.")
+    model.script(hang, Text("Answer two."), Text("Answer three."), Text("Answer four."))
+    start_worker(env)
+    api = start_api(env)
+    async with get_client(url=api.url) as client:
+        thread_id, first = await busy_thread(client, model, hang)
+        queued = [(await enqueue(client, thread_id, text))["run_id"] for text in ("two", "three", "four")]
+        hang.release()
+        values = await client.runs.join(thread_id, queued[-1])
+        assert texts(values) == [
+            "one", "First answer.", "two", "Answer two.", "three", "Answer three.", "four", "Answer four.",
+        ]
+        assert [last_user_message(r) for r in model.requests] == ["one", "two", "three", "four"]
+        for run_id in (first, *queued):
+            assert (await client.runs.get(thread_id, run_id))["status"] == "success"
+
+
 async def test_a_run_queued_behind_a_killed_run_still_runs(
     sophos_env: SophosEnv, start_worker: Any, start_api: Any, model: FakeOllama
 ) -> None:
+    """The worker and the API are both killed (SIGKILL) while a run waits: it waited in Redis."""
     hang = Hang(text="half an ")
     model.script(hang, Text("Second answer."))
     worker = start_worker(sophos_env)
@@ -212,10 +289,12 @@ async def test_a_run_queued_behind_a_killed_run_still_runs(
     async with get_client(url=api.url) as client:
         thread_id, first = await busy_thread(client, model, hang)
         second = await enqueue(client, thread_id, "two")
+        api.kill()
         worker.kill()
-        assert worker.wait(10) == -signal.SIGKILL
-        assert (await client.runs.get(thread_id, second["run_id"]))["status"] == "pending"
+        assert worker.wait(10) == -signal.SIGKILL and api.wait(10) == -signal.SIGKILL
 
+        start_api(sophos_env)
+        assert (await client.runs.get(thread_id, second["run_id"]))["status"] == "pending"
         start_worker(sophos_env)
         crashed = await status_of(client, thread_id, first, "interrupted", "error", "success")
         assert crashed["status"] == "interrupted"  # the crash semantics: not re-run behind the user's back
