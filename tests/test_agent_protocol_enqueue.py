@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -16,7 +18,11 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError
 from langgraph_sdk.schema import Command
+from redis.asyncio import Redis
 
+from shared.contracts import ACTIVE_RUNS, DeleteJob, JobKind, RunJob, arq_job_key, delete_claim, waiting_key
+from shared.queue import Submission, release_conversation, submit, submit_delete
+from shared.redis_protocol import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import tool_calls, wait_for_async
 from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
@@ -302,3 +308,45 @@ async def test_a_run_queued_behind_a_killed_run_still_runs(
         assert (await client.runs.get(thread_id, second["run_id"]))["status"] == "success"
         assert texts(values) == ["one", "two", "Second answer."]
         assert [last_user_message(r) for r in model.requests] == ["one", "two"]
+
+
+async def test_a_waiting_run_holds_the_conversation_until_its_turn(redis: Redis) -> None:
+    """The scripts alone (shared/queue.py, worker/turns.py): between the end of the run holding a
+    conversation and the turn of the run waiting behind it, nothing overtakes the waiting run;
+    and a waiting run whose job is gone (arq dropped it) holds nothing back."""
+    conversation = str(uuid.uuid4())
+
+    def job(*, may_wait: bool = False) -> RunJob:
+        return RunJob(
+            run_id=str(uuid.uuid4()), conversation_id=conversation, kind=JobKind.RUN, message="hi",
+            enqueued_at=time.time(), may_wait=may_wait,
+        )
+
+    async def turn(run: RunJob) -> list[str]:
+        return list(await scripts(redis).claim_turn(
+            keys=[ACTIVE_RUNS, waiting_key(conversation)], args=[conversation, run.run_id]
+        ))
+
+    first, waiting, later = job(), job(may_wait=True), job(may_wait=True)
+    assert await submit(redis, first, title="t") == Submission()  # accepted, with the claim
+    assert (await submit(redis, waiting, title="t", enqueue=True)).behind == first.run_id
+    assert (await submit(redis, later, title="t", enqueue=True)).behind == first.run_id
+    assert await turn(waiting) == ["behind", first.run_id]
+    assert await release_conversation(redis, conversation, first.run_id)  # the first run ended
+
+    # The conversation is free of claims, but runs still wait: a message, a delete, a run with
+    # the default strategy are refused, naming the first run waiting.
+    assert (await submit(redis, job(), title="t")).holder == waiting.run_id
+    deletion = DeleteJob(conversation, delete_claim(str(uuid.uuid4())), time.time())
+    assert await submit_delete(redis, deletion) == waiting.run_id
+    assert await turn(later) == ["behind", waiting.run_id]  # the earlier one comes first
+    assert await turn(waiting) == ["claimed"]
+    assert await redis.hget(ACTIVE_RUNS, conversation) == waiting.run_id
+    assert await redis.lrange(waiting_key(conversation), 0, -1) == [later.run_id]
+    assert await turn(waiting) == ["held"]  # a second delivery: it holds it already
+
+    # A waiting run whose job arq dropped: it never runs, and is no holder.
+    assert await release_conversation(redis, conversation, waiting.run_id)
+    await redis.delete(arq_job_key(later.run_id))
+    assert (await submit(redis, job(), title="t")).holder is None
+    assert await redis.exists(waiting_key(conversation)) == 0
