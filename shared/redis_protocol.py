@@ -249,7 +249,8 @@ end
 return gone
 """
 
-# Cancel a queued run (api/cancel.py).
+# Cancel a queued run (api/cancel.py): 'cancelled', 'already', 'absent' (not queued), 'taken' (by
+# the worker), or 'deferring' (a run waiting for its turn, taken for an instant to be deferred).
 # KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
 #       the conversation's cancelled run, the conversation's waiting list
 # ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
@@ -263,6 +264,13 @@ if not score then
   return 'absent'
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- Taken while still in its conversation's waiting list: only to be looked at and deferred
+  -- (worker/turns.py), in a moment queued again. Its turn has not come.
+  for _, run in ipairs(redis.call('LRANGE', KEYS[10], 0, -1)) do
+    if run == ARGV[1] then
+      return 'deferring'
+    end
+  end
   return 'taken'
 end
 redis.call('ZREM', KEYS[1], ARGV[1])

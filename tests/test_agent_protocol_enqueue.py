@@ -20,7 +20,16 @@ from langgraph_sdk.errors import ConflictError
 from langgraph_sdk.schema import Command
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, DeleteJob, JobKind, RunJob, arq_job_key, delete_claim, waiting_key
+from shared.contracts import (
+    ACTIVE_RUNS,
+    DeleteJob,
+    JobKind,
+    RunJob,
+    arq_in_progress_key,
+    arq_job_key,
+    delete_claim,
+    waiting_key,
+)
 from shared.queue import Submission, release_conversation, submit, submit_delete
 from shared.redis_protocol import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
@@ -192,20 +201,30 @@ async def test_three_enqueued_runs_start_in_the_order_they_were_accepted(
 
 
 @shared_stack
-async def test_a_cancelled_pending_run_never_runs(client: LangGraphClient, model: FakeOllama) -> None:
+async def test_a_cancelled_pending_run_never_runs(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
     hang = Hang(text="First answer.")
     model.script(hang, Text("After the cancel."))
     thread_id, _ = await busy_thread(client, model, hang)
     never = await enqueue(client, thread_id, "never")
+    taken = await enqueue(client, thread_id, "taken")
     after = await enqueue(client, thread_id, "after")
 
     await client.runs.cancel(thread_id, never["run_id"])
     assert (await client.runs.get(thread_id, never["run_id"]))["status"] == "interrupted"
+    # A waiting run is taken by the worker for an instant each time its turn is looked at (with
+    # several runs at once): the cancel waits for it to be back in the queue, and it never starts.
+    async with Redis.from_url(stack.redis_url) as redis:
+        await redis.set(arq_in_progress_key(taken["run_id"]), "1", px=300)  # as the worker's take
+        await client.runs.cancel(thread_id, taken["run_id"])
+    assert (await client.runs.get(thread_id, taken["run_id"]))["status"] == "interrupted"
     hang.release()
     values = await client.runs.join(thread_id, after["run_id"])
     assert texts(values) == ["one", "First answer.", "after", "After the cancel."]
     assert [last_user_message(r) for r in model.requests] == ["one", "after"]
-    assert (await client.runs.get(thread_id, never["run_id"]))["status"] == "interrupted"
+    for cancelled in (never, taken):
+        assert (await client.runs.get(thread_id, cancelled["run_id"]))["status"] == "interrupted"
     assert (await client.runs.get(thread_id, after["run_id"]))["status"] == "success"
     ended = [p async for p in client.runs.join_stream(thread_id, never["run_id"], last_event_id="-1")]
     assert ended[-1].event == "end" and ended[-1].data["status"] == "interrupted"
