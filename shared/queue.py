@@ -82,7 +82,8 @@ class FirstAnswer:
 @dataclass(frozen=True, slots=True)
 class Submission:
     """Accepted (all None), refused (``holder``), answered before (``first``), or accepted
-    behind the run that holds the conversation (``behind``: that run, or the last one waiting)."""
+    behind the conversation's active run (``behind``: the run holding it, or else the first one
+    still waiting for its turn)."""
 
     holder: str | None = None
     first: FirstAnswer | None = None

@@ -22,7 +22,7 @@ from weakref import WeakKeyDictionary
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from shared.contracts import EventType, arq_in_progress_key, arq_job_key
+from shared.contracts import EventType, arq_in_progress_key, arq_job_key, delete_claim
 from shared.events import ENDS_NORMALLY
 
 # --- a run's ending -------------------------------------------------------------
@@ -80,7 +80,7 @@ end
 #: taken and never will be, so it is dropped from the head here rather than hold the others
 #: back for ever. Its job's keys are named from its id inside the script (the head is known
 #: only there): one Redis, as Sophos runs it, not a cluster.
-_JOB, _TAKEN = arq_job_key(""), arq_in_progress_key("")
+_JOB, _TAKEN, _DELETE = arq_job_key(""), arq_in_progress_key(""), delete_claim("")
 LIVE_HEAD_LUA = f"""
 local function live_head(waiting)
   while true do
@@ -125,7 +125,7 @@ return 0
 # {'held', holder}: refused; {'first', answer}: answered before. A conversation is held by its
 # claim, or else by a run still waiting for its turn (so nothing overtakes the waiting runs),
 # and a delete's claim is never waited behind.
-SUBMIT_LUA = LIVE_HEAD_LUA + """
+SUBMIT_LUA = LIVE_HEAD_LUA + f"local delete_prefix = '{_DELETE}'\n" + """
 if ARGV[6] ~= '0' then
   local first = redis.call('GET', KEYS[6])
   if first then
@@ -136,7 +136,7 @@ local holder = redis.call('HGET', KEYS[1], ARGV[1])
 if not holder then
   holder = live_head(KEYS[7])
 end
-if holder and (ARGV[8] ~= '1' or string.sub(holder, 1, 7) == 'delete:') then
+if holder and (ARGV[8] ~= '1' or string.sub(holder, 1, #delete_prefix) == delete_prefix) then
   return {'held', holder}
 end
 if holder then

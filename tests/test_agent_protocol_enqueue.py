@@ -369,3 +369,10 @@ async def test_a_waiting_run_holds_the_conversation_until_its_turn(redis: Redis)
     await redis.delete(arq_job_key(later.run_id))
     assert (await submit(redis, job(), title="t")).holder is None
     assert await redis.exists(waiting_key(conversation)) == 0
+
+    # A conversation being deleted is never waited behind.
+    conversation = str(uuid.uuid4())
+    deletion = DeleteJob(conversation, delete_claim(str(uuid.uuid4())), time.time())
+    assert await submit_delete(redis, deletion) is None
+    assert (await submit(redis, job(may_wait=True), title="t", enqueue=True)).holder == deletion.claim
+    assert await redis.exists(waiting_key(conversation)) == 0
