@@ -1,14 +1,15 @@
 """``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one is cut at once.
 
-**Queued.** One Lua script (shared/redis_protocol.py), so it is all or nothing and races neither arq nor a
-second cancel: if the run is in the queue and arq has not taken it (no
-in-progress key), remove it from the queue, delete its arq job (if arq is just
-taking it, arq finds no job and drops it: the run never starts), free its
-conversation, mark its description ``cancelled``, index it in ``CANCELLED_RUNS``
-and name it in ``cancelled_run_key(conversation)``, publish its terminal ``end``
-event and count it. The API never writes SQLite and the run never reached the
-worker, so its Redis description *is* its record (kept
-``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
+**Queued.** One Lua script (shared/redis_protocol.py), so it is all or nothing and races neither
+arq nor a second cancel: if the run is in the queue and arq has not taken it (no in-progress
+key), remove it from the queue, delete its arq job (if arq is just taking it, arq finds no job
+and drops it: the run never starts), free its conversation (or, for a run waiting behind
+another, take it out of the conversation's waiting list: it never takes its turn; such a run
+taken by the worker only to be deferred is cancelled once it is back in the queue, a moment
+later), mark its description ``cancelled``, index it in ``CANCELLED_RUNS`` and name it in
+``cancelled_run_key(conversation)``, publish its terminal ``end`` event and count it. The API
+never writes SQLite and the run never reached the worker, so its Redis description *is* its
+record (kept ``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
 and a conversation whose first run it was never existed in the database.
 
 **Running** (or taken by arq and about to be recorded). In one transaction the API
@@ -23,6 +24,7 @@ completes normally: the answer is then 409, as for any finished run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from shared.contracts import (
     cancelled_run_key,
     events_key,
     run_key,
+    waiting_key,
 )
 from shared.errors import NotFound, RunFinished
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -55,6 +58,9 @@ log = structlog.get_logger(__name__)
 
 #: how long a cancel request for a started run waits for the worker to see it
 CANCEL_MARKER_SECONDS = 24 * 3600
+#: how long a cancel waits for a run waiting for its turn to be back in the queue (it is taken
+#: only for the moment its turn is looked at; past this it is cancelled as a taken run)
+DEFERRING_WAIT_SECONDS = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
@@ -69,29 +75,40 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     # A run's conversation never changes: reading it first is safe, and names the script's last key.
     conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
     hook_keys, hook_args = hook_keys_args(run_id, conversation)  # its webhook, if it has one
-    result = await scripts(redis).cancel_queued(
-        keys=[
-            QUEUE_NAME,
-            arq_job_key(run_id),
-            arq_in_progress_key(run_id),
-            run_key(run_id),
-            ACTIVE_RUNS,
-            events_key(run_id),
-            CANCELLED_RUNS,
-            METRICS_KEY,
-            cancelled_run_key(conversation),
-            *hook_keys,
-        ],
-        args=[
-            run_id,
-            f"{time.time():.6f}",
-            str(CANCELLED_RETENTION_SECONDS),
-            str(runs.settings.event_retention),
-            counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
-            conversation,
-            *hook_args,
-        ],
-    )
+
+    async def attempt() -> str:
+        return str(await scripts(redis).cancel_queued(
+            keys=[
+                QUEUE_NAME,
+                arq_job_key(run_id),
+                arq_in_progress_key(run_id),
+                run_key(run_id),
+                ACTIVE_RUNS,
+                events_key(run_id),
+                CANCELLED_RUNS,
+                METRICS_KEY,
+                cancelled_run_key(conversation),
+                waiting_key(conversation),
+                *hook_keys,
+            ],
+            args=[
+                run_id,
+                f"{time.time():.6f}",
+                str(CANCELLED_RETENTION_SECONDS),
+                str(runs.settings.event_retention),
+                counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
+                conversation,
+                *hook_args,
+            ],
+        ))
+
+    result = await attempt()
+    # A run waiting for its turn is taken by the worker for an instant each time it is looked at
+    # and deferred (worker/turns.py): cancelled once it is back in the queue, it never starts.
+    deadline = time.monotonic() + DEFERRING_WAIT_SECONDS
+    while result == "deferring" and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        result = await attempt()
     if result in ("cancelled", "already"):
         info = await runs.get(run_id)
         structlog.contextvars.bind_contextvars(conversation_id=info.conversation)

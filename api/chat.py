@@ -141,34 +141,44 @@ class ChatService:
             raise
 
     async def submit_to_thread(
-        self, conversation_id: str, message: str | None, *, may_be_new: bool, checkpoint_id: str | None = None
+        self, conversation_id: str, message: str | None, *, may_be_new: bool,
+        checkpoint_id: str | None = None, enqueue: bool = False,
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
         :meth:`submit`. ``may_be_new``: the id may have no conversation yet (a thread created
         empty), and then this first run creates it. ``checkpoint_id``: the run starts there (a
-        fork, api/protocol/forks.py, which checked that checkpoint: a resume needs its tasks)."""
+        fork, api/protocol/forks.py, which checked that checkpoint: a resume needs its tasks).
+        ``enqueue``: on a busy conversation the run is accepted behind the run that holds it
+        (shared/queue.py), and the worker checks the thread again when its turn comes
+        (worker/turns.py)."""
         request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
         if message is not None:
             self._message(request)
         return await self._submit(
-            request, message, conversation_id, False, None, may_be_new=may_be_new, checkpoint_id=checkpoint_id
+            request, message, conversation_id, False, None, may_be_new=may_be_new,
+            checkpoint_id=checkpoint_id, enqueue=enqueue,
         )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
         idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
+        enqueue: bool = False,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
 
         head = None
         if not new:
-            row = await self._free(conversation_id, may_be_new=may_be_new)
-            if request.resume and checkpoint_id is None and (row is None or not row.pending_tasks):
+            row, holder = await self._open(conversation_id, may_be_new=may_be_new, enqueue=enqueue)
+            # Behind a run, what the thread will hold is not known yet: the worker checks it.
+            resumable = checkpoint_id is not None or (row is not None and row.pending_tasks)
+            if request.resume and holder is None and not resumable:
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
-            new = row is None  # only with may_be_new: the first run of a thread created empty
+            # Only with may_be_new: the first run of a thread created empty. Not behind a run:
+            # the thread will exist (and may wait for a decision) when this one starts.
+            new = row is None and holder is None
             head = checkpoint_id or (row.branch_head if row is not None else None)
 
         job = RunJob(
@@ -179,11 +189,19 @@ class ChatService:
             enqueued_at=time.time(),
             new_conversation=new,
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
+            may_wait=enqueue,
         )
-        return await self._enqueue(job, title, message, new, idempotency)
+        return await self._enqueue(job, title, message, new, idempotency, enqueue=enqueue)
 
     async def _free(self, conversation_id: str, *, may_be_new: bool = False) -> ConversationRow | None:
         """The conversation's row, once it is known to exist, to hold no run and to wait for no decision."""
+        return (await self._open(conversation_id, may_be_new=may_be_new))[0]
+
+    async def _open(
+        self, conversation_id: str, *, may_be_new: bool = False, enqueue: bool = False
+    ) -> tuple[ConversationRow | None, str | None]:
+        """:meth:`_free`'s checks and the run holding the conversation: with ``enqueue`` a held
+        conversation is no refusal (the run will wait behind the holder)."""
         # The claim first, then the row: a run records its outcome before it frees the
         # claim (worker/ending.py), so a row read after a free claim is that run's
         # outcome. Read the other way round, a run turning `waiting` in between would
@@ -192,14 +210,14 @@ class ChatService:
         row = await self.store.conversation(conversation_id)
         if row is None and holder is None and not may_be_new:
             raise NotFound(f"conversation {conversation_id} not found")
-        if holder is not None:
+        if holder is not None and not enqueue:
             raise _busy(conversation_id, holder)
         if waits_for_decision(row, holder):
             raise ApprovalPending(
                 f"conversation {conversation_id} waits for a decision on its tool calls; "
                 "send the decisions first"
             )
-        return row
+        return row, holder
 
     async def _existing(self, conversation_id: str) -> ConversationRow:
         row = await self._free(conversation_id)
@@ -322,6 +340,7 @@ class ChatService:
 
     async def _enqueue(
         self, job: RunJob, title: str, message: str | None, new: bool, idempotency: Idempotency | None,
+        *, enqueue: bool = False,
     ) -> ChatAccepted:
         conversation_id = job.conversation_id
         with tracing.span("enqueue run", {
@@ -330,7 +349,7 @@ class ChatService:
         }, kind="producer"):
             # The worker continues this trace from the job (shared/tracing.py).
             job = dataclasses.replace(job, traceparent=tracing.traceparent())
-            submitted = await submit(self.redis, job, title=title, idempotency=idempotency)
+            submitted = await submit(self.redis, job, title=title, idempotency=idempotency, enqueue=enqueue)
         if submitted.first is not None and idempotency is not None:
             return _answer(submitted.first, idempotency)
         # A holder equal to our own run id means a retried script had already run.
@@ -338,5 +357,6 @@ class ChatService:
             raise _busy(conversation_id, submitted.holder)
         structlog.contextvars.bind_contextvars(run_id=job.run_id, job_id=job.run_id)  # arq job id = run id
         log.info("run.accepted", kind=job.kind.value, new_conversation=new,
+                 **({"behind": submitted.behind} if submitted.behind is not None else {}),
                  **({"message": message} if self.settings.log_content else {}))
         return ChatAccepted(conversation=conversation_id, run=job.run_id)

@@ -87,6 +87,9 @@ class RunJob:
     #: regenerate forks, the head of the branch the conversation follows, or (``switch``) the
     #: head of the branch it is to follow (Branches, docs/api.md)
     checkpoint_id: str | None = None
+    #: accepted with ``multitask_strategy`` ``enqueue``: it may be waiting behind the conversation's
+    #: active run, and then claims the conversation when the worker takes it (worker/turns.py)
+    may_wait: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -98,6 +101,8 @@ class RunJob:
             del data["traceparent"]  # nor do jobs enqueued without tracing
         if self.checkpoint_id is None:
             del data["checkpoint_id"]
+        if not self.may_wait:
+            del data["may_wait"]
         return data
 
     @classmethod
@@ -113,6 +118,7 @@ class RunJob:
             decisions=tuple(dict(d) for d in decisions) if decisions is not None else None,
             traceparent=str(data["traceparent"]) if data.get("traceparent") else None,
             checkpoint_id=data.get("checkpoint_id"),
+            may_wait=bool(data.get("may_wait", False)),
         )
 
 
@@ -320,6 +326,13 @@ def cancelled_run_key(conversation_id: str) -> str:
     before it; the SSE relay looks here to stream the newer of the two.
     """
     return f"sophos:cancelled-run:{conversation_id}"
+
+
+def waiting_key(conversation_id: str) -> str:
+    """List of the conversation's runs accepted behind its active run (``multitask_strategy``
+    ``enqueue``), oldest first: each claims the conversation in this order when the worker takes
+    its job (worker/turns.py). Kept no longer than its newest run's job record."""
+    return f"sophos:waiting:{conversation_id}"
 
 
 def taken_key(run_id: str) -> str:

@@ -6,6 +6,14 @@ all of it happens or none, so a crash of the API between two steps cannot leave
 a conversation claimed by a run that will never execute, and two simultaneous
 requests for one conversation cannot both be accepted.
 
+A run may also be accepted behind the conversation's active run instead of being
+refused (``multitask_strategy`` ``enqueue``): the same script then leaves the claim as it
+is and puts the run at the end of the conversation's waiting list (``waiting_key``). Its
+job is queued all the same, so it waits in Redis, not in the API, and it claims the
+conversation when the worker takes it (worker/turns.py). While a run waits, the
+conversation counts as held for every other request too (a message, a delete), so nothing
+overtakes it.
+
 A request may carry an idempotency key: the script then looks for the answer of
 an earlier request with that key first, and stores its own answer with the rest
 when it is accepted. Retries of one request, however many and however close
@@ -43,6 +51,7 @@ from shared.contracts import (
     idempotency_key,
     loads,
     run_key,
+    waiting_key,
 )
 from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.redis_protocol import scripts
@@ -73,10 +82,13 @@ class FirstAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """Accepted (both None), refused (``holder``), or answered before (``first``)."""
+    """Accepted (all None), refused (``holder``), answered before (``first``), or accepted
+    behind the conversation's active run (``behind``: the run holding it, or else the first one
+    still waiting for its turn)."""
 
     holder: str | None = None
     first: FirstAnswer | None = None
+    behind: str | None = None
 
 
 async def first_answer(redis: Redis, idempotency: Idempotency) -> FirstAnswer | None:
@@ -95,9 +107,13 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
 
 
 async def submit(
-    redis: Redis, job: RunJob, *, title: str, idempotency: Idempotency | None = None
+    redis: Redis, job: RunJob, *, title: str, idempotency: Idempotency | None = None, enqueue: bool = False,
 ) -> Submission:
-    """Enqueue ``job`` unless its conversation is held, or its idempotency key was answered."""
+    """Enqueue ``job`` unless its conversation is held, or its idempotency key was answered.
+
+    ``enqueue``: a held conversation takes the run into its waiting list instead (a delete's
+    claim still refuses it).
+    """
     enqueue_ms = int(job.enqueued_at * 1000)
     payload = serialize_job(JOB_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
     fields: dict[str, Any] = {
@@ -122,6 +138,7 @@ async def submit(
             WAKE_LIST,
             # Without a key the script never touches KEYS[6]; it is named all the same.
             idempotency_key(idempotency.key if idempotency is not None else ""),
+            waiting_key(job.conversation_id),
         ],
         args=[
             job.conversation_id,
@@ -131,6 +148,7 @@ async def submit(
             str(enqueue_ms),
             str(IDEMPOTENCY_TTL_SECONDS if idempotency is not None else 0),
             answer,
+            "1" if enqueue else "0",
             *flat,
         ],
     )
@@ -139,6 +157,8 @@ async def submit(
     kind, value = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
     if kind == "first":
         return Submission(first=FirstAnswer.parse(value))
+    if kind == "behind":
+        return Submission(behind=value)
     return Submission(holder=value)
 
 
@@ -250,7 +270,7 @@ async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
     enqueue_ms = int(job.enqueued_at * 1000)
     payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
     reply = await scripts(redis).delete(
-        keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST],
+        keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST, waiting_key(job.conversation_id)],
         args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
     )
     return None if reply is None else (reply.decode() if isinstance(reply, bytes) else str(reply))

@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from shared.contracts import EventType
+from shared.contracts import EventType, arq_in_progress_key, arq_job_key, delete_claim
 from shared.events import ENDS_NORMALLY
 
 # --- a run's ending -------------------------------------------------------------
@@ -91,6 +91,28 @@ local function hook_run(record, job, queue, wake, job_id, payload, job_ttl, scor
 end
 """
 
+#: Lua: the first run still waiting in a conversation's waiting list (``waiting_key``), or nil.
+#: A run leaves the list when it claims the conversation (``CLAIM_TURN_LUA``) or is cancelled;
+#: one whose job is gone otherwise (arq dropped it, its record expired) is neither queued nor
+#: taken and never will be, so it is dropped from the head here rather than hold the others
+#: back for ever. Its job's keys are named from its id inside the script (the head is known
+#: only there): one Redis, as Sophos runs it, not a cluster.
+_JOB, _TAKEN, _DELETE = arq_job_key(""), arq_in_progress_key(""), delete_claim("")
+LIVE_HEAD_LUA = f"""
+local function live_head(waiting)
+  while true do
+    local head = redis.call('LINDEX', waiting, 0)
+    if not head then
+      return nil
+    end
+    if redis.call('EXISTS', '{_JOB}' .. head) == 1 or redis.call('EXISTS', '{_TAKEN}' .. head) == 1 then
+      return head
+    end
+    redis.call('LPOP', waiting)
+  end
+end
+"""
+
 # The worker's ending of a run it executed or found orphaned (worker/ending.py).
 # KEYS: active hash, events stream, metrics, then hook_run's: protocol record, webhook job,
 #       queue, wake list (shared/webhooks.py hook_keys_args)
@@ -121,10 +143,15 @@ return 0
 """
 
 # Accept a run (shared/queue.py).
-# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key
+# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key, waiting list
 # ARGV: conversation, run, job bytes, job ttl ms, score, idempotency ttl s ('0': no key),
-#       this request's answer (for the idempotency key), then run-hash field/value pairs
-SUBMIT_LUA = """
+#       this request's answer (for the idempotency key), enqueue ('1': wait behind a busy
+#       conversation's run instead of refusing), then run-hash field/value pairs
+# false: accepted with the claim; {'behind', holder}: accepted into the waiting list (enqueue);
+# {'held', holder}: refused; {'first', answer}: answered before. A conversation is held by its
+# claim, or else by a run still waiting for its turn (so nothing overtakes the waiting runs),
+# and a delete's claim is never waited behind.
+SUBMIT_LUA = LIVE_HEAD_LUA + f"local delete_prefix = '{_DELETE}'\n" + """
 if ARGV[6] ~= '0' then
   local first = redis.call('GET', KEYS[6])
   if first then
@@ -132,20 +159,64 @@ if ARGV[6] ~= '0' then
   end
 end
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
-if holder then
+if not holder then
+  holder = live_head(KEYS[7])
+end
+if holder and (ARGV[8] ~= '1' or string.sub(holder, 1, #delete_prefix) == delete_prefix) then
   return {'held', holder}
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if holder then
+  redis.call('RPUSH', KEYS[7], ARGV[2])
+  redis.call('PEXPIRE', KEYS[7], ARGV[4])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
-redis.call('HSET', KEYS[4], unpack(ARGV, 8))
+redis.call('HSET', KEYS[4], unpack(ARGV, 9))
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
 if ARGV[6] ~= '0' then
   redis.call('SET', KEYS[6], ARGV[7], 'EX', ARGV[6])
 end
 redis.call('LPUSH', KEYS[5], '1')
 redis.call('LTRIM', KEYS[5], 0, 15)
+if holder then
+  return {'behind', holder}
+end
 return false
+"""
+
+# A waiting run's turn, when the worker takes its job (worker/turns.py).
+# KEYS: active hash, waiting list. ARGV: conversation, run.
+# {'held'}: the run holds the conversation already (a second delivery); {'none'}: it is not
+# waiting (a run accepted with the claim); {'behind', holder}: another run holds the
+# conversation, or an earlier waiting run comes first; {'claimed'}: its turn, taken now (the
+# claim set, the run out of the waiting list).
+CLAIM_TURN_LUA = LIVE_HEAD_LUA + """
+local holder = redis.call('HGET', KEYS[1], ARGV[1])
+if holder == ARGV[2] then
+  return {'held'}
+end
+local waiting = false
+for _, run in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  if run == ARGV[2] then
+    waiting = true
+    break
+  end
+end
+if not waiting then
+  return {'none'}
+end
+local head = live_head(KEYS[2])
+if holder then
+  return {'behind', holder}
+end
+if head ~= ARGV[2] then
+  return {'behind', head}
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('LPOP', KEYS[2])
+return {'claimed'}
 """
 
 # Describe a run that ended without a row (shared/queue.py).
@@ -207,9 +278,11 @@ end
 return gone
 """
 
-# Cancel a queued run (api/cancel.py).
+# Cancel a queued run (api/cancel.py): 'cancelled', 'already', 'absent' (not queued), 'taken' (by
+# the worker), or 'deferring' (a run waiting for its turn, taken for an instant to be deferred).
 # KEYS: queue, arq job, arq in-progress, run hash, active hash, events stream, cancelled index, metrics,
-#       the conversation's cancelled run, then hook_run's four (as END_RUN_LUA's)
+#       the conversation's cancelled run, the conversation's waiting list, then hook_run's four
+#       (as END_RUN_LUA's)
 # ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
 #       (the one KEYS[9] was named for: read before the script, as a script must be told its keys),
 #       then hook_run's four
@@ -222,6 +295,13 @@ if not score then
   return 'absent'
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
+  -- Taken while still in its conversation's waiting list: only to be looked at and deferred
+  -- (worker/turns.py), in a moment queued again. Its turn has not come.
+  for _, run in ipairs(redis.call('LRANGE', KEYS[10], 0, -1)) do
+    if run == ARGV[1] then
+      return 'deferring'
+    end
+  end
   return 'taken'
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
@@ -232,21 +312,22 @@ redis.call('EXPIRE', KEYS[4], ARGV[3])
 redis.call('ZADD', KEYS[7], score, ARGV[1])
 if conversation == ARGV[6] then
   redis.call('SET', KEYS[9], ARGV[1], 'EX', ARGV[3])
+  redis.call('LREM', KEYS[10], 0, ARGV[1])  -- a run waiting for its turn: it never takes it
 end
 -- (end_run frees the conversation only if it is still this run's: compare-and-delete)
 end_run(KEYS[5], KEYS[6], KEYS[8], conversation or '', ARGV[1], 'cancelled', nil, nil, nil, 1,
         ARGV[4], ARGV[5])
-hook_run(KEYS[10], KEYS[11], KEYS[12], KEYS[13], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
+hook_run(KEYS[11], KEYS[12], KEYS[13], KEYS[14], ARGV[7], ARGV[8], ARGV[9], ARGV[10])
 return 'cancelled'
 """
 
 # Claim a conversation for its deletion and enqueue the delete job (api/deletion.py).
-# KEYS: active hash, arq job key, arq queue, wake list
+# KEYS: active hash, arq job key, arq queue, wake list, waiting list
 # ARGV: conversation, claim (= arq job id), job bytes, job ttl ms, score
-# The holder of the conversation if there is one (a run, or an earlier delete); else
-# claims it, enqueues the job and returns false.
-DELETE_LUA = """
-local holder = redis.call('HGET', KEYS[1], ARGV[1])
+# The holder of the conversation if there is one (a run, an earlier delete, or a run still
+# waiting for its turn); else claims it, enqueues the job and returns false.
+DELETE_LUA = LIVE_HEAD_LUA + """
+local holder = redis.call('HGET', KEYS[1], ARGV[1]) or live_head(KEYS[5])
 if holder then
   return holder
 end
@@ -329,6 +410,7 @@ class Scripts:
         self.end_run: AsyncScript = redis.register_script(END_RUN_LUA)
         self.hook: AsyncScript = redis.register_script(HOOK_LUA)
         self.submit: AsyncScript = redis.register_script(SUBMIT_LUA)
+        self.claim_turn: AsyncScript = redis.register_script(CLAIM_TURN_LUA)
         self.record_ended: AsyncScript = redis.register_script(RECORD_ENDED_LUA)
         self.drop_unstarted: AsyncScript = redis.register_script(DROP_UNSTARTED_LUA)
         self.gone: AsyncScript = redis.register_script(GONE_LUA)

@@ -344,8 +344,9 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     for graph_input in bad_input:
         with pytest.raises(UnprocessableEntityError):
             await client.runs.create(thread_id, "agent", input=graph_input)
+    unknown_strategy: Any = "later"
     with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
-        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy="enqueue")
+        await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy=unknown_strategy)
     with pytest.raises(UnprocessableEntityError, match="stream_mode"):
         await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="debug")
     with pytest.raises(NotFoundError):
@@ -577,9 +578,10 @@ async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: Fak
     await hang.wait_started_async(20)
     with pytest.raises(ConflictError):
         await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="reject")
-    # enqueue is refused (rollback: tests/test_agent_protocol_forks.py).
-    with pytest.raises(UnprocessableEntityError, match="enqueue"):
-        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="enqueue")
+    # enqueue: tests/test_agent_protocol_enqueue.py; rollback: tests/test_agent_protocol_forks.py.
+    strategy: Any = "later"  # not one of the SDK's four
+    with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
+        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy=strategy)
     assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "running"
 
     # interrupt: the run holding the thread is cancelled, then the new one starts.

@@ -168,6 +168,12 @@ async def test_a_bad_checkpoint_is_refused_and_changes_nothing(
             thread_id, "agent", checkpoint_id=state["checkpoint"]["checkpoint_id"],
             command={"resume": {"decisions": [{"type": "approve"}]}},
         )
+    # A run that would wait starts from the thread as its turn finds it, not from a checkpoint.
+    with pytest.raises(UnprocessableEntityError, match="enqueue"):
+        await client.runs.create(
+            thread_id, "agent", input=said("two"), checkpoint_id=state["checkpoint"]["checkpoint_id"],
+            multitask_strategy="enqueue",
+        )
     # No input from a checkpoint with nothing left to run: nothing to resume there.
     with pytest.raises(ConflictError, match="nothing to resume"):
         await client.runs.create(thread_id, "agent", checkpoint_id=state["checkpoint"]["checkpoint_id"])

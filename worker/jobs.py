@@ -10,7 +10,7 @@ from arq import func
 from arq.worker import Function
 
 from shared import tracing
-from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob, RunStatus
 from shared.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
 from shared.settings import Settings
 from shared.webhooks import WEBHOOK_FUNCTION
@@ -19,19 +19,25 @@ from worker.deletion import delete_job
 from worker.renaming import rename_job
 from worker.resources import worker_resources
 from worker.runs import RunService
+from worker.turns import TURN_TRIES, take_turn
 from worker.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
 
 
 async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """Decode, bind log and trace context, hand over to the run service."""
+    """Decode, bind log and trace context, take the run's turn (worker/turns.py), hand over to
+    the run service."""
     job = RunJob.from_dict(payload)
     with structlog.contextvars.bound_contextvars(
         run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
-    ), tracing.run(job) as span:
+    ):
         service: RunService = ctx["service"]
-        status = await service.execute(job)
-        span.set_attribute("sophos.run.status", status)
-        return status
+        turn = await take_turn(service, job)  # arq's Retry while another run holds the thread
+        if turn is None:
+            return RunStatus.FAILED.value  # refused when its turn came: ended there
+        with tracing.run(turn) as span:
+            status = await service.execute(turn)
+            span.set_attribute("sophos.run.status", status)
+            return status
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:
@@ -50,9 +56,10 @@ async def on_shutdown(ctx: dict[str, Any]) -> None:
 
 def functions(settings: Settings) -> list[Function]:
     # A run is never retried by arq behind the user's back: execute_run returns
-    # without doing anything for a run that already started (see RunService.execute).
+    # without doing anything for a run that already started (see RunService.execute). Its
+    # tries are many only for a run waiting for its turn, deferred once per look (worker/turns.py).
     return [
-        func(execute_run, name=JOB_FUNCTION),
+        func(execute_run, name=JOB_FUNCTION, max_tries=TURN_TRIES),
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
         # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job

@@ -101,6 +101,14 @@ class RunStore:
         rows = await self.db.fetchall(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         return RunRow.from_row(rows[0]) if rows else None
 
+    async def branch_head(self, conversation_id: str) -> str | None:
+        """The head of the branch the conversation follows, when not its newest (None: the newest,
+        or no conversation yet)."""
+        rows = await self.db.fetchall(
+            "SELECT branch_head FROM conversations WHERE id = ?", (conversation_id,)
+        )
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
     async def running_runs(self) -> list[RunRow]:
         rows = await self.db.fetchall(
             f"SELECT {RUN_COLUMNS} FROM runs WHERE status = ?", (RunStatus.RUNNING,)

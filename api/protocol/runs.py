@@ -45,9 +45,9 @@ log = structlog.get_logger(__name__)
 
 RUNS_LIST_MAX = 1000
 #: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
-#: thread, then start) and ``rollback`` (the same, from where the cancelled run started:
-#: api/protocol/forks.py); the Agent Server's ``enqueue`` is refused by name
-MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback")
+#: thread, then start), ``rollback`` (the same, from where the cancelled run started:
+#: api/protocol/forks.py) and ``enqueue`` (wait behind it, in the queue: shared/queue.py)
+MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback", "enqueue")
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
@@ -107,11 +107,6 @@ def refuse_unserved(body: RunCreate) -> None:
         raise _unserved("config" if body.config else "context")
     # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
     # stream is the same with it or without it.
-    if body.multitask_strategy == "enqueue":
-        raise _unserved(
-            f"multitask_strategy {body.multitask_strategy!r}",
-            "; use reject (a busy thread is 409), interrupt or rollback",
-        )
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
         raise BadRequest(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
     if body.on_disconnect not in (None, "continue"):
@@ -215,6 +210,11 @@ class ProtocolRuns:
         message = message_of(body.input)
         if options.multitask_strategy == "rollback" and message is None:
             raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
+        if fork is not None and options.multitask_strategy == "enqueue":
+            raise BadRequest(
+                "checkpoint_id is not taken with multitask_strategy enqueue: a run that waits starts "
+                "from the thread as its turn finds it (use reject or interrupt to fork)"
+            )
         if fork is not None:
             await self.threads.find(thread_id)
             await self.forks.check(thread_id, fork, message)
@@ -230,7 +230,8 @@ class ProtocolRuns:
         accepted = await self._taking_over(
             thread_id, options,
             lambda rolled_back_to: self.chat.submit_to_thread(
-                thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to
+                thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
+                enqueue=options.multitask_strategy == "enqueue",
             ),
         )
         return await self._created(
