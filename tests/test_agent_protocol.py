@@ -5,14 +5,15 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -567,6 +568,58 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
         await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
     with pytest.raises(UnprocessableEntityError, match="ttl"):
         await client.threads.update(thread_id, metadata={}, ttl=60)
+
+
+async def _leave_once_answering(parts: AsyncIterator[Any], hang: Hang) -> str:
+    """Read the stream until the model answers (the run is mid-step), then leave: the
+    connection closes. The run's id, from the stream's metadata."""
+    run_id = ""
+    async with contextlib.aclosing(cast(AsyncGenerator[Any, None], parts)) as stream:
+        async for part in stream:  # the first part: the metadata, or (a rejoin) the first token
+            run_id = part.data["run_id"] if part.event == "metadata" else ""
+            await hang.wait_started_async(20)
+            break
+    return run_id
+
+
+@shared_stack
+async def test_a_stream_left_cancels_its_run_only_when_asked(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    # on_disconnect="cancel": the client leaves mid-run, and the run is cancelled.
+    hang = Hang(text="Working")
+    model.script(hang)
+    run_id = await _leave_once_answering(
+        client.runs.stream(thread_id, "agent", input=said("one"), on_disconnect="cancel"), hang
+    )
+    assert (await run_status(client, thread_id, run_id, "interrupted", "success"))["status"] == "interrupted"
+
+    # By default ("continue") the run goes on without its client.
+    hang = Hang(text="Still working")
+    model.script(hang)
+    run_id = await _leave_once_answering(client.runs.stream(thread_id, "agent", input=said("two")), hang)
+    assert (await client.runs.get(thread_id, run_id))["status"] == "running"
+    hang.release()
+    assert (await run_status(client, thread_id, run_id, "interrupted", "success"))["status"] == "success"
+
+    # A rejoin with cancel_on_disconnect: leaving it cancels the run.
+    hang = Hang(text="Again")
+    model.script(hang)
+    run_id = (await client.runs.create(thread_id, "agent", input=said("three")))["run_id"]
+    await _leave_once_answering(
+        client.runs.join_stream(thread_id, run_id, cancel_on_disconnect=True, stream_mode="messages-tuple"),
+        hang,
+    )
+    assert (await run_status(client, thread_id, run_id, "interrupted", "success"))["status"] == "interrupted"
+
+    # A wait has no stream to leave: refused by name, nothing created (runs.wait raises httpx's
+    # error, of which the SDK's are subclasses).
+    runs = await client.runs.list(thread_id)
+    with pytest.raises(httpx.HTTPStatusError, match="422") as refused:
+        await client.runs.wait(thread_id, "agent", input=said("four"), on_disconnect="cancel")
+    assert "on_disconnect 'cancel'" in refused.value.response.json()["error"]["message"]
+    assert await client.runs.list(thread_id) == runs
 
 
 @shared_stack

@@ -22,7 +22,7 @@ from api.protocol.assistant import schemas
 from api.protocol.crons import CronsController
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
 from api.protocol.state import values_with_interrupts
-from api.protocol.stream import ProtocolStream
+from api.protocol.stream import ProtocolStream, cancelled_when_left
 from api.protocol.threads import (
     StateAt,
     ThreadCreate,
@@ -252,12 +252,15 @@ def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:
 
 async def _stream(
     resources: Resources, thread_id: str, run_id: str, modes: tuple[str, ...], after: tuple[int, int],
-    *, metadata: bool, headers: dict[str, str],
+    *, metadata: bool, headers: dict[str, str], cancel_on_disconnect: bool = False,
 ) -> Stream:
     stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, modes, after)
     await stream.open()  # before the answer starts: its errors still get an envelope
-    content = metrics.counted(stream.sse(metadata=metadata))
-    return Stream(content, media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
+    content = stream.sse(metadata=metadata)
+    if cancel_on_disconnect:
+        content = cancelled_when_left(content, resources, run_id)
+    return Stream(metrics.counted(content), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
+
 
 
 class RunsController(Controller):
@@ -281,10 +284,11 @@ class RunsController(Controller):
         self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources
     ) -> Stream:
         tid = thread_id_of(thread_id)
-        run, options = await protocol_runs.create(tid, data)
+        run, options = await protocol_runs.create(tid, data, streamed=True)
         return await _stream(
             resources, tid, run["run_id"], options.stream_mode, (0, -1), metadata=True,
             headers=_locations(tid, run["run_id"], "stream"),
+            cancel_on_disconnect=data.on_disconnect == "cancel",
         )
 
     @post("/wait", status_code=200, summary="Create a run and answer with the thread's values when it ends",
@@ -349,18 +353,19 @@ class RunsController(Controller):
             list[str] | None,
             Parameter(required=False, description="The modes to stream; by default the run's own"),
         ] = None,
-        cancel_on_disconnect: Annotated[bool, Parameter(description="Not served: must be false")] = False,
+        cancel_on_disconnect: Annotated[
+            bool, Parameter(description="Cancel the run if this stream's client leaves before its end")
+        ] = False,
     ) -> Stream:
         tid = thread_id_of(thread_id)
         rid = await protocol_runs.check(tid, run_id)
-        if cancel_on_disconnect:
-            raise BadRequest(
-                "cancel_on_disconnect is not served by Sophos: a run goes on when its stream closes"
-            )
         after = after_id(last_event_id)
         asked = [m for m in stream_mode or [] if m]
         modes = stream_modes(asked) if asked else (await protocol_runs.options(rid)).stream_mode
-        return await _stream(resources, tid, rid, modes, after, metadata=False, headers={})
+        return await _stream(
+            resources, tid, rid, modes, after, metadata=False, headers={},
+            cancel_on_disconnect=cancel_on_disconnect,
+        )
 
 
 async def _outcome(

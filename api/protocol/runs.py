@@ -97,7 +97,7 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
     return BadRequest(f"{name} is not served by Sophos{detail} (docs/agent-protocol.md)")
 
 
-def refuse_unserved(body: RunCreate) -> None:
+def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
     for name in ("interrupt_before", "interrupt_after",
                  "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
@@ -109,8 +109,12 @@ def refuse_unserved(body: RunCreate) -> None:
     # stream is the same with it or without it.
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
         raise BadRequest(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
-    if body.on_disconnect not in (None, "continue"):
-        raise _unserved(f"on_disconnect {body.on_disconnect!r}", "; a run goes on when its stream closes")
+    if body.on_disconnect not in (None, "continue", "cancel"):
+        raise BadRequest("on_disconnect must be 'continue' or 'cancel'")
+    if body.on_disconnect == "cancel" and not streamed:
+        # A wait's client that leaves is not noticed until the answer (uvicorn tells a handler
+        # only on its next receive, and the body was read): only a stream notices.
+        raise _unserved("on_disconnect 'cancel' without a stream", "; runs.stream serves it")
     if body.durability not in (None, "sync"):
         raise _unserved(f"durability {body.durability!r}", "; every step is checkpointed (sync)")
     if body.if_not_exists not in (None, "reject", "create"):
@@ -183,11 +187,14 @@ class ProtocolRuns:
     #: waits for the end of a run (thread id, run id): what ``interrupt`` needs after its cancel
     ended: Callable[[str, str], Awaitable[Any]]
 
-    async def create(self, thread_id: str, body: RunCreate) -> tuple[dict[str, Any], Options]:
+    async def create(
+        self, thread_id: str, body: RunCreate, *, streamed: bool = False
+    ) -> tuple[dict[str, Any], Options]:
         """Accept a run on the thread (busy: 409, or with ``interrupt`` cancel the run holding it
-        first); its ``Run`` and options. ``command.resume`` decides a waiting thread."""
+        first); its ``Run`` and options. ``command.resume`` decides a waiting thread. ``streamed``:
+        the run is streamed to its creator (``on_disconnect: cancel`` is served then)."""
         assistant_of(body.assistant_id)
-        refuse_unserved(body)
+        refuse_unserved(body, streamed=streamed)
         if body.webhook is not None:
             try:
                 await WebhookPolicy.of(self.runs.settings).check(body.webhook)

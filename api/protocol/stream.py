@@ -9,14 +9,17 @@ the :class:`~api.protocol.translate.Translator`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 from litestar.response import ServerSentEventMessage
 
+from api.cancel import cancel_run
 from api.protocol.interrupts import hitl_value, interrupts_of
 from api.protocol.state import pending_of, thread_state, values_with_interrupts
 from api.protocol.translate import VALUES, Asked, Part, Translator, is_terminal, number
@@ -169,3 +172,20 @@ class ProtocolStream:
             elif part.event == "end":
                 status = part.data["status"]
         return status, error
+
+
+async def cancelled_when_left(
+    content: AsyncIterator[bytes], resources: Resources, run_id: str
+) -> AsyncIterator[bytes]:
+    """``content``; if its client leaves before the run's end, the run is cancelled (as
+    ``runs.cancel`` does). A stream the server ends (it drains) cancels nothing."""
+    ended = False
+    try:
+        async for chunk in content:
+            yield chunk
+        ended = True
+    finally:
+        if not ended:
+            with anyio.CancelScope(shield=True), contextlib.suppress(SophosError):
+                await cancel_run(resources.runs, run_id)
+                log.info("protocol.cancelled_on_disconnect", run_id=run_id)
