@@ -5,7 +5,8 @@ replaces only its section of the results file; ``--only tracing`` does the same 
 figure 15 (the cost of exporting traces), ``--only memory`` for figure 16 (the process tree's
 memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENCY`` 1 and 4),
 ``--only hops`` for figure 18 (thread hops per run), ``--only switches`` for figure 12 (the
-speed switches, the API's HTTP parser among them).
+speed switches, the API's HTTP parser among them), ``--only servers`` for figure 19 (uvicorn and
+Granian; needs the ``bench`` extra, and is measured only then).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import hops, ledger, memory, profiling, solo, tracing, variants
+from bench import hops, ledger, memory, profiling, servers, solo, tracing, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -123,10 +124,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "tracing", "memory", "solo", "hops", "switches"],
+        choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
-        "solo: figure 17; hops: figure 18; switches: figure 12) and replace only its section of the results",
+        "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19) and replace only its "
+        "section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -347,6 +349,21 @@ def switches_phase(
     return result, f"{variants.HEADING}\n\n{stamp}{variants.section(result)}"
 
 
+def servers_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[servers.Servers, str]:
+    """Figure 19 alone and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = servers.measure(
+        quick=args.quick, clients=args.clients or 16, rng=random.Random(args.seed), overrides=overrides,
+        keep=args.keep, say=say,
+    )
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    stamp = (f"Measured by `{command}` on {date} (code {code_version()}; load average at start, at end: "
+             f"{load_start}; {load_average()}).\n\n")
+    return result, servers.section(result, stamp=stamp)
+
+
 def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
     """Figure 18 and its section, stamped with how it was measured."""
     result = hops.measure(quick=args.quick)
@@ -359,6 +376,7 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     the results file."""
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
+        | servers.Servers
     )
     try:
         if args.only == "ledger":
@@ -376,6 +394,9 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "switches":
             measured, section = switches_phase(args, overrides, command)
             heading = variants.HEADING
+        elif args.only == "servers":
+            measured, section = servers_phase(args, overrides, command)
+            heading = servers.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -452,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
         hops_result, hops_text = hops_phase(args, command)
         results.sections.append(hops_text)
         results.elapsed_s += hops_result.elapsed_s
+        if servers.available():
+            say("figure 19: the API under uvicorn and under Granian, stacks of their own")
+            servers_result, servers_text = servers_phase(args, overrides, command)
+            results.sections.append(servers_text)
+            results.elapsed_s += servers_result.elapsed_s
+        else:
+            results.sections.append(servers.not_measured())
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
