@@ -22,6 +22,7 @@ from shared.contracts import (
     is_delete_claim,
     progress_key,
     run_key,
+    waiting_key,
 )
 
 
@@ -110,6 +111,29 @@ async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRu
         if fields and (run := _queued_run(run_id, fields)) is not None:
             found[run_id] = run
     return found
+
+
+async def behind_their_thread(redis: Redis, runs: list[tuple[str, str]]) -> set[str]:
+    """Of these queued ``(run, conversation)``, the runs waiting behind another run of their
+    conversation (``multitask_strategy`` ``enqueue``: shared/queue.py): in its waiting list while
+    another run holds it, or behind an earlier one there. Not the worker's backlog: such a run
+    waits for its thread, however free the worker is. One round trip."""
+    conversations = sorted({conversation for _, conversation in runs})
+    if not conversations:
+        return set()
+    async with redis.pipeline(transaction=False) as pipe:
+        for conversation in conversations:
+            pipe.hget(ACTIVE_RUNS, conversation)
+            pipe.lrange(waiting_key(conversation), 0, -1)
+        replies = await pipe.execute()
+    behind: set[str] = set()
+    for i in range(len(conversations)):
+        holder, waiting = replies[2 * i], list(replies[2 * i + 1])
+        for position, run_id in enumerate(waiting):
+            if position > 0 or (holder is not None and holder != run_id):
+                behind.add(run_id)
+    wanted = {run_id for run_id, _ in runs}
+    return behind & wanted
 
 
 async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRun | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from redis.exceptions import RedisError
 
+from api import live
 from api.resources import Resources
 from api.schemas import RunInfo
 from shared.contracts import RunStatus
@@ -107,6 +108,8 @@ class Figures:
     """One scrape's reading of shared state; None where a source could not be read."""
 
     queued: list[RunInfo] | None = None
+    #: of ``queued``, the runs waiting behind another run of their conversation (not the backlog)
+    behind: set[str] = field(default_factory=set)
     snapshot: MetricsSnapshot | None = None
     liveness: Liveness | None = None
     #: runs recorded running (one indexed count: a scrape costs the same at any table size)
@@ -122,6 +125,9 @@ async def gather(resources: Resources) -> Figures:
         figures.snapshot = read_snapshot(await resources.redis.hgetall(METRICS_KEY))  # type: ignore[misc]
         figures.liveness = await read_liveness(resources.redis)
         figures.queued = await resources.runs.queued()
+        figures.behind = await live.behind_their_thread(
+            resources.redis, [(r.id, r.conversation) for r in figures.queued]
+        )
     except (RedisError, OSError, SophosError) as exc:
         log.warning("metrics.source_unavailable", error=str(exc))
     try:
@@ -144,9 +150,17 @@ class SharedStateCollector:
         yield _gauge("sophos_database_up", "1 when this scrape read the database", f.running is not None)
         if f.queued is not None:
             yield _gauge("sophos_runs_queued", "Runs in the queue, not started", len(f.queued))
-            oldest = max((r.waited_ms or 0 for r in f.queued), default=0)
             yield _gauge(
-                "sophos_queue_oldest_age_seconds", "How long the oldest queued run has waited (0: none)",
+                "sophos_runs_waiting_for_thread",
+                "Queued runs waiting behind another run of their conversation (multitask_strategy enqueue)",
+                len(f.behind),
+            )
+            # The backlog's age: a run waiting for its thread waits however free the worker is.
+            oldest = max((r.waited_ms or 0 for r in f.queued if r.id not in f.behind), default=0)
+            yield _gauge(
+                "sophos_queue_oldest_age_seconds",
+                "How long the oldest queued run has waited (0: none); runs waiting behind their thread's "
+                "run are not counted",
                 int(oldest) / 1000,
             )
         if f.running is not None:

@@ -18,6 +18,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError
 from langgraph_sdk.schema import Command
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from shared.contracts import (
@@ -110,6 +111,39 @@ async def busy_thread(client: LangGraphClient, model: FakeOllama, hang: Hang) ->
     first = await client.runs.create(thread_id, "agent", input=said("one"))
     await hang.wait_started_async(20)
     return thread_id, first["run_id"]
+
+
+def gauges(text: str) -> dict[str, float]:
+    """The unlabelled samples of a /metrics scrape."""
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text) for sample in family.samples if not sample.labels
+    }
+
+
+@shared_stack
+async def test_a_run_waiting_for_its_thread_is_not_the_workers_backlog(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    hang = Hang(text="A long answer.")
+    model.script(hang, Text("Then this."))
+    thread_id, _ = await busy_thread(client, model, hang)
+    second = (await enqueue(client, thread_id, "two"))["run_id"]
+    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+
+        async def waited_a_second() -> bool:
+            return int((await http.get(f"/api/runs/{second}")).json()["waitedMs"]) >= 1000
+
+        await wait_for_async(waited_a_second, timeout=30, message="the enqueued run to wait a second")
+        scraped = gauges((await http.get("/metrics")).text)
+        # Queued, but waiting for its thread: not what SophosQueueBackingUp watches.
+        assert scraped["sophos_runs_queued"] == 1
+        assert scraped["sophos_runs_waiting_for_thread"] == 1
+        assert scraped["sophos_queue_oldest_age_seconds"] == 0
+        hang.release()
+        await status_of(client, thread_id, second, "success")
+        scraped = gauges((await http.get("/metrics")).text)
+        assert scraped["sophos_runs_queued"] == scraped["sophos_runs_waiting_for_thread"] == 0
 
 
 @shared_stack
