@@ -95,7 +95,8 @@ class _Tree:
         return newest
 
 
-def _at(config: RunnableConfig, checkpoint_id: str | None = None) -> RunnableConfig:
+def thread_at(config: RunnableConfig, checkpoint_id: str | None = None) -> RunnableConfig:
+    """The whole thread (a read's config may name the branch head), or one of its checkpoints."""
     configurable = {"thread_id": config["configurable"]["thread_id"], "checkpoint_ns": ""}
     if checkpoint_id is not None:
         configurable["checkpoint_id"] = checkpoint_id
@@ -111,7 +112,7 @@ def _tree(graph: Graph, config: RunnableConfig) -> _Tree | None:
         raise TypeError("the reader's graph has no checkpointer")
     parents: dict[str, str | None] = {}
     sources: dict[str, str] = {}
-    for item in saver.list(_at(config)):
+    for item in saver.list(thread_at(config)):
         parent = item.parent_config["configurable"].get("checkpoint_id") if item.parent_config else None
         checkpoint_id = str(item.config["configurable"]["checkpoint_id"])
         parents[checkpoint_id] = str(parent) if parent else None
@@ -135,14 +136,14 @@ def _tree(graph: Graph, config: RunnableConfig) -> _Tree | None:
 
 
 def _messages(graph: Graph, config: RunnableConfig, checkpoint_id: str) -> list[BaseMessage]:
-    return thread_messages(graph.get_state(_at(config, checkpoint_id)))
+    return thread_messages(graph.get_state(thread_at(config, checkpoint_id)))
 
 
 def _applied(graph: Graph, config: RunnableConfig, checkpoint_id: str) -> list[BaseMessage]:
     """The messages in the checkpoint's values (not its pending input)."""
     from langchain_core.messages import BaseMessage
 
-    values = graph.get_state(_at(config, checkpoint_id)).values
+    values = graph.get_state(thread_at(config, checkpoint_id)).values
     return [m for m in (values.get("messages") or []) if isinstance(m, BaseMessage)]
 
 
@@ -190,13 +191,13 @@ def current(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[Me
 def lines(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[CheckpointLine], list[Fork]]:
     """The JSON Lines export of the current branch (oldest first), and its fork points."""
     if not forked:  # one branch: the whole history
-        return list(lines_of(reversed(list(graph.get_state_history(_at(config)))))), []
+        return list(lines_of(reversed(list(graph.get_state_history(thread_at(config)))))), []
     tree = _tree(graph, config)
     if tree is None:
         return [], []
     on_path = set(tree.path)
     history = [
-        state for state in graph.get_state_history(_at(config))
+        state for state in graph.get_state_history(thread_at(config))
         if state.config["configurable"]["checkpoint_id"] in on_path
     ]
     return list(lines_of(reversed(history))), _forks(graph, config, tree)

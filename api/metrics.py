@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -138,6 +138,16 @@ async def gather(resources: Resources) -> Figures:
     return figures
 
 
+def _by_label(
+    snapshot: MetricsSnapshot, metric: str, help_text: str, label: str, values: Iterable[str]
+) -> CounterMetricFamily:
+    """A counter of the snapshot with one label, a sample for each of ``values`` (0 included)."""
+    family = CounterMetricFamily(metric, help_text, labels=[label])
+    for value in values:
+        family.add_metric([value], snapshot.counter(metric, **{label: value}))
+    return family
+
+
 class SharedStateCollector:
     """Turns one :class:`Figures` into metric families (prometheus-client calls ``collect``)."""
 
@@ -181,21 +191,16 @@ class SharedStateCollector:
             if status.finished:
                 finished.add_metric([status.value], snapshot.counter(RUNS_FINISHED, status=status.value))
         yield finished
-        calls = CounterMetricFamily(
-            TOOL_CALLS, "Tool calls by outcome: sent and answered (success, error), answered from the ledger"
-            " on a later attempt (answered), or not sent again by the user's choice (not_repeated)",
-            labels=["outcome"],
+        yield _by_label(
+            snapshot, TOOL_CALLS,
+            "Tool calls by outcome: sent and answered (success, error), answered from the ledger on a"
+            " later attempt (answered), or not sent again by the user's choice (not_repeated)",
+            "outcome", TOOL_CALL_OUTCOMES,
         )
-        for outcome in TOOL_CALL_OUTCOMES:
-            calls.add_metric([outcome], snapshot.counter(TOOL_CALLS, outcome=outcome))
-        yield calls
-        repeated = CounterMetricFamily(
-            TOOL_CALLS_REPEATED, "Tool calls that may have run sent again after a crash, by reason",
-            labels=["reason"],
+        yield _by_label(
+            snapshot, TOOL_CALLS_REPEATED, "Tool calls that may have run sent again after a crash, by reason",
+            "reason", REPEAT_REASONS,
         )
-        for reason in REPEAT_REASONS:
-            repeated.add_metric([reason], snapshot.counter(TOOL_CALLS_REPEATED, reason=reason))
-        yield repeated
         yield CounterMetricFamily(
             MODEL_CALLS_REPEATED,
             "Model calls a resume made again: the run that crashed had started the same step's call,"
@@ -207,20 +212,15 @@ class SharedStateCollector:
             "Conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS",
             value=snapshot.counter(CONVERSATIONS_EXPIRED),
         )
-        webhooks = CounterMetricFamily(
-            WEBHOOK_DELIVERIES, "Attempts at delivering a run's webhook, by outcome: delivered, retried"
-            " (to be tried again) or failed (the last attempt failed)", labels=["outcome"],
+        yield _by_label(
+            snapshot, WEBHOOK_DELIVERIES, "Attempts at delivering a run's webhook, by outcome: delivered,"
+            " retried (to be tried again) or failed (the last attempt failed)", "outcome", WEBHOOK_OUTCOMES,
         )
-        for outcome in WEBHOOK_OUTCOMES:
-            webhooks.add_metric([outcome], snapshot.counter(WEBHOOK_DELIVERIES, outcome=outcome))
-        yield webhooks
-        ticks = CounterMetricFamily(
-            CRON_TICKS, "Ticks of crons, by outcome: fired (a run submitted) or skipped (thread busy)",
-            labels=["outcome"],
+        yield _by_label(
+            snapshot, CRON_TICKS,
+            "Ticks of crons, by outcome: fired (a run submitted) or skipped (thread busy)",
+            "outcome", CRON_TICK_OUTCOMES,
         )
-        for outcome in CRON_TICK_OUTCOMES:
-            ticks.add_metric([outcome], snapshot.counter(CRON_TICKS, outcome=outcome))
-        yield ticks
         for metric, labels in _HISTOGRAMS:
             family = HistogramMetricFamily(metric, _HELP[metric], labels=labels)
             histograms = snapshot.histograms.get(metric, [])

@@ -334,6 +334,13 @@ def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str
     return result, text
 
 
+def _stamp(command: str, load_start: str) -> str:
+    """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
+    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return (f"Measured by `{command}` on {date} (code {code_version()}; load average at start, at end: "
+            f"{load_start}; {load_average()}).\n\n")
+
+
 def switches_phase(
     args: argparse.Namespace, overrides: dict[str, str], command: str
 ) -> tuple[variants.Switches, str]:
@@ -343,10 +350,7 @@ def switches_phase(
         quick=args.quick, clients=args.clients or 16, rng=random.Random(args.seed), overrides=overrides,
         keep=args.keep, say=say,
     )
-    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
-    stamp = (f"Measured by `{command}` on {date} (code {code_version()}; load average at start, at end: "
-             f"{load_start}; {load_average()}).\n\n")
-    return result, f"{variants.HEADING}\n\n{stamp}{variants.section(result)}"
+    return result, f"{variants.HEADING}\n\n{_stamp(command, load_start)}{variants.section(result)}"
 
 
 def servers_phase(
@@ -358,10 +362,7 @@ def servers_phase(
         quick=args.quick, clients=args.clients or 16, rng=random.Random(args.seed), overrides=overrides,
         keep=args.keep, say=say,
     )
-    date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
-    stamp = (f"Measured by `{command}` on {date} (code {code_version()}; load average at start, at end: "
-             f"{load_start}; {load_average()}).\n\n")
-    return result, servers.section(result, stamp=stamp)
+    return result, servers.section(result, stamp=_stamp(command, load_start))
 
 
 def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:

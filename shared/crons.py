@@ -25,13 +25,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from arq.constants import expires_extra_ms
 from arq.cron import next_cron
-from arq.jobs import serialize_job
 from redis.asyncio import Redis
 
-from shared.contracts import QUEUE_NAME, WAKE_LIST, arq_job_key, dumps
 from shared.errors import BadRequest
+from shared.queue import submit_job
 
 #: the arq functions that store and delete a cron (worker/crons.py)
 CRON_CREATE_FUNCTION = "cron_create"
@@ -222,15 +220,8 @@ def cron_done_key(job_id: str) -> str:
 
 
 async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDelete) -> None:
-    """Enqueue ``job`` (its arq record, its place in the queue) and wake a worker, atomically."""
-    enqueue_ms = int(time.time() * 1000)
-    payload = serialize_job(function, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(arq_job_key(job.job_id), payload, px=expires_extra_ms)
-        pipe.zadd(QUEUE_NAME, {job.job_id: enqueue_ms})
-        pipe.lpush(WAKE_LIST, "1")
-        pipe.ltrim(WAKE_LIST, 0, 15)
-        await pipe.execute()
+    """Enqueue ``job`` and wake a worker, atomically (shared/queue.py ``submit_job``)."""
+    await submit_job(redis, function, job.job_id, job.to_dict(), time.time())
 
 
 # --- the stored cron -------------------------------------------------------------

@@ -276,13 +276,21 @@ async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
     return None if reply is None else (reply.decode() if isinstance(reply, bytes) else str(reply))
 
 
-async def submit_rename(redis: Redis, job: RenameJob) -> None:
-    """Enqueue ``job`` (its arq record, its place in the queue) and wake the worker, atomically."""
-    enqueue_ms = int(job.enqueued_at * 1000)
-    payload = serialize_job(RENAME_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+async def submit_job(
+    redis: Redis, function: str, job_id: str, payload: dict[str, Any], enqueued_at: float
+) -> None:
+    """Enqueue a job that claims nothing (a rename, a cron's creation or deletion): its arq
+    record and its place in the queue, and wake a worker, atomically."""
+    enqueue_ms = int(enqueued_at * 1000)
+    record = serialize_job(function, (payload,), {}, None, enqueue_ms, serializer=dumps)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(arq_job_key(job.job_id), payload, px=expires_extra_ms)
-        pipe.zadd(QUEUE_NAME, {job.job_id: enqueue_ms})
+        pipe.set(arq_job_key(job_id), record, px=expires_extra_ms)
+        pipe.zadd(QUEUE_NAME, {job_id: enqueue_ms})
         pipe.lpush(WAKE_LIST, "1")
         pipe.ltrim(WAKE_LIST, 0, 15)
         await pipe.execute()
+
+
+async def submit_rename(redis: Redis, job: RenameJob) -> None:
+    """Enqueue ``job`` and wake the worker, atomically (:func:`submit_job`)."""
+    await submit_job(redis, RENAME_FUNCTION, job.job_id, job.to_dict(), job.enqueued_at)

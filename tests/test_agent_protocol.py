@@ -25,11 +25,9 @@ from langgraph_sdk.schema import Command
 from api.protocol.runs import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for_async
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_to_repeat
+from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 from tests.support.js_sdk import run_script
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
-from tests.support.redis_server import RedisServer
+from tests.support.stacks import approval_stack
 
 JS_DIR = Path(__file__).parent / "js"
 
@@ -62,21 +60,8 @@ def text_of(message: dict[str, Any]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the tests that share them, on a Redis of their own (the other tests
     flush theirs). The fake tools server's ``add`` asks for approval."""
-    root = tmp_path_factory.mktemp("protocol")
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    env.write_mcp_config(config)
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    try:
-        group.start_worker(env)
-        group.start_api(env)
+    with approval_stack(tmp_path_factory.mktemp("protocol"), fake_ollama.url) as env:
         yield env
-    finally:
-        group.close()
-        redis_server.stop()
 
 
 @pytest.fixture

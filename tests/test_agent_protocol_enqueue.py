@@ -35,10 +35,8 @@ from shared.queue import Submission, release_conversation, submit, submit_delete
 from shared.redis_protocol import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import tool_calls, wait_for_async
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
-from tests.support.redis_server import RedisServer
+from tests.support.env import SophosEnv
+from tests.support.stacks import approval_stack
 
 APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
 
@@ -73,21 +71,8 @@ def last_user_message(request: dict[str, Any]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the tests that share them, on a Redis of their own. The fake tools
     server's ``add`` asks for approval."""
-    root = tmp_path_factory.mktemp("enqueue")
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    env.write_mcp_config(config)
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    try:
-        group.start_worker(env)
-        group.start_api(env)
+    with approval_stack(tmp_path_factory.mktemp("enqueue"), fake_ollama.url) as env:
         yield env
-    finally:
-        group.close()
-        redis_server.stop()
 
 
 @pytest.fixture

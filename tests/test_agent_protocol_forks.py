@@ -16,10 +16,8 @@ from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEnti
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
-from tests.support.redis_server import RedisServer
+from tests.support.env import SophosEnv
+from tests.support.stacks import approval_stack
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_forks")
@@ -39,21 +37,8 @@ def texts(values: Any) -> list[str]:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the module, on a Redis of its own. The fake tools server's ``add``
     asks for approval."""
-    root = tmp_path_factory.mktemp("protocol-forks")
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    env.write_mcp_config(config)
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    try:
-        group.start_worker(env)
-        group.start_api(env)
+    with approval_stack(tmp_path_factory.mktemp("protocol-forks"), fake_ollama.url) as env:
         yield env
-    finally:
-        group.close()
-        redis_server.stop()
 
 
 @pytest.fixture

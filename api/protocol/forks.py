@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from api.branches import thread_at
 from api.cancel import cancel_run
 from api.chat import ChatService
 from api.runs import Runs
@@ -78,14 +79,6 @@ def checkpoint_of(checkpoint_id: str | None, checkpoint: dict[str, Any] | None) 
 # --- in a reader process (Store.read_thread): module-level, results picklable -----------------
 
 
-def _thread(config: RunnableConfig, checkpoint_id: str | None = None) -> RunnableConfig:
-    """The whole thread (the read's config may name the branch head), or one of its checkpoints."""
-    configurable = {"thread_id": config["configurable"]["thread_id"], "checkpoint_ns": ""}
-    if checkpoint_id is not None:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
-
-
 @dataclass(frozen=True, slots=True)
 class At:
     """What a fork needs to know of its checkpoint."""
@@ -96,7 +89,7 @@ class At:
 
 def checkpoint_at(checkpoint_id: str, graph: Graph, config: RunnableConfig) -> At | None:
     """The checkpoint's pending tasks and interrupts; None when the thread has no such checkpoint."""
-    state = graph.get_state(_thread(config, checkpoint_id))
+    state = graph.get_state(thread_at(config, checkpoint_id))
     if state.created_at is None:
         return None
     return At(pending=bool(state.tasks), waiting=any(task.interrupts for task in state.tasks))
@@ -121,7 +114,7 @@ def run_started(run_id: str, graph: Graph, config: RunnableConfig) -> Started | 
     saver = graph.checkpointer
     if not isinstance(saver, BaseCheckpointSaver):
         raise TypeError("the reader's graph has no checkpointer")
-    written = list(saver.list(_thread(config), filter={"run_id": run_id}))
+    written = list(saver.list(thread_at(config), filter={"run_id": run_id}))
     if not written:
         return None
     # ids sort by time
