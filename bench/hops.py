@@ -3,11 +3,12 @@
 Every hop hands work to another thread and back (a queue put, a wake-up of the event loop
 through its self-pipe): the profile of figure 17 shows the worker's event loop thread
 losing the CPU at each one. Counted in this process on the worker's own graph
-(``worker.graph.build_graph``), its ledger (``worker.ledger.Ledger``) and LangGraph's
-``AsyncSqliteSaver`` on a file opened like the worker's (``shared.storage.sqlite.connect``:
-WAL, ``synchronous=FULL``); a scripted model without streaming (one tool call, then an
-answer) and an in-process tool, so what is counted is the graph's and the database's
-own hops. Counted: work sent to the event loop's default thread pool
+(``worker.graph.build_graph``), its ledger (``worker.ledger.Ledger``) and its saver
+(``shared.storage.sqlite_saver.OneHopSaver``), beside the same runs with LangGraph's own
+``AsyncSqliteSaver`` (the floor's), on a file opened like the worker's
+(``shared.storage.sqlite.connect``: WAL, ``synchronous=FULL``); a scripted model without
+streaming (one tool call, then an answer) and an in-process tool, so what is counted is
+the graph's and the database's own hops. Counted: work sent to the event loop's default thread pool
 (``ThreadPoolExecutor.submit``) and calls into aiosqlite's connection thread, by
 aiosqlite method. The counts do not depend on the machine's load.
 """
@@ -34,6 +35,7 @@ from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from shared.storage.sqlite import SqliteDatabase, connect
+from shared.storage.sqlite_saver import OneHopSaver
 from worker.graph import build_graph
 from worker.ledger import Ledger
 
@@ -64,8 +66,10 @@ class _Scripted(BaseChatModel):
 @dataclass
 class Hops:
     runs: int
-    #: what was counted -> calls per run
+    #: what was counted -> calls per run, with the worker's saver
     per_run: dict[str, float] = field(default_factory=dict)
+    #: the same with LangGraph's own AsyncSqliteSaver (the floor's)
+    stock: dict[str, float] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
 
@@ -91,7 +95,7 @@ def _counting(counts: collections.Counter[str]) -> Iterator[None]:
         aiosqlite.Connection._execute = execute  # type: ignore[method-assign]
 
 
-async def _measure(root: Path, runs: int) -> dict[str, float]:
+async def _measure(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -> dict[str, float]:
     async def echo(text: str) -> str:
         return text
 
@@ -104,7 +108,7 @@ async def _measure(root: Path, runs: int) -> dict[str, float]:
     conn = await connect(root / "sophos.db")
     counts: collections.Counter[str] = collections.Counter()
     try:
-        saver = AsyncSqliteSaver(conn)
+        saver = saver_class(conn)
         await saver.setup()
         graph = build_graph(
             model=_Scripted(answers=iter(answers)), tools=lambda: [tool], system_prompt=lambda: "",
@@ -138,21 +142,28 @@ def measure(*, quick: bool) -> Hops:
     started = time.monotonic()
     runs = 5 if quick else 50
     with tempfile.TemporaryDirectory(prefix="sophos-hops-") as root:
-        per_run = asyncio.run(_measure(Path(root), runs))
-    return Hops(runs=runs, per_run=per_run, elapsed_s=time.monotonic() - started)
+        per_run = asyncio.run(_measure(Path(root) / "worker", runs, OneHopSaver))
+        stock = asyncio.run(_measure(Path(root) / "stock", runs, AsyncSqliteSaver))
+    return Hops(runs=runs, per_run=per_run, stock=stock, elapsed_s=time.monotonic() - started)
 
 
 def section(h: Hops, *, command: str = "", code: str = "", date: str = "") -> str:
     """Markdown: hops per run, by kind, and their total."""
-    lines = ["| hop | per run |", "|---|---:|"]
-    lines += [f"| {name} | {n:.2f} |" for name, n in h.per_run.items()]
-    lines.append(f"| **total** | **{sum(h.per_run.values()):.2f}** |")
+    lines = [
+        "| hop | per run, the worker's saver | per run, LangGraph's `AsyncSqliteSaver` |",
+        "|---|---:|---:|",
+    ]
+    names = list(dict.fromkeys([*h.per_run, *h.stock]))
+    lines += [f"| {name} | {h.per_run.get(name, 0):.2f} | {h.stock.get(name, 0):.2f} |" for name in names]
+    lines.append(f"| **total** | **{sum(h.per_run.values()):.2f}** | **{sum(h.stock.values()):.2f}** |")
     return (
         f"{HEADING}\n\n"
         f"{h.runs} runs of the worker's graph in process (one tool call, then the answer; the ledger and "
-        "`AsyncSqliteSaver` on a WAL file, `durability=\"sync\"`), each a handing of work to another "
-        "thread: calls into aiosqlite's connection thread by method, and work sent to the default thread "
-        "pool. Counted, so the machine's load does not matter.\n\n"
+        "the worker's saver, `OneHopSaver`, on a WAL file, `durability=\"sync\"`), and as many with "
+        "LangGraph's own `AsyncSqliteSaver` (the floor's) instead, each hop a handing of work to another "
+        "thread: calls into aiosqlite's connection thread by method (`put`, `put_writes`, `get_tuple`: "
+        "one call of the worker's saver), and work sent to the default thread pool. Counted, so the "
+        "machine's load does not matter.\n\n"
         + (f"Measured by `{command}` on {date} (code {code}).\n\n" if command else "")
         + "\n".join(lines) + "\n"
     )

@@ -53,7 +53,8 @@ def open_reader(settings: Settings) -> Reader:
 async def open_checkpointer(
     settings: Settings, *, size: int, hooks: Sequence[type] = ()
 ) -> AsyncIterator[BaseCheckpointSaver[Any]]:
-    """LangGraph's saver for the engine, set up: SQLite's on a connection of its own (it commits
+    """LangGraph's saver for the engine, set up: SQLite's (each write one hop to its thread:
+    shared/storage/sqlite_saver.py) on a connection of its own (it commits
     its own writes and must not share a transaction with the application tables), or
     PostgreSQL's fenced one on a pool of ``size`` (migrating the application tables first, under
     one lock, whoever starts first). ``hooks``: classes mixed in before the saver's own, the
@@ -73,13 +74,12 @@ async def open_checkpointer(
         finally:
             await pool.close()
         return
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
     from shared.storage.sqlite import connect
+    from shared.storage.sqlite_saver import OneHopSaver
 
     conn = await connect(settings.database_path)
     try:
-        sqlite_saver = _hooked(AsyncSqliteSaver, hooks)(conn)
+        sqlite_saver = _hooked(OneHopSaver, hooks)(conn)
         await sqlite_saver.setup()
         yield sqlite_saver
     finally:
