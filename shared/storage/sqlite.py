@@ -55,6 +55,11 @@ async def end_failed_transaction(conn: aiosqlite.Connection) -> None:
         log.warning("database.rollback_failed", error=str(exc))
 
 
+async def _fetchall(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    # One trip to the connection's thread (a cursor's execute, fetchall and close would be three).
+    return [tuple(r) for r in await conn.execute_fetchall(sql, params)]
+
+
 class _SqliteTx:
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
@@ -64,8 +69,7 @@ class _SqliteTx:
         return cursor.rowcount
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        async with self.conn.execute(sql, params) as cur:
-            return [tuple(r) for r in await cur.fetchall()]
+        return await _fetchall(self.conn, sql, params)
 
 
 class SqliteDatabase:
@@ -101,8 +105,7 @@ class SqliteDatabase:
                 raise
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        async with self.conn.execute(sql, params) as cur:
-            return [tuple(r) for r in await cur.fetchall()]
+        return await _fetchall(self.conn, sql, params)
 
     async def close(self) -> None:
         await self.conn.close()
