@@ -19,10 +19,11 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import random
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from bench.stats import percentile as _p
 from shared.storage.sqlite import SqliteDatabase, connect
 from shared.storage.sqlite_saver import OneHopSaver
 from worker.graph import build_graph
@@ -63,6 +65,13 @@ class _Scripted(BaseChatModel):
         return self._generate(messages)
 
 
+@dataclass(frozen=True)
+class Timing:
+    #: per run, ms: wall time of ``astream`` to its end, and this process's CPU over it
+    wall_ms: list[float]
+    cpu_ms: list[float]
+
+
 @dataclass
 class Hops:
     runs: int
@@ -70,6 +79,9 @@ class Hops:
     per_run: dict[str, float] = field(default_factory=dict)
     #: the same with LangGraph's own AsyncSqliteSaver (the floor's)
     stock: dict[str, float] = field(default_factory=dict)
+    #: runs of each saver timed, and their timings (the worker's saver, LangGraph's)
+    timed: int = 0
+    timing: tuple[Timing, Timing] | None = None
     elapsed_s: float = 0.0
 
 
@@ -95,7 +107,9 @@ def _counting(counts: collections.Counter[str]) -> Iterator[None]:
         aiosqlite.Connection._execute = execute  # type: ignore[method-assign]
 
 
-async def _measure(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def _graph(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -> AsyncIterator[_Runner]:
+    """The worker's graph, ledger and ``saver_class`` on a file of their own, with ``runs`` answers."""
     async def echo(text: str) -> str:
         return text
 
@@ -106,7 +120,6 @@ async def _measure(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -
         answers += [AIMessage("", tool_calls=[call]), AIMessage("durable")]
     db = await SqliteDatabase.open(root / "sophos.db")
     conn = await connect(root / "sophos.db")
-    counts: collections.Counter[str] = collections.Counter()
     try:
         saver = saver_class(conn)
         await saver.setup()
@@ -121,30 +134,67 @@ async def _measure(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -
                     "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (?, 't', 'x', 'x')",
                     (conversation,),
                 )
-        with _counting(counts):
-            for conversation in conversations:
-                config: Any = {
-                    "configurable": {"thread_id": conversation}, "metadata": {"run_id": conversation},
-                }
-                async for _ in graph.astream(
-                    {"messages": [HumanMessage("hello")]}, config, stream_mode=["messages", "tasks"],
-                    durability="sync",
-                ):
-                    pass
+        yield _Runner(graph, iter(conversations))
     finally:
         await conn.close()
         await db.close()
+
+
+@dataclass
+class _Runner:
+    graph: Any
+    conversations: Iterator[str]
+
+    async def run(self) -> None:
+        conversation = next(self.conversations)
+        config: Any = {"configurable": {"thread_id": conversation}, "metadata": {"run_id": conversation}}
+        async for _ in self.graph.astream(
+            {"messages": [HumanMessage("hello")]}, config, stream_mode=["messages", "tasks"],
+            durability="sync",
+        ):
+            pass
+
+
+async def _count(root: Path, runs: int, saver_class: type[AsyncSqliteSaver]) -> dict[str, float]:
+    counts: collections.Counter[str] = collections.Counter()
+    async with _graph(root, runs, saver_class) as runner:
+        with _counting(counts):
+            for _ in range(runs):
+                await runner.run()
     return {name: n / runs for name, n in counts.most_common()}
 
 
+async def _time(root: Path, runs: int) -> tuple[Timing, Timing]:
+    """Runs with either saver in one random order: wall time and this process's CPU, per run."""
+    order = ["worker"] * runs + ["stock"] * runs
+    random.Random(0).shuffle(order)
+    samples: dict[str, tuple[list[float], list[float]]] = {"worker": ([], []), "stock": ([], [])}
+    async with (
+        _graph(root / "timed-worker", runs, OneHopSaver) as worker,
+        _graph(root / "timed-stock", runs, AsyncSqliteSaver) as stock,
+    ):
+        runners = {"worker": worker, "stock": stock}
+        for arm in order:
+            wall, cpu = time.perf_counter(), time.process_time()
+            await runners[arm].run()
+            samples[arm][0].append((time.perf_counter() - wall) * 1000)
+            samples[arm][1].append((time.process_time() - cpu) * 1000)
+    return Timing(*samples["worker"]), Timing(*samples["stock"])
+
+
 def measure(*, quick: bool) -> Hops:
-    """Figure 18: count the hops of ``runs`` runs, one at a time."""
+    """Figure 18: count the hops of ``runs`` runs with either saver, then time them interleaved."""
     started = time.monotonic()
     runs = 5 if quick else 50
+    timed = 10 if quick else 200
     with tempfile.TemporaryDirectory(prefix="sophos-hops-") as root:
-        per_run = asyncio.run(_measure(Path(root) / "worker", runs, OneHopSaver))
-        stock = asyncio.run(_measure(Path(root) / "stock", runs, AsyncSqliteSaver))
-    return Hops(runs=runs, per_run=per_run, stock=stock, elapsed_s=time.monotonic() - started)
+        per_run = asyncio.run(_count(Path(root) / "worker", runs, OneHopSaver))
+        stock = asyncio.run(_count(Path(root) / "stock", runs, AsyncSqliteSaver))
+        timing = asyncio.run(_time(Path(root), timed))
+    return Hops(
+        runs=runs, per_run=per_run, stock=stock, timed=timed, timing=timing,
+        elapsed_s=time.monotonic() - started,
+    )
 
 
 def section(h: Hops, *, command: str = "", code: str = "", date: str = "") -> str:
@@ -156,6 +206,24 @@ def section(h: Hops, *, command: str = "", code: str = "", date: str = "") -> st
     names = list(dict.fromkeys([*h.per_run, *h.stock]))
     lines += [f"| {name} | {h.per_run.get(name, 0):.2f} | {h.stock.get(name, 0):.2f} |" for name in names]
     lines.append(f"| **total** | **{sum(h.per_run.values()):.2f}** | **{sum(h.stock.values()):.2f}** |")
+    timed = ""
+    if h.timing is not None:
+        ours, stock = h.timing
+        rows = [
+            "| per run, p50 / p95 | the worker's saver | LangGraph's `AsyncSqliteSaver` | ratio, p50s |",
+            "|---|---:|---:|---:|",
+        ]
+        for label, mine, theirs in (("wall time of `astream`, ms", ours.wall_ms, stock.wall_ms),
+                                    ("CPU of the process, ms", ours.cpu_ms, stock.cpu_ms)):
+            rows.append(
+                f"| {label} | {_p(mine, 50):.2f} / {_p(mine, 95):.2f} "
+                f"| {_p(theirs, 50):.2f} / {_p(theirs, 95):.2f} | {_p(mine, 50) / _p(theirs, 50):.2f}× |"
+            )
+        timed = (
+            f"\nThe same runs timed: {h.timed} with each saver on files of their own, in one random order "
+            "(wall time and `time.process_time()` of this process, every thread):\n\n"
+            + "\n".join(rows) + "\n"
+        )
     return (
         f"{HEADING}\n\n"
         f"{h.runs} runs of the worker's graph in process (one tool call, then the answer; the ledger and "
@@ -165,5 +233,6 @@ def section(h: Hops, *, command: str = "", code: str = "", date: str = "") -> st
         "one call of the worker's saver), and work sent to the default thread pool. Counted, so the "
         "machine's load does not matter.\n\n"
         + (f"Measured by `{command}` on {date} (code {code}).\n\n" if command else "")
-        + "\n".join(lines) + "\n"
+        + "\n".join(lines) + "\n" + timed
     )
+
