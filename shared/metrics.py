@@ -10,8 +10,9 @@ Prometheus counters and histograms expect; a flushed Redis looks like a counter
 reset, which Prometheus handles.
 
 A histogram is stored as one field per bucket (the count of observations at or
-below that bound and above the previous one), plus ``sum`` and ``count``; the
-reader makes the buckets cumulative.
+below that bound and above the previous one), plus ``sum``; the reader makes the
+buckets cumulative, and the count is their total (a ``count`` field written by an
+older version is ignored: it always equalled that total).
 """
 
 from __future__ import annotations
@@ -106,9 +107,8 @@ class MetricBatch:
         i = bisect.bisect_left(bounds, seconds)
         bound = bounds[i] if i < len(bounds) else math.inf
         labs = _labels(labels)
-        for part in (f"le={bound_label(bound)}", "count"):
-            key = _field(metric, labs, part)
-            self.counts[key] = self.counts.get(key, 0) + 1
+        key = _field(metric, labs, f"le={bound_label(bound)}")
+        self.counts[key] = self.counts.get(key, 0) + 1
         key = _field(metric, labs, "sum")
         self.sums[key] = self.sums.get(key, 0.0) + seconds
 
@@ -175,7 +175,7 @@ def read_snapshot(raw: Mapping[str, str] | Iterable[tuple[str, str]]) -> Metrics
         for bound in BUCKETS[metric]:
             running += values.get(f"le={bound_label(bound)}", 0.0)
             buckets.append((bound_label(bound), running))
-        buckets.append(("+Inf", values.get("count", running + values.get("le=+Inf", 0.0))))
+        buckets.append(("+Inf", running + values.get("le=+Inf", 0.0)))
         snapshot.histograms.setdefault(metric, []).append(
             Histogram(labels=labs, buckets=buckets, sum=values.get("sum", 0.0))
         )

@@ -7,8 +7,10 @@ One :class:`RunTracker` per run, driven by the run service at each step:
   it costs no round trip; deleted, the same way, when the run ends.
 * Model call, tool call and checkpoint write latencies noted by
   :func:`worker.metrics.timed`, the run's wait in the queue and its time to first
-  token travel in the same writes; the run's :class:`RunClock` adds up its parts
-  for the breakdown recorded with its outcome.
+  token travel in the same writes, at most once a second (``METRICS_EVERY_SECONDS``)
+  and with the run's end: a run's nine checkpoint writes are then one increment of each
+  bucket they fell in, not nine of three fields each. The run's :class:`RunClock` adds
+  up its parts for the breakdown recorded with its outcome.
 
 One :class:`CancelSignals` for the worker's life hears cancels: the API sets
 ``cancel_key(run)`` (the record, which start-up recovery reads after a crash) and
@@ -48,6 +50,8 @@ _PROGRESS_TTL_SECONDS = 24 * 3600
 #: within this time, instead of failing silently
 SUBSCRIPTION_PING_SECONDS = 5.0
 _RESUBSCRIBE_MAX_SECONDS = 2.0
+#: a run's latencies gathered in memory are written at most this often while it runs
+METRICS_EVERY_SECONDS = 1.0
 
 
 class RunTracker:
@@ -61,6 +65,7 @@ class RunTracker:
         self.started_at = time.time()
         self._started = time.monotonic()
         self._first_token = False
+        self._metrics_sent = self._started
         #: steps started so far (the run's step count, whatever its outcome)
         self.steps = 0
         if enqueued_at is not None:
@@ -100,8 +105,12 @@ class RunTracker:
         events.along(queue)
 
     def task_finished(self, events: EventPublisher) -> None:
-        """The latencies gathered so far ride with the next events written (no round trip)."""
-        events.along(lambda pipe: queue_increments(pipe, self.batch))
+        """The latencies gathered so far ride with the next events written (no round trip),
+        if the last ones went a second ago or more; the run's end sends the rest."""
+        now = time.monotonic()
+        if now - self._metrics_sent >= METRICS_EVERY_SECONDS:
+            self._metrics_sent = now
+            events.along(lambda pipe: queue_increments(pipe, self.batch))
 
     def queue_close(self, pipe: Pipeline) -> None:
         """The run has its outcome: its last latencies; forget its progress and cancel marker.
