@@ -18,6 +18,7 @@ older version is ignored: it always equalled that total).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -76,6 +77,7 @@ BUCKETS: dict[str, tuple[float, ...]] = {
 Labels = tuple[tuple[str, str], ...]
 
 
+@functools.lru_cache(maxsize=4096)  # metrics, their labels' values and parts: a few hundred
 def _field(metric: str, labels: Labels, part: str) -> str:
     return json.dumps([metric, dict(labels), part], separators=(",", ":"), sort_keys=True)
 
