@@ -28,6 +28,7 @@ import functools
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +36,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from socket import socketpair
 from typing import Any, TypeVar
 
 import anyio
@@ -59,12 +59,25 @@ class ReaderFailed(RuntimeError):
 
 @dataclass(eq=False)
 class _Reader:
-    """One reader process and the API's end of its socket."""
+    """One reader process and the API's end of its socket.
+
+    A message is received in a thread, which a read given up (timed out, its client gone)
+    leaves running: it cannot be stopped, and it may be between two ``read()`` calls of one
+    message, each made on the socket's descriptor *number*. Closed under it, that number is
+    soon given to the socket of the next reader started, and the old thread would then read
+    the new reader's messages (its ``ready``, a reply), which its own reads then miss or find
+    cut: "Ran out of input". So :meth:`kill` shuts the socket down, which wakes the thread (its
+    reads end), and the descriptor is closed by whichever of the two comes last.
+    """
 
     popen: subprocess.Popen[bytes]
     conn: Connection
     #: time.monotonic() when it last finished a read (or started)
     idle_since: float = 0.0
+    #: guards the two flags below, which decide who closes the descriptor
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _receiving: bool = False
+    _killed: bool = False
 
     @property
     def pid(self) -> int:
@@ -76,9 +89,23 @@ class _Reader:
     async def receive(self) -> Any:
         """The reader's next message; in a thread, as it may be large. Raises ReaderFailed at its end."""
         try:
-            return await anyio.to_thread.run_sync(self.conn.recv, abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(self._receive, abandon_on_cancel=True)
         except (EOFError, OSError) as exc:
             raise ReaderFailed(f"reader process {self.pid} ended (exit code {self.popen.poll()})") from exc
+
+    def _receive(self) -> Any:
+        with self._lock:
+            if self._killed:
+                raise EOFError
+            self._receiving = True
+        try:
+            return self.conn.recv()
+        finally:
+            with self._lock:
+                self._receiving = False
+                if self._killed:
+                    with contextlib.suppress(OSError):
+                        self.conn.close()
 
     async def call(self, function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
         """Send one read; its reply: ``(True, result)`` or ``(False, what it raised)``."""
@@ -93,12 +120,27 @@ class _Reader:
         """SIGKILL: a reader holds nothing that needs a clean end (read-only connections)."""
         with contextlib.suppress(ProcessLookupError):
             self.popen.kill()
-        with contextlib.suppress(OSError):
-            self.conn.close()
+        with self._lock:
+            self._killed = True
+            if not self.conn.closed:
+                with contextlib.suppress(OSError):
+                    _shut_down(self.conn.fileno())
+                if not self._receiving:  # else the receiving thread closes it on its way out
+                    with contextlib.suppress(OSError):
+                        self.conn.close()
         # Closing stdin ends the reader too (its watcher sees the pipe's end).
         with contextlib.suppress(OSError):
             if self.popen.stdin is not None:
                 self.popen.stdin.close()
+
+
+def _shut_down(fd: int) -> None:
+    """Shut the socket ``fd`` down both ways, without closing it: its reads end, at once."""
+    end = socket.socket(fileno=fd)
+    try:
+        end.shutdown(socket.SHUT_RDWR)
+    finally:
+        end.detach()  # the descriptor stays open, its owner's to close
 
 
 @dataclass(eq=False)
@@ -195,7 +237,7 @@ class Readers:
         self._notify()
 
     async def _start(self) -> _Reader:
-        ours, theirs = socketpair()
+        ours, theirs = socket.socketpair()
         started = time.monotonic()
         try:
             # Popen returns once the child is forked and exec'd (milliseconds); the

@@ -7,9 +7,14 @@ Real API, worker, Redis and SQLite; the API's descendants are found through /pro
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import operator
+import os
 import signal
+import struct
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,9 +23,10 @@ import httpx
 import pytest
 import redis as redis_sync
 
+from api.readers import Readers
 from api.store import READER_PROCESSES
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import chat, get_json, read_sse, wait_for
+from tests.support.client import chat, get_json, read_sse, wait_for, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock
 from tests.support.procs import ServiceProcess, descendant_pids, pid_alive
@@ -310,3 +316,39 @@ def test_the_runs_listing_asks_redis_one_command_per_queued_run_at_most(
     many = _listing_commands(redis_sync_client, url, 45)
     assert "exists" not in many, many
     assert sum(many.values()) - sum(few.values()) <= 40, (few, many)
+
+
+def _a_reply_that_trickles_on() -> None:
+    """Run in a reader: start a reply that never ends, sent a byte at a time by a child of the
+    reader, which outlives it (it holds the reader's socket) until the API's end is closed."""
+    fd = int(sys.argv[1])  # the reader's socket (api/readers.py ``serve``)
+    os.write(fd, struct.pack("!i", 1 << 20))
+    if os.fork() == 0:
+        with contextlib.suppress(OSError):
+            for _ in range(6000):  # at most a minute, should the API never close its end
+                os.write(fd, b"x")
+                time.sleep(0.01)
+        os._exit(0)
+    time.sleep(3600)
+
+
+async def test_reads_after_a_read_abandoned_mid_reply_get_their_own_replies() -> None:
+    """A read abandoned while its reply is coming in (its client left; past READ_TIMEOUT, the
+    same) leaves its receiving thread reading. That thread must never read the socket of a
+    reader started after (which is often given the same descriptor number): it is woken by the
+    socket's shutdown, and the descriptor is closed only once it has returned."""
+    readers = Readers(size=1, timeout=30.0)
+    try:
+        read = asyncio.create_task(readers.run(_a_reply_that_trickles_on, what="a reply that never ends"))
+        # The reply's first bytes are on their way: the reader has started its child.
+        await wait_for_async(
+            lambda: any(descendant_pids(pid) for pid in readers.pids), timeout=30,
+            message="the reader's trickling child",
+        )
+        read.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await read
+        for i in range(5):
+            assert await readers.run(operator.add, i, 1, what="a sum") == i + 1
+    finally:
+        await readers.aclose()

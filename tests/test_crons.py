@@ -23,7 +23,7 @@ from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
 from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
-from shared.crons import tick_run_id, tick_thread_id
+from shared.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
 from shared.queue import submit_run
 from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate
@@ -33,7 +33,7 @@ from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
-from worker.crons import CronTicker
+from worker.crons import LONGEST_SLEEP_SECONDS, CronTicker, create
 
 EVERY_2S = "*/2 * * * * *"
 SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'
@@ -452,4 +452,36 @@ async def test_a_tick_whose_submission_failed_is_fired_again_as_the_same_run(
         assert await redis.zcard(QUEUE_NAME) == 2  # the first cron's run and this one, once each
     finally:
         await unreachable.aclose()
+        await db.close()
+
+
+async def test_a_cron_stored_by_any_worker_wakes_every_ticker_at_once(tmp_path: Path, redis: Redis) -> None:
+    """With no cron, a ticker sleeps its longest between passes. The create job, whichever worker
+    runs it (here: one without a ticker), wakes every ticker through Redis at once: the cron's
+    first tick fires on time, not once their sleep is over."""
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    tickers = [CronTicker(db, redis), CronTicker(db, redis)]
+    for ticker in tickers:
+        ticker.start()
+    try:
+        # The first pass and the one its subscription starts have found no cron: asleep.
+        await wait_for_async(lambda: all(t.passes >= 2 for t in tickers), timeout=10,
+                             message="each ticker's first passes")
+        asleep = [t.passes for t in tickers]
+        created = time.time()
+        job = CronCreate(str(uuid.uuid4()), None, EVERY_2S, "hi", {}, created, str(uuid.uuid4()))
+        assert await create(db, redis, job) == "done"
+        await wait_for_async(lambda: all(t.passes > n for t, n in zip(tickers, asleep, strict=True)),
+                             timeout=10, message="every ticker woken")
+
+        async def fired() -> bool:
+            rows = await db.fetchall("SELECT fired, last_tick FROM crons WHERE id = ?", (job.cron_id,))
+            return rows[0][0] == 1
+
+        await wait_for_async(fired, timeout=LONGEST_SLEEP_SECONDS / 4, message="the first tick fired")
+        rows = await db.fetchall("SELECT last_tick FROM crons WHERE id = ?", (job.cron_id,))
+        assert rows == [(Schedule.parse(EVERY_2S).next_after(created),)]
+    finally:
+        for ticker in tickers:
+            await ticker.stop()
         await db.close()

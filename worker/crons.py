@@ -1,7 +1,7 @@
 """Crons: storing and deleting them (jobs the API enqueues), and firing their ticks.
 
-**Exactly once per tick, across any number of workers.** Every worker looks for due crons
-every :data:`POLL_SECONDS`. A tick is fired in one transaction: a conditional update moves the
+**Exactly once per tick, across any number of workers.** Every worker's ticker looks for due
+crons (a pass); a tick is fired in one transaction: a conditional update moves the
 cron's ``next_tick`` on from the tick it read (``WHERE next_tick = <tick>``), which only one
 worker's update can do (PostgreSQL locks the row: a second worker's update waits for the first
 to commit, then matches nothing; SQLite has one writer); then the run is submitted, and what the
@@ -21,6 +21,20 @@ count and last outcome, the log line ``cron.tick_skipped``, the counter
 **Ticks missed while no worker ran** are fired once, late, by the first pass that finds them:
 the tick fired is the first one missed, and the next is the schedule's first after now, so a
 cron that missed many ticks fires once, not once per missed tick.
+
+**When a ticker looks.** Not on a fixed beat, which queried the database twice a second per
+worker, crons or none: after each pass it sleeps until the earliest next tick of all crons (:func:`pause`), at
+most :data:`LONGEST_SLEEP_SECONDS`, and a cron stored wakes it at once. The ``cron_create`` job
+publishes on :data:`CRONS_CHANNEL` after its commit, and every worker's ticker is subscribed
+(worker/subscription.py). Pub/sub rather than only waking the ticker of the worker that ran the
+job: every worker is then ready for the new cron's first tick, and if that one worker is killed
+the next second, the tick still fires on time instead of up to the longest sleep late, and two
+workers contend for every tick as for those of crons already stored. A subscription (the first,
+and each one after a lost connection) starts a pass too, for a cron stored while it was away; the
+bound on the sleep covers a publication lost otherwise (Redis down just after the commit). A
+deleted cron wakes no one: a ticker asleep until its tick wakes to a pass that finds nothing. A
+tick still due after a pass (its firing failed, or more than :data:`BATCH` were due) is tried
+again :data:`RETRY_SECONDS` later.
 """
 
 from __future__ import annotations
@@ -61,11 +75,18 @@ from shared.rows import title_of
 from shared.schema import iso_from_timestamp, now_iso
 from shared.storage import Database, Tx
 from worker.runs import RunService
+from worker.subscription import listen
 
 log = structlog.get_logger(__name__)
 
-#: Seconds between two looks for due crons: how late a tick fires at most, a worker running.
-POLL_SECONDS = 0.5
+#: The longest a ticker sleeps: how late it finds a cron whose publication it missed.
+LONGEST_SLEEP_SECONDS = 60.0
+#: How soon a pass follows one that left a tick due (failed, or beyond the batch).
+RETRY_SECONDS = 0.5
+#: A ticker wakes this long after a tick: woken a hair early, a pass would find it not yet due.
+_PAST_THE_TICK = 0.005
+#: Published on by the ``cron_create`` job once the cron is stored: the tickers look again.
+CRONS_CHANNEL = "sophos:crons"
 #: Due crons fired per look.
 BATCH = 50
 #: How long the outcome of a cron job is kept for the API request waiting on it.
@@ -103,6 +124,10 @@ async def create(db: Database, redis: Redis, job: CronCreate) -> str:
         outcome = "done"
         log.info("cron.created", cron_id=job.cron_id, thread_id=job.thread_id, schedule=job.schedule,
                  next_tick=iso(first))
+        # Before the API is answered: once it is, the cron's tickers are awake. Lost (Redis
+        # down), the tickers find the cron within their longest sleep.
+        with contextlib.suppress(RedisError):
+            await redis.publish(CRONS_CHANNEL, job.cron_id)
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("cron.create_failed", cron_id=job.cron_id)
@@ -154,14 +179,27 @@ class _Skip(Exception):
     """The tick does not run: why."""
 
 
-class CronTicker:
-    """Fires the due ticks of every cron, every ``interval`` seconds, in the background."""
+def pause(earliest: int | None, now: float) -> float:
+    """How long a ticker sleeps after a pass at ``now``: until ``earliest``, the earliest next
+    tick of all crons (None: there is no cron), within the bounds the module's docstring gives."""
+    if earliest is None:
+        return LONGEST_SLEEP_SECONDS
+    if earliest <= now:
+        return RETRY_SECONDS
+    return min(earliest - now + _PAST_THE_TICK, LONGEST_SLEEP_SECONDS)
 
-    def __init__(self, db: Database, redis: Redis, *, interval: float = POLL_SECONDS) -> None:
+
+class CronTicker:
+    """Fires the due ticks of every cron in the background, waking at the next one."""
+
+    def __init__(self, db: Database, redis: Redis) -> None:
         self.db = db
         self.redis = redis
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: passes made so far, each followed by a sleep
+        self.passes = 0
+        #: set by a cron stored (a publication on CRONS_CHANNEL) and by each subscription
+        self._wake = asyncio.Event()
 
     async def once(self, now: float | None = None) -> int:
         """Fire the ticks due at ``now``; how many this worker fired or skipped."""
@@ -262,22 +300,46 @@ class CronTicker:
             raise _Skip(f"the thread is busy with run {taken_by}")
         return thread_id
 
+    async def earliest(self) -> int | None:
+        """The earliest next tick of all crons; None if there is no cron."""
+        rows = await self.db.fetchall("SELECT MIN(next_tick) FROM crons")
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
     async def _forever(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            # Cleared before the pass: a cron stored during it wakes the ticker for one more.
+            self._wake.clear()
+            sleep = RETRY_SECONDS
             try:
                 await self.once()
+                sleep = pause(await self.earliest(), time.time())
             except Exception as exc:
                 # The database or Redis is down, or a bug: the next pass tries again.
                 log.warning("cron.pass_failed", error=f"{type(exc).__name__}: {exc}")
+            self.passes += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), sleep)
+
+    async def _subscribed(self) -> None:
+        self._wake.set()  # a cron may have been stored while the subscription was away
+
+    def _stored(self, cron_id: str) -> None:
+        self._wake.set()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._forever(), name="cron-ticker")
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(self._forever(), name="cron-ticker"),
+                asyncio.create_task(
+                    listen(self.redis, CRONS_CHANNEL, subscribed=self._subscribed, heard=self._stored),
+                    name="cron-wakes",
+                ),
+            ]
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

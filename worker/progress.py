@@ -41,15 +41,12 @@ from shared.contracts import CANCEL_CHANNEL, cancel_key, progress_key
 from shared.metrics import FIRST_TOKEN, QUEUE_WAIT, MetricBatch, queue_increments
 from worker.events import EventPublisher
 from worker.metrics import RunClock
+from worker.subscription import listen
 
 log = structlog.get_logger(__name__)
 
 #: a live run's progress must outlast any pause between steps
 _PROGRESS_TTL_SECONDS = 24 * 3600
-#: an idle subscription is pinged this often: a dead connection is found and replaced
-#: within this time, instead of failing silently
-SUBSCRIPTION_PING_SECONDS = 5.0
-_RESUBSCRIBE_MAX_SECONDS = 2.0
 #: a run's latencies gathered in memory are written at most this often while it runs
 METRICS_EVERY_SECONDS = 1.0
 
@@ -157,30 +154,12 @@ class CancelSignals:
                 await self._task
 
     async def _listen(self) -> None:
-        delay = 0.05
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(CANCEL_CHANNEL)
-                while True:
-                    message = await pubsub.get_message(timeout=SUBSCRIPTION_PING_SECONDS)
-                    if message is None:
-                        await pubsub.ping()  # a dead connection raises here rather than stay silent
-                    elif message["type"] == "subscribe":
-                        # Also after redis-py reconnected by itself and subscribed again.
-                        self.subscriptions += 1
-                        log.info("cancels.listening", subscriptions=self.subscriptions)
-                        await self._sweep()
-                        delay = 0.05
-                    elif message["type"] == "message":
-                        self.stop(_text(message["data"]))
-            except (RedisError, OSError) as exc:
-                log.warning("cancels.subscription_lost", error=str(exc) or type(exc).__name__)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RESUBSCRIBE_MAX_SECONDS)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+        await listen(self.redis, CANCEL_CHANNEL, subscribed=self._subscribed, heard=self.stop)
+
+    async def _subscribed(self) -> None:
+        self.subscriptions += 1
+        log.info("cancels.listening", subscriptions=self.subscriptions)
+        await self._sweep()
 
     async def _sweep(self) -> None:
         """Stop the runs in progress whose cancel was asked while no one was listening."""
@@ -195,6 +174,3 @@ class CancelSignals:
             if asked:
                 self.stop(run_id)
 
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)

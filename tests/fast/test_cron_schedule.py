@@ -8,6 +8,7 @@ import pytest
 
 from shared.crons import Schedule, tick_run_id, tick_thread_id
 from shared.errors import BadRequest
+from worker.crons import LONGEST_SLEEP_SECONDS, RETRY_SECONDS, pause
 
 #: Sunday 6 December 2026, 13:30:15.5 UTC
 NOW = datetime(2026, 12, 6, 13, 30, 15, 500000, tzinfo=UTC).timestamp()
@@ -66,3 +67,13 @@ def test_a_ticks_run_and_thread_are_the_same_for_every_worker() -> None:
     assert tick_run_id("c", 100) == tick_run_id("c", 100)
     assert tick_run_id("c", 100) != tick_run_id("c", 102) != tick_run_id("d", 100)
     assert tick_thread_id("c", 100) != tick_run_id("c", 100)
+
+
+def test_a_ticker_sleeps_until_the_next_tick_within_bounds() -> None:
+    tick = Schedule.parse("*/2 * * * * *").next_after(NOW)  # NOW + 0.5
+    assert tick - NOW < pause(tick, NOW) < tick - NOW + 0.1  # just past the tick, never before it
+    assert pause(None, NOW) == LONGEST_SLEEP_SECONDS  # no cron: a cron stored wakes it
+    assert pause(int(NOW) + 3600, NOW) == LONGEST_SLEEP_SECONDS  # bounded: a missed wake costs this
+    # A tick still due after the pass (its firing failed) is tried again soon, not at once.
+    assert pause(int(NOW) - 1, NOW) == RETRY_SECONDS
+    assert pause(tick, tick) == RETRY_SECONDS
