@@ -2,11 +2,14 @@
 
 Same ``worker.graph.build_graph``, same ``ChatOllama`` (``worker.model.build_model``)
 against the same fake model server, same MCP tools server through
-``worker.mcp_tools.McpToolbox``, same ``AsyncSqliteSaver`` on a connection opened
-like the worker's (``worker.store.connect``: WAL, ``synchronous=FULL``), same
+``worker.mcp_tools.McpToolbox``, a connection opened like the worker's
+(``worker.store.connect``: WAL, ``synchronous=FULL``), same
 ``graph.astream(..., stream_mode=["messages", "tasks"], durability="sync")``.
-What it leaves out is the service: HTTP, the queue, the run rows, the events
-and the SSE relay. It writes to a database file of its own.
+What it leaves out is the service: HTTP, the queue, the run rows, the events,
+the SSE relay and the ledger. Its saver is LangGraph's own ``AsyncSqliteSaver``, so the
+floor is LangGraph as shipped; the worker's ``OneHopSaver``
+(shared/storage/sqlite_saver.py) is the service's own, and figure 18 compares the two
+side by side. It writes to a database file of its own.
 """
 
 from __future__ import annotations

@@ -513,9 +513,11 @@ WORKLOAD = """\
   per-client limits, `RATE_LIMIT_PER_MINUTE=0` and `MAX_STREAMS_PER_CLIENT=0`: one address
   carries the load of many users here).
 - **Floor**: the same `worker.graph.build_graph`, `ChatOllama` against the same fake, the same MCP
-  server through `worker.mcp_tools.McpToolbox`, `AsyncSqliteSaver` on a connection opened by
-  `worker.store.connect` (WAL, `synchronous=FULL`), `graph.astream(stream_mode=["messages",
-  "tasks"], durability="sync")`, in the benchmark's process, on a database file of its own.
+  server through `worker.mcp_tools.McpToolbox`, LangGraph's own `AsyncSqliteSaver` (the worker's
+  `OneHopSaver` is one of the things the service adds: figure 18 measures the two side by side) on
+  a connection opened by `worker.store.connect` (WAL, `synchronous=FULL`),
+  `graph.astream(stream_mode=["messages", "tasks"], durability="sync")`, in the benchmark's
+  process, on a database file of its own; no ledger.
 """
 
 NOTES = """\
