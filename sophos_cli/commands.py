@@ -38,7 +38,10 @@ def _worker_line(worker: dict[str, Any] | None) -> str:
 
 def _where(run: dict[str, Any]) -> str:
     if run["status"] == "queued":
-        return f"#{run.get('position', '?')}"
+        # The API's position counts the runs ahead (0: next); people count from 1, as chat's
+        # "queued (position N)" and the web page do.
+        position = run.get("position")
+        return f"#{position + 1}" if isinstance(position, int) else "#?"
     if run["status"] == "running":
         return str(run.get("node", "-")) + (" (cancelling)" if run.get("cancelRequested") else "")
     error = run.get("error")

@@ -531,7 +531,8 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
         assert rows[1].split() == header
         running_row, queued_row = rows[2].split(), rows[3].split()
         assert running_row[0] == "running" and running_row[3] == "agent" and running_row[4] == "1"
-        assert queued_row[0] == "queued" and queued_row[1] == queued and queued_row[3] == "#0"
+        # The API says position 0 (no run ahead); the table counts from 1, as chat does.
+        assert queued_row[0] == "queued" and queued_row[1] == queued and queued_row[3] == "#1"
         slow_run = running_row[1]
 
         asked = cli(env, "cancel", slow_run, "--url", api, extra_env=as_operator)

@@ -3,7 +3,8 @@
 One worker and one API for the module, started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` naming a
 receiver the test runs (tests/support/otlp.py: the protobuf the SDK's exporter sends, decoded
 with opentelemetry-proto) and a short ``OTEL_BSP_SCHEDULE_DELAY``. Each test reads the tree of
-one run: with a tool call; killed mid-run (-9) and resumed; cancelled.
+one run: with a tool call; killed mid-run (-9) and resumed; cancelled. A run whose worker is
+killed on PostgreSQL, ended by the other worker when its lease lapses, has a stack of its own.
 """
 
 from __future__ import annotations
@@ -215,6 +216,47 @@ def test_a_run_killed_mid_tool_ends_in_its_own_trace_and_its_resume_links_to_it(
     assert tool.attributes["sophos.tool.ledger"] == "sent_again_safe"
     assert tool.attributes["sophos.tool.attempt"] == 2
     assert tool.attributes["sophos.tool.idempotency_key"] == tool_calls(stack.env.tools_log, "slow")[0]["key"]
+
+
+def test_a_run_taken_over_on_postgresql_ends_in_its_own_trace(
+    tmp_path: Path, start_redis: Callable[..., RedisServer], postgres_url: str, model: FakeOllama,
+    procs: ProcessGroup,
+) -> None:
+    """Two workers on PostgreSQL with a 3 s lease (as tests/test_postgres.py): the one running the
+    run is killed (-9), and the other ends the run when its lease lapses (worker/leases.py), with
+    the ``recover run`` span of start-up recovery, in the run's trace."""
+    redis = start_redis(appendonly=False)  # not the module's: its worker would take these jobs
+    with OtlpReceiver() as otlp:
+        env = make_sophos_env(
+            tmp_path, redis_url=redis.url, ollama_url=model.url, api_port=free_port(),
+            DATABASE_URL=postgres_url, RUN_LEASE_SECONDS="3",
+            OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, OTEL_BSP_SCHEDULE_DELAY="50",
+        )
+        hang = Hang(text="working ")
+        model.script(hang)
+        doomed = procs.start_worker(env)
+        api = procs.start_api(env).url or ""
+        conversation, run = chat(api, "doomed run")
+        hang.wait_started(20)
+        first = run_trace(otlp, run, done=False)  # its queue wait ended as the doomed worker took it
+        survivor = procs.start_worker(env)
+        doomed.kill()
+        assert doomed.wait(10) == -signal.SIGKILL
+
+        def ended(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.name == "recover run" and s.attributes.get("sophos.run.id") == run]
+
+        # Within the lease (3 s), a pass of the survivor's leases and the export.
+        recovered = otlp.wait(ended, timeout=30, message="the take-over's span")[0]
+        enqueue_id = one(first, "queue wait").parent_id
+        assert (recovered.trace_id, recovered.parent_id) == (first[0].trace_id, enqueue_id)
+        assert recovered.service == "sophos-worker"
+        assert recovered.attributes["sophos.recovery"] == "lease_lapsed"
+        assert recovered.attributes["sophos.run.status"] == "interrupted"
+        assert get_json(api, f"/api/runs/{run}")["status"] == "interrupted"
+        assert read_sse(api, conversation)[-1].data["code"] == "INTERRUPTED"
+        taken_over = [r for r in survivor.log_records() if r.get("event") == "run.interrupted_by_crash"]
+        assert [r["run_id"] for r in taken_over] == [run]  # by the survivor, not at a start-up
 
 
 def test_a_decision_links_to_the_run_that_waited_for_it(stack: Stack, model: FakeOllama) -> None:

@@ -305,19 +305,31 @@ class Ledger:
         return result
 
     async def recorded(self, ref: CallRef, name: str) -> ToolMessage | None:
-        """The call's result as recorded (a cut closing the thread keeps it); None without an outcome."""
+        """The call's result as recorded (a cut closing the thread keeps it); None without an outcome.
+
+        Not counted: the call was sent once, and counted ``success`` or ``error`` then; ``answered``
+        is a later attempt answered instead of being sent, which this is not."""
         entry = await self.entry(ref)
-        return self._answer(ref, name, entry) if entry is not None and entry.state == DONE else None
+        if entry is None or entry.state != DONE:
+            return None
+        log.info("tool_call.kept_from_ledger", tool=name, tool_call_id=ref.tool_call_id,
+                 attempts=entry.attempt)
+        return _message(ref, name, entry)
 
     @staticmethod
     def _answer(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
         counted(TOOL_CALLS, {"outcome": "answered"})
         log.info("tool_call.answered_from_ledger", tool=name, tool_call_id=ref.tool_call_id,
                  attempts=entry.attempt)
-        return ToolMessage(
-            entry.content if entry.content is not None else "", tool_call_id=ref.tool_call_id,
-            name=name, status=entry.status or "success", id=str(uuid.uuid4()),
-        )
+        return _message(ref, name, entry)
+
+
+def _message(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
+    """The call's recorded outcome as its tool message."""
+    return ToolMessage(
+        entry.content if entry.content is not None else "", tool_call_id=ref.tool_call_id,
+        name=name, status=entry.status or "success", id=str(uuid.uuid4()),
+    )
 
 
 def _traced(state: str, entry: Entry) -> None:

@@ -1,9 +1,15 @@
-"""How the client names itself in the commands it prints (sophos_cli/invocation.py)."""
+"""How the client names itself in the commands it prints (sophos_cli/invocation.py), and what
+``sophos runs`` prints from an answer of the API (sophos_cli/commands.py)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from sophos_cli import commands
 from sophos_cli.invocation import Invocation, options_of, program_of
 
 
@@ -36,3 +42,24 @@ def test_url_and_token_given_are_given_again() -> None:
     default = Invocation().command("chat", "--resume", "--conversation", "c")
     assert default == "sophos chat --resume --conversation c"
     assert options_of(None, None) == ()
+
+
+class _Listing:
+    """``Api.runs`` answering from a fixed list, as ``GET /api/runs`` would: positions from 0."""
+
+    def __init__(self, runs: list[dict[str, Any]]) -> None:
+        self._runs = runs
+
+    def runs(self, status: str | None = None, **_: Any) -> dict[str, Any]:
+        return {"runs": [run for run in self._runs if run["status"] == status], "worker": None}
+
+
+def test_runs_counts_queue_places_from_1_as_chat_does(capsys: pytest.CaptureFixture[str]) -> None:
+    queued = [
+        {"status": "queued", "id": f"r{position}", "conversation": "c", "position": position, "waitedMs": 5}
+        for position in (1, 0)
+    ]
+    args = argparse.Namespace(status=None, conversation=None, limit=20)
+    assert commands.runs(_Listing(queued), args) == 0  # type: ignore[arg-type]  # only .runs is used
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(row[1], row[3]) for row in rows] == [("r0", "#1"), ("r1", "#2")]

@@ -17,10 +17,12 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
+from shared.metrics import TOOL_CALLS, MetricBatch, counter_field
 from shared.storage.sqlite import SqliteDatabase
 from worker.faults import hold_call
 from worker.graph import TOOLS, build_graph
 from worker.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
+from worker.metrics import collecting
 
 
 async def _ledger(tmp_path: Path) -> tuple[Ledger, SqliteDatabase, str]:
@@ -74,6 +76,36 @@ async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_aga
         assert len(sent) == 1 and set(sent[0]) == {IDEMPOTENCY_META_KEY}
         assert (second.content, second.status, second.tool_call_id) == (first.content, "error", "call-1")
         assert request_meta() is None  # only around the request
+    finally:
+        await db.close()
+
+
+async def test_a_result_kept_by_a_cut_is_not_counted_answered_from_the_ledger(tmp_path: Path) -> None:
+    """``answered`` counts later attempts answered instead of sent; a cut keeping the outcome of
+    the call's one attempt (worker/stopping.py, through ``Ledger.recorded``) is not one."""
+    ledger, db, conversation = await _ledger(tmp_path)
+
+    async def send(arguments: dict[str, Any]) -> ToolMessage:
+        return ToolMessage("sent once", tool_call_id="call-1", name="tools__echo")
+
+    def tool_calls(batch: MetricBatch) -> dict[str, int]:
+        return {outcome: batch.counts[field] for outcome in ("success", "answered")
+                if (field := counter_field(TOOL_CALLS, outcome=outcome)) in batch.counts}
+
+    try:
+        ref = CallRef(conversation, "m1", "call-1")
+        call = {"name": "tools__echo", "args": {}, "id": "call-1"}
+        with collecting(MetricBatch()) as run:
+            await ledger.run(ref, "run-1", call, send)
+        assert tool_calls(run) == {"success": 1}
+        with collecting(MetricBatch()) as cut:
+            kept = await ledger.recorded(ref, "tools__echo")
+            unknown = await ledger.recorded(CallRef(conversation, "m1", "call-2"), "tools__echo")
+        assert kept is not None and (kept.content, kept.tool_call_id) == ("sent once", "call-1")
+        assert unknown is None and not cut
+        with collecting(MetricBatch()) as resumed:  # a later attempt: that one is answered
+            await ledger.run(ref, "run-2", call, send)
+        assert tool_calls(resumed) == {"answered": 1}
     finally:
         await db.close()
 
