@@ -7,61 +7,21 @@
 // the messages that run has already checkpointed (the JSON Lines export says which
 // checkpoint, and so which run, added each message): the text shown is exactly the
 // model's, however often the page is reloaded.
-import { api, ApiError, withToken } from "./api.js";
+import { api, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
+import { Banners } from "./banners.js";
 import { Branches, learnIds } from "./branches.js";
 import { copyButton, decisionLine, decorateCode, el, planLine, setResult, toolCard } from "./elements.js";
 import { renderMarkdown } from "./markdown.js";
 import { TitleEditor } from "./rename.js";
+import { ACTIVE, statusLabel } from "./status.js";
 
-const ACTIVE = new Set(["queued", "running"]);
 // While a run streams, how often the page asks whether a worker still beats.
 const WORKER_CHECK_MS = 1000;
 // A worker whose process died is not alive to the API at once (Redis drops its beating
 // connection: shared/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
 // beat every 2 s, so a newest beat older than this has missed two, and its worker is gone.
 const HEARTBEAT_STALE_MS = 5000;
-const STATUS_LABELS = {
-  queued: "queued",
-  running: "running",
-  completed: "completed",
-  failed: "failed",
-  interrupted: "interrupted",
-  cancelled: "stopped",
-  waiting: "waiting for approval",
-};
-
-export function statusLabel(status) {
-  return STATUS_LABELS[status] || status;
-}
-
-/** Banners with the API's own code and message. */
-export class Banners {
-  constructor(container) {
-    this.container = container;
-  }
-
-  show(error, { kind = "error", actions = [] } = {}) {
-    const code = error instanceof ApiError || error.code ? error.code : "";
-    const message = error.message || String(error);
-    const closeButton = el("button", { type: "button", class: "icon", "aria-label": "Dismiss", text: "×" });
-    const banner = el(
-      "div",
-      { class: `banner banner-${kind}`, role: kind === "error" ? "alert" : "status", "data-code": code || null },
-      code ? el("strong", { class: "code", text: code }) : null,
-      el("span", { class: "message", text: message }),
-      ...actions,
-      closeButton,
-    );
-    closeButton.addEventListener("click", () => banner.remove());
-    this.container.append(banner);
-    return banner;
-  }
-
-  clear() {
-    this.container.replaceChildren();
-  }
-}
 
 /** Is the worker gone, by the heartbeat `GET /api/runs` reports? (Unknown: not gone.) */
 function workerGone(worker) {

@@ -2,8 +2,9 @@
 // alive; refreshed every 2 s while shown. A run names its conversation by the title the
 // sidebar lists (GET /api/runs carries only the id), else by the id's first 8 characters.
 import { api, ApiError } from "./api.js";
-import { Banners, statusLabel } from "./chat.js";
+import { Banners } from "./banners.js";
 import { when } from "./sidebar.js";
+import { statusLabel } from "./status.js";
 
 const REFRESH_MS = 2000;
 

@@ -1,8 +1,8 @@
 // The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`),
 // filtered as you type in the search box (`q`: titles containing it, case aside).
 import { api } from "./api.js";
-import { statusLabel } from "./chat.js";
 import { plainText } from "./markdown.js";
+import { statusLabel } from "./status.js";
 
 const PAGE = 30;
 // Typing pauses this long before the list is asked for again: one request per word, not per key.
