@@ -1,5 +1,5 @@
 // The parts a conversation's view is built of: elements, Copy buttons, highlighted code blocks,
-// tool cards and the decisions shown under them. No state of their own: chat.js and
+// tool cards and the decisions shown under them. No state of their own: transcript.js and
 // branches.js place them.
 import { highlightCode } from "./markdown.js";
 
