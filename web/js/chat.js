@@ -1,11 +1,10 @@
-// One conversation: its messages, the run streaming into it, and what can be done to it.
+// One conversation: opening it, its header, and what can be done to it (send, stop, resume,
+// delete, decide on the calls it waits on). transcript.js draws its messages, stream.js follows
+// its run, worker.js watches that run's worker; branches.js and rename.js act on it.
 //
-// Durable by design: a run's events come over an EventSource on
-// `GET /api/chat?conversation=&run=`. A dropped connection is resumed by the browser
-// with `Last-Event-ID` (nothing missed, nothing twice). After a reload the page
-// replays the active run from its first event into an empty live view, and hides
-// the messages that run has already checkpointed (the JSON Lines export says which
-// checkpoint, and so which run, added each message): the text shown is exactly the
+// After a reload the page replays the active run from its first event into an empty live
+// view, and hides the messages that run has already checkpointed (the JSON Lines export says
+// which checkpoint, and so which run, added each message): the text shown is exactly the
 // model's, however often the page is reloaded.
 import { api, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
@@ -14,20 +13,9 @@ import { Branches, learnIds } from "./branches.js";
 import { decisionLine } from "./elements.js";
 import { TitleEditor } from "./rename.js";
 import { ACTIVE, statusLabel } from "./status.js";
+import { RunStream } from "./stream.js";
 import { Transcript } from "./transcript.js";
-
-// While a run streams, how often the page asks whether a worker still beats.
-const WORKER_CHECK_MS = 1000;
-// A worker whose process died is not alive to the API at once (Redis drops its beating
-// connection: shared/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
-// beat every 2 s, so a newest beat older than this has missed two, and its worker is gone.
-const HEARTBEAT_STALE_MS = 5000;
-
-/** Is the worker gone, by the heartbeat `GET /api/runs` reports? (Unknown: not gone.) */
-function workerGone(worker) {
-  if (!worker) return false;
-  return !worker.alive || (worker.heartbeatAgeMs ?? 0) > HEARTBEAT_STALE_MS;
-}
+import { WorkerWatch } from "./worker.js";
 
 export class ChatView {
   constructor({ sidebar, onConversation }) {
@@ -39,7 +27,6 @@ export class ChatView {
     this.sendButton = document.getElementById("send");
     this.stopButton = document.getElementById("stop");
     this.resumeButton = document.getElementById("resume");
-    this.connection = document.getElementById("connection");
     this.bar = document.getElementById("conversation-bar");
     this.status = document.getElementById("conversation-status");
     this.exportMd = document.getElementById("export-md");
@@ -50,12 +37,11 @@ export class ChatView {
     this.runActions = document.getElementById("run-actions");
 
     this.conversation = null;
-    this.run = null; // the run being streamed
-    this.source = null;
-    this.lastEventId = 0;
     this.generation = 0; // bumps on every open(): late answers of an old view are dropped
     this.branches = new Branches(this);
     this.transcript = new Transcript(this.branches);
+    this.stream = new RunStream(this);
+    this.worker = new WorkerWatch(this);
     this.titleEditor = new TitleEditor(this);
 
     this.form.addEventListener("submit", (event) => {
@@ -83,14 +69,14 @@ export class ChatView {
   // --- showing a conversation ------------------------------------------------------
 
   reset() {
-    this.detach();
+    this.stream.detach();
     this.generation += 1;
     this.banners.clear();
     this.titleEditor.cancel();
     this.transcript.clear();
     this.pending = null; // the requests of the last `approval` event of the stream
     this.panel = null;
-    this.goneBanner = null;
+    this.worker.forget();
     this.reopen = false; // read the conversation again when the run ends (a fork, a switch)
     this.notice = null; // a banner that outlives that reading (what a fork left behind)
     this.resumeButton.hidden = true;
@@ -131,7 +117,7 @@ export class ChatView {
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
       this.transcript.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
-      if (active) this.attach(active, 0, latest.status);
+      if (active) this.stream.attach(active, 0, latest.status);
       else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval, detail.resumePlan);
     } catch (error) {
       if (generation !== this.generation) return;
@@ -179,7 +165,7 @@ export class ChatView {
     this.transcript.showPlan(resumable ? plan : null);
   }
 
-  // --- the stream ------------------------------------------------------------------
+  // --- the run shown: going, then ended --------------------------------------------
 
   setActive(active) {
     this.stopButton.hidden = !active;
@@ -191,136 +177,12 @@ export class ChatView {
     if (active) this.resumeButton.hidden = true;
   }
 
-  /** Stream `run` after event `after` (0: from its start); `status`: the run's, as last known. */
-  attach(run, after, status = "running") {
-    const missed = after ? this.missed : false; // a reconnect keeps what it learnt
-    this.detach();
-    this.missed = missed;
-    this.run = run;
-    this.lastEventId = after;
-    this.setActive(true);
-    this.setStatus(status);
-    const params = new URLSearchParams({ conversation: this.conversation, run });
-    if (after) params.set("lastEventId", String(after));
-    const source = new EventSource(withToken(`/api/chat?${params}`));
-    this.source = source;
-    const on = (type, handle) =>
-      source.addEventListener(type, (event) => {
-        if (source !== this.source) return;
-        const id = Number(event.lastEventId);
-        // Ids are strictly increasing per run: an event already shown is never shown twice.
-        if (id && id <= this.lastEventId) return;
-        if (id) this.lastEventId = id;
-        if (type === "token" || type === "trace") this.setStatus("running");
-        handle(JSON.parse(event.data));
-      });
-    on("token", (text) => {
-      this.workerBack();
-      this.transcript.appendToken(text);
-    });
-    on("trace", (trace) => this.transcript.trace(trace));
-    on("missed", () => {
-      this.missed = true;
-    });
-    on("approval", (data) => {
-      this.pending = data.requests;
-    });
-    on("end", (data) => this.ended(data));
-    on("chat-error", (data) => this.failed(data));
-    source.addEventListener("open", () => {
-      if (source === this.source) this.connection.hidden = true;
-    });
-    this.watchWorker(run);
-    source.addEventListener("error", () => {
-      if (source !== this.source) return;
-      if (source.readyState === EventSource.CLOSED) this.streamClosed(source);
-      else this.connection.hidden = false; // the browser reconnects with Last-Event-ID
-    });
-  }
-
-  detach() {
-    if (this.source) this.source.close();
-    this.source = null;
-    clearTimeout(this.workerTimer);
-    this.connection.hidden = true;
-    this.missed = false;
-  }
-
-  /**
-   * While `run` streams, ask every second whether a worker still beats. The stream alone
-   * cannot tell: a worker killed mid-answer just stops sending, and its run is recorded
-   * interrupted only when a worker is back.
-   */
-  watchWorker(run) {
-    clearTimeout(this.workerTimer);
-    this.workerTimer = setTimeout(async () => {
-      if (run !== this.run || !this.source) return;
-      try {
-        const found = await api(`/api/runs?conversation=${encodeURIComponent(this.conversation)}&limit=1`);
-        const info = found.runs[0];
-        if (run === this.run && info && info.id === run && info.status === "running" && workerGone(found.worker)) {
-          this.workerStopped(found.worker);
-        }
-      } catch {
-        // Unreachable API: the stream's own reconnection says so.
-      }
-      if (run === this.run && this.source) this.watchWorker(run);
-    }, WORKER_CHECK_MS);
-  }
-
-  /** No worker beats for the running run: say so, and mark the partial answer interrupted. */
-  workerStopped(worker) {
-    if (this.goneBanner) return;
-    const age = worker.heartbeatAgeMs;
-    const ago = age !== undefined ? ` (its last heartbeat was ${Math.round(age / 1000)} s ago)` : "";
-    this.goneBanner = this.banners.show({
-      code: "WORKER_GONE",
-      message: `The worker writing this answer stopped${ago}. The answer is interrupted; `
-        + "Resume finishes it once a worker is back.",
-    });
-    // The answer stays open: should tokens come after all, they go on in the same bubble.
-    this.transcript.interruptAnswer();
-    this.setStatus("interrupted");
-  }
-
-  /** Tokens came after all (the heartbeat was only late): take the warning back. */
-  workerBack() {
-    if (!this.goneBanner) return;
-    this.goneBanner.remove();
-    this.goneBanner = null;
-    this.transcript.uninterruptAnswer();
-  }
-
-  /** The browser gave up on the stream (an HTTP error, or 204: the run had ended). */
-  async streamClosed(source) {
-    const run = this.run;
-    const generation = this.generation;
-    let info;
-    try {
-      info = await api(`/api/runs/${encodeURIComponent(run)}`);
-    } catch (error) {
-      if (generation !== this.generation) return;
-      this.banners.show(error);
-      info = null;
-    }
-    if (generation !== this.generation || source !== this.source) return;
-    if (info === null || ACTIVE.has(info.status)) {
-      // Still going (or we cannot tell): reconnect after the last event shown.
-      this.connection.hidden = false;
-      setTimeout(() => {
-        if (source === this.source) this.attach(run, this.lastEventId);
-      }, 1000);
-    } else {
-      this.open(this.conversation);
-    }
-  }
-
   async finish() {
     const conversation = this.conversation;
     const generation = this.generation;
-    const missed = this.missed;
-    this.detach();
-    this.run = null;
+    const missed = this.stream.missed;
+    this.stream.detach();
+    this.stream.run = null;
     this.setActive(false);
     this.transcript.closeSegment();
     this.sidebar.refresh();
@@ -357,8 +219,7 @@ export class ChatView {
   failed(data) {
     // Whatever failed the run (a crash, the model), its step is not in the thread.
     this.transcript.cutAnswer("interrupted");
-    if (this.goneBanner) this.goneBanner.remove();
-    this.goneBanner = null;
+    this.worker.dismiss();
     this.banners.show({ code: data.code, message: data.message });
     this.finish();
   }
@@ -396,7 +257,7 @@ export class ChatView {
       if (card) decisionLine(card, decision);
     }
     this.transcript.dropInterrupted();
-    this.attach(accepted.run, 0, "queued");
+    this.stream.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
 
@@ -432,7 +293,7 @@ export class ChatView {
     }
     this.resumeButton.hidden = true;
     this.transcript.appendUser(text);
-    this.attach(accepted.run, 0, "queued");
+    this.stream.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
 
@@ -440,16 +301,16 @@ export class ChatView {
   follow(run) {
     this.resumeButton.hidden = true;
     this.transcript.dropInterrupted();
-    this.attach(run, 0, "queued");
+    this.stream.attach(run, 0, "queued");
     this.reopen = true;
     this.sidebar.refresh();
   }
 
   async stop() {
-    if (!this.run) return;
+    if (!this.stream.run) return;
     this.stopButton.disabled = true;
     try {
-      await api(`/api/runs/${encodeURIComponent(this.run)}/cancel`, { method: "POST" });
+      await api(`/api/runs/${encodeURIComponent(this.stream.run)}/cancel`, { method: "POST" });
       this.setStatus("cancelled");
     } catch (error) {
       this.banners.show(error);
@@ -468,7 +329,7 @@ export class ChatView {
       this.banners.clear();
       this.transcript.showPlan(null);
       this.transcript.dropInterrupted();
-      this.attach(accepted.run, 0, "queued");
+      this.stream.attach(accepted.run, 0, "queued");
       this.sidebar.refresh();
     } catch (error) {
       this.banners.show(error);
