@@ -17,3 +17,11 @@ const STATUS_LABELS = {
 export function statusLabel(status) {
   return STATUS_LABELS[status] || status;
 }
+
+/** `status` as the lists show it (the sidebar, the runs view): a `.status-<status>` badge. */
+export function statusBadge(status) {
+  const badge = document.createElement("span");
+  badge.className = `status status-${status}`;
+  badge.textContent = statusLabel(status);
+  return badge;
+}
