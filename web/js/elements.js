@@ -112,7 +112,6 @@ export function setResult(card, result, status) {
 
 export const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
 
-/** Under a call that needed approval: what the user decided (once, live or read back). */
 // What a resume will do with a call of the turn it continues (`resumePlan` in the detail;
 // the CLI's words, sophos_cli/commands.py PLAN_WORDS).
 export const PLANNED = {
@@ -131,6 +130,7 @@ export function planLine(card, action) {
   line.dataset.action = action;
 }
 
+/** Under a call that needed approval: what the user decided (once, live or read back). */
 export function decisionLine(card, approval) {
   const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
   const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;
