@@ -2,22 +2,13 @@
 // reason) and Edit arguments, and one button that sends every decision at once
 // (`POST /api/chat {conversation, decisions}`; the API wants exactly one per call).
 // Names and arguments come from the model: they are set as text, never as markup.
+import { cardSection, el } from "./elements.js";
 
 let panels = 0; // ids for labels, unique in the page
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
-    else node.setAttribute(key, value === true ? "" : value);
-  }
-  for (const child of children) if (child !== null && child !== undefined) node.append(child);
-  return node;
-}
-
-function pretty(value) {
+// Always JSON (a string too, quoted), unlike a tool card's text: Edit parses it back as the
+// call's arguments.
+function asJson(value) {
   try {
     return JSON.stringify(value ?? {}, null, 2);
   } catch {
@@ -40,7 +31,7 @@ function requestCard(request, index) {
   const reasonRow = el("div", { class: "approval-field", hidden: true },
     el("label", { for: `${id}-reason`, text: "Reason (the model is told)" }), reason);
   const args = el("textarea", { id: `${id}-arguments`, class: "arguments", rows: "4", spellcheck: "false" });
-  args.value = pretty(request.arguments);
+  args.value = asJson(request.arguments);
   const argsRow = el("div", { class: "approval-field", hidden: true },
     el("label", { for: `${id}-arguments`, text: "Arguments (JSON object)" }), args);
   const problem = el("p", { class: "error-text", role: "alert" });
@@ -58,8 +49,7 @@ function requestCard(request, index) {
     { class: uncertain ? "approval uncertain" : "approval", "data-call": request.id },
     el("legend", {}, "Tool ", el("code", { class: "tool-name", text: request.name })),
     ...(note ? [note] : []),
-    el("div", { class: "tool-section-title", text: uncertain ? "Arguments" : "Proposed arguments" }),
-    el("pre", { class: "tool-args", text: pretty(request.arguments) }),
+    ...cardSection(uncertain ? "Arguments" : "Proposed arguments", "tool-args", asJson(request.arguments)),
     el("div", { class: "choices", role: "radiogroup", "aria-label": `Decision on ${request.name}` },
       approve.node, reject.node, edit.node),
     reasonRow,

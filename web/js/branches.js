@@ -123,7 +123,7 @@ export class Branches {
     // The old branch is kept on the server; here the view goes on from the fork.
     while (node.nextElementSibling) node.nextElementSibling.remove();
     node.remove();
-    view.appendUser(text);
+    view.transcript.appendUser(text);
     view.follow(accepted.run);
     return true;
   }

@@ -1,87 +1,32 @@
-// One conversation: its messages, the run streaming into it, and what can be done to it.
+// One conversation: opening it, its header, and what can be done to it (send, stop, resume,
+// delete, decide on the calls it waits on). transcript.js draws its messages, stream.js follows
+// its run, worker.js watches that run's worker; branches.js and rename.js act on it.
 //
-// Durable by design: a run's events come over an EventSource on
-// `GET /api/chat?conversation=&run=`. A dropped connection is resumed by the browser
-// with `Last-Event-ID` (nothing missed, nothing twice). After a reload the page
-// replays the active run from its first event into an empty live view, and hides
-// the messages that run has already checkpointed (the JSON Lines export says which
-// checkpoint, and so which run, added each message): the text shown is exactly the
+// After a reload the page replays the active run from its first event into an empty live
+// view, and hides the messages that run has already checkpointed (the JSON Lines export says
+// which checkpoint, and so which run, added each message): the text shown is exactly the
 // model's, however often the page is reloaded.
-import { api, ApiError, withToken } from "./api.js";
+import { api, withToken } from "./api.js";
 import { approvalPanel } from "./approvals.js";
+import { Banners } from "./banners.js";
 import { Branches, learnIds } from "./branches.js";
-import { copyButton, decisionLine, decorateCode, el, planLine, setResult, toolCard } from "./elements.js";
-import { renderMarkdown } from "./markdown.js";
+import { decisionLine } from "./elements.js";
 import { TitleEditor } from "./rename.js";
-
-const ACTIVE = new Set(["queued", "running"]);
-// While a run streams, how often the page asks whether a worker still beats.
-const WORKER_CHECK_MS = 1000;
-// A worker whose process died is not alive to the API at once (Redis drops its beating
-// connection: shared/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
-// beat every 2 s, so a newest beat older than this has missed two, and its worker is gone.
-const HEARTBEAT_STALE_MS = 5000;
-const STATUS_LABELS = {
-  queued: "queued",
-  running: "running",
-  completed: "completed",
-  failed: "failed",
-  interrupted: "interrupted",
-  cancelled: "stopped",
-  waiting: "waiting for approval",
-};
-
-export function statusLabel(status) {
-  return STATUS_LABELS[status] || status;
-}
-
-/** Banners with the API's own code and message. */
-export class Banners {
-  constructor(container) {
-    this.container = container;
-  }
-
-  show(error, { kind = "error", actions = [] } = {}) {
-    const code = error instanceof ApiError || error.code ? error.code : "";
-    const message = error.message || String(error);
-    const closeButton = el("button", { type: "button", class: "icon", "aria-label": "Dismiss", text: "×" });
-    const banner = el(
-      "div",
-      { class: `banner banner-${kind}`, role: kind === "error" ? "alert" : "status", "data-code": code || null },
-      code ? el("strong", { class: "code", text: code }) : null,
-      el("span", { class: "message", text: message }),
-      ...actions,
-      closeButton,
-    );
-    closeButton.addEventListener("click", () => banner.remove());
-    this.container.append(banner);
-    return banner;
-  }
-
-  clear() {
-    this.container.replaceChildren();
-  }
-}
-
-/** Is the worker gone, by the heartbeat `GET /api/runs` reports? (Unknown: not gone.) */
-function workerGone(worker) {
-  if (!worker) return false;
-  return !worker.alive || (worker.heartbeatAgeMs ?? 0) > HEARTBEAT_STALE_MS;
-}
+import { ACTIVE, statusLabel } from "./status.js";
+import { RunStream } from "./stream.js";
+import { Transcript } from "./transcript.js";
+import { WorkerWatch } from "./worker.js";
 
 export class ChatView {
   constructor({ sidebar, onConversation }) {
     this.sidebar = sidebar;
     this.onConversation = onConversation; // tells the router which conversation is shown
     this.banners = new Banners(document.getElementById("banners"));
-    this.messages = document.getElementById("messages");
-    this.empty = document.getElementById("empty");
     this.form = document.getElementById("composer");
     this.input = document.getElementById("message");
     this.sendButton = document.getElementById("send");
     this.stopButton = document.getElementById("stop");
     this.resumeButton = document.getElementById("resume");
-    this.connection = document.getElementById("connection");
     this.bar = document.getElementById("conversation-bar");
     this.status = document.getElementById("conversation-status");
     this.exportMd = document.getElementById("export-md");
@@ -92,11 +37,11 @@ export class ChatView {
     this.runActions = document.getElementById("run-actions");
 
     this.conversation = null;
-    this.run = null; // the run being streamed
-    this.source = null;
-    this.lastEventId = 0;
     this.generation = 0; // bumps on every open(): late answers of an old view are dropped
     this.branches = new Branches(this);
+    this.transcript = new Transcript(this.branches);
+    this.stream = new RunStream(this);
+    this.worker = new WorkerWatch(this);
     this.titleEditor = new TitleEditor(this);
 
     this.form.addEventListener("submit", (event) => {
@@ -124,17 +69,14 @@ export class ChatView {
   // --- showing a conversation ------------------------------------------------------
 
   reset() {
-    this.detach();
+    this.stream.detach();
     this.generation += 1;
     this.banners.clear();
     this.titleEditor.cancel();
-    this.messages.replaceChildren(this.empty);
-    this.empty.hidden = false;
-    this.segment = null;
-    this.cards = new Map();
+    this.transcript.clear();
     this.pending = null; // the requests of the last `approval` event of the stream
     this.panel = null;
-    this.goneBanner = null;
+    this.worker.forget();
     this.reopen = false; // read the conversation again when the run ends (a fork, a switch)
     this.notice = null; // a banner that outlives that reading (what a fork left behind)
     this.resumeButton.hidden = true;
@@ -146,7 +88,7 @@ export class ChatView {
   showNotFound(id) {
     const missing = id !== null;
     this.notFound.hidden = !missing;
-    for (const part of [this.messages, this.runActions, this.form]) part.hidden = missing;
+    for (const part of [this.transcript.messages, this.runActions, this.form]) part.hidden = missing;
     if (missing) {
       this.bar.hidden = true;
       document.getElementById("not-found-id").textContent = id;
@@ -174,8 +116,8 @@ export class ChatView {
       const hidden = active ? await this.messagesOfRun(id, active) : new Set();
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
-      this.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
-      if (active) this.attach(active, 0, latest.status);
+      this.transcript.renderHistory(detail.messages.filter((m) => m.role === "user" || !hidden.has(m.id)));
+      if (active) this.stream.attach(active, 0, latest.status);
       else this.showOutcome(detail.conversation, detail.resumable, detail.pendingApproval, detail.resumePlan);
     } catch (error) {
       if (generation !== this.generation) return;
@@ -210,315 +152,39 @@ export class ChatView {
     this.status.className = `status status-${status || "none"}`;
   }
 
-  renderHistory(messages) {
-    for (const message of messages) {
-      if (message.role === "user") this.appendUser(message.content, message);
-      else if (message.role === "assistant") {
-        if (message.content) {
-          this.appendAssistant(message.content);
-          if (message.status === "stopped") this.cutAnswer("stopped");
-        }
-        for (const call of message.toolCalls || []) {
-          const card = this.appendCard(call.name, call.arguments, call.id);
-          if (call.approval) decisionLine(card, call.approval);
-        }
-        this.closeSegment();
-      } else if (message.role === "tool") {
-        const card = this.cards.get(message.toolCallId) || this.appendCard(message.name || "tool", {}, message.toolCallId);
-        setResult(card, message.content, message.status);
-      }
-    }
-  }
-
   showOutcome(conversation, resumable, pendingApproval, plan) {
     const error = conversation.error;
     if (error && ["failed", "interrupted"].includes(conversation.status)) {
       this.banners.show(error, { kind: "error" });
     } else if (conversation.status === "cancelled") {
-      this.note("Stopped.");
+      this.transcript.note("Stopped.");
     } else if (conversation.status === "waiting" && pendingApproval) {
       this.showApprovals(pendingApproval);
     }
     this.resumeButton.hidden = !resumable;
-    this.showPlan(resumable ? plan : null);
+    this.transcript.showPlan(resumable ? plan : null);
   }
 
-  /** Under each call a resume continues, what it will do with it (none once nothing is to resume). */
-  showPlan(plan) {
-    for (const line of this.messages.querySelectorAll(".tool .plan")) line.remove();
-    for (const planned of plan || []) {
-      const card = this.cards.get(planned.id);
-      if (card) planLine(card, planned.action);
-    }
-  }
-
-  // --- the message list ------------------------------------------------------------
-
-  place(node) {
-    this.empty.hidden = true;
-    this.messages.append(node);
-    node.scrollIntoView({ block: "end" });
-    return node;
-  }
-
-  /** The answer being written is complete (a tool call, a new step, the end followed). */
-  closeSegment() {
-    const segment = this.segment;
-    this.segment = null;
-    if (!segment) return;
-    segment.closed = true;
-    segment.body.innerHTML = renderMarkdown(segment.text);
-    decorateCode(segment.body);
-    segment.node.classList.remove("streaming");
-  }
-
-  /**
-   * The answer being written ends here, cut short: `why` is "interrupted" (the worker or the
-   * model went away: the thread never got this text, a resume writes the answer again) or
-   * "stopped" (the user's cut: the thread keeps it).
-   */
-  cutAnswer(why) {
-    const segment = this.segment;
-    this.closeSegment();
-    if (segment && segment.text) this.markCut(segment, why);
-  }
-
-  markCut(segment, why) {
-    const node = segment.node;
-    node.answer = segment.text; // as far as it came
-    node.classList.remove("streaming");
-    if (node.classList.contains(why)) return;
-    node.classList.add(why);
-    node.querySelector(".message-actions").append(el("span", { class: `cut-label cut-${why}`, text: why }));
-  }
-
-  unmarkInterrupted(node) {
-    node.classList.remove("interrupted");
-    node.querySelector(".cut-interrupted")?.remove();
-  }
-
-  /**
-   * Keep "interrupted" only on the partial answers the thread does not have (a worker killed
-   * after its answer's checkpoint left it whole): those a resume writes again.
-   */
-  settleCuts(messages) {
-    const kept = new Set(messages.filter((m) => m.role === "assistant").map((m) => m.content));
-    for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) {
-      if (kept.has(node.answer)) this.unmarkInterrupted(node);
-    }
-  }
-
-  /** The partial answers a crash left, once a new run starts: it writes them again, whole. */
-  dropInterrupted() {
-    for (const node of this.messages.querySelectorAll(".message.assistant.interrupted")) node.remove();
-  }
-
-  /** A user message; `message`: as the detail has it (its id, and `branch` at a fork point). */
-  appendUser(text, message = null) {
-    this.closeSegment();
-    const actions = el("div", { class: "message-actions" }, copyButton("Copy this message", () => text));
-    const node = el("div", { class: "message user", "data-id": message?.id }, el("div", { class: "bubble", text }), actions);
-    actions.append(...this.branches.userActions(node, text, message?.branch));
-    return this.place(node);
-  }
-
-  appendAssistant(text) {
-    this.closeSegment();
-    const body = el("div", { class: "bubble markdown" });
-    const segment = { body, text, scheduled: false, closed: false };
-    // The answer's Markdown as the model wrote it, however far it has come.
-    const actions = el("div", { class: "message-actions" }, copyButton("Copy this answer (Markdown)", () => segment.text));
-    segment.node = this.place(el("div", { class: "message assistant" }, body, actions));
-    actions.append(this.branches.regenerateButton(segment.node));
-    this.segment = segment;
-    const node = segment.node;
-    body.innerHTML = renderMarkdown(text);
-    return node;
-  }
-
-  appendToken(piece) {
-    if (!this.segment) this.appendAssistant("");
-    const segment = this.segment;
-    segment.text += piece;
-    segment.node.classList.add("streaming");
-    if (!segment.scheduled) {
-      // Re-rendering the whole answer per token is quadratic: once per frame is enough.
-      segment.scheduled = true;
-      setTimeout(() => {
-        segment.scheduled = false;
-        if (segment.closed) return; // closeSegment rendered it for good
-        segment.body.innerHTML = renderMarkdown(segment.text);
-        segment.node.scrollIntoView({ block: "end" });
-      }, 16);
-    }
-  }
-
-  appendCard(name, args, callId) {
-    this.closeSegment();
-    const card = toolCard(name, args, callId);
-    this.place(card);
-    if (callId) this.cards.set(callId, card);
-    return card;
-  }
-
-  note(text) {
-    return this.place(el("p", { class: "note", text }));
-  }
-
-  // --- the stream ------------------------------------------------------------------
+  // --- the run shown: going, then ended --------------------------------------------
 
   setActive(active) {
     this.stopButton.hidden = !active;
     this.sendButton.disabled = active;
     // The API refuses (409) to delete a conversation whose run is queued or running.
     this.deleteButton.disabled = active;
-    this.messages.classList.toggle("running", active); // no edit, regenerate or switch meanwhile
+    this.transcript.messages.classList.toggle("running", active); // no edit, regenerate or switch meanwhile
     this.deleteButton.title = active ? "Stop the answer first (Stop or Esc) to delete this conversation" : "";
     if (active) this.resumeButton.hidden = true;
-  }
-
-  /** Stream `run` after event `after` (0: from its start); `status`: the run's, as last known. */
-  attach(run, after, status = "running") {
-    const missed = after ? this.missed : false; // a reconnect keeps what it learnt
-    this.detach();
-    this.missed = missed;
-    this.run = run;
-    this.lastEventId = after;
-    this.setActive(true);
-    this.setStatus(status);
-    const params = new URLSearchParams({ conversation: this.conversation, run });
-    if (after) params.set("lastEventId", String(after));
-    const source = new EventSource(withToken(`/api/chat?${params}`));
-    this.source = source;
-    const on = (type, handle) =>
-      source.addEventListener(type, (event) => {
-        if (source !== this.source) return;
-        const id = Number(event.lastEventId);
-        // Ids are strictly increasing per run: an event already shown is never shown twice.
-        if (id && id <= this.lastEventId) return;
-        if (id) this.lastEventId = id;
-        if (type === "token" || type === "trace") this.setStatus("running");
-        handle(JSON.parse(event.data));
-      });
-    on("token", (text) => {
-      this.workerBack();
-      this.appendToken(text);
-    });
-    on("trace", (trace) => this.trace(trace));
-    on("missed", () => {
-      this.missed = true;
-    });
-    on("approval", (data) => {
-      this.pending = data.requests;
-    });
-    on("end", (data) => this.ended(data));
-    on("chat-error", (data) => this.failed(data));
-    source.addEventListener("open", () => {
-      if (source === this.source) this.connection.hidden = true;
-    });
-    this.watchWorker(run);
-    source.addEventListener("error", () => {
-      if (source !== this.source) return;
-      if (source.readyState === EventSource.CLOSED) this.streamClosed(source);
-      else this.connection.hidden = false; // the browser reconnects with Last-Event-ID
-    });
-  }
-
-  detach() {
-    if (this.source) this.source.close();
-    this.source = null;
-    clearTimeout(this.workerTimer);
-    this.connection.hidden = true;
-    this.missed = false;
-  }
-
-  trace(trace) {
-    const data = trace.data || {};
-    if (trace.event === "enter" && trace.node === "agent") this.closeSegment();
-    else if (trace.event === "call") this.appendCard(data.name || trace.name, data.arguments, data.tool_call_id);
-    else if (trace.event === "result") {
-      const card = this.cards.get(data.tool_call_id) || this.appendCard(data.name || trace.name, {}, data.tool_call_id);
-      setResult(card, data.result, data.status);
-    }
-  }
-
-  /**
-   * While `run` streams, ask every second whether a worker still beats. The stream alone
-   * cannot tell: a worker killed mid-answer just stops sending, and its run is recorded
-   * interrupted only when a worker is back.
-   */
-  watchWorker(run) {
-    clearTimeout(this.workerTimer);
-    this.workerTimer = setTimeout(async () => {
-      if (run !== this.run || !this.source) return;
-      try {
-        const found = await api(`/api/runs?conversation=${encodeURIComponent(this.conversation)}&limit=1`);
-        const info = found.runs[0];
-        if (run === this.run && info && info.id === run && info.status === "running" && workerGone(found.worker)) {
-          this.workerStopped(found.worker);
-        }
-      } catch {
-        // Unreachable API: the stream's own reconnection says so.
-      }
-      if (run === this.run && this.source) this.watchWorker(run);
-    }, WORKER_CHECK_MS);
-  }
-
-  /** No worker beats for the running run: say so, and mark the partial answer interrupted. */
-  workerStopped(worker) {
-    if (this.goneBanner) return;
-    const age = worker.heartbeatAgeMs;
-    const ago = age !== undefined ? ` (its last heartbeat was ${Math.round(age / 1000)} s ago)` : "";
-    this.goneBanner = this.banners.show({
-      code: "WORKER_GONE",
-      message: `The worker writing this answer stopped${ago}. The answer is interrupted; `
-        + "Resume finishes it once a worker is back.",
-    });
-    // The answer stays open: should tokens come after all, they go on in the same bubble.
-    if (this.segment && this.segment.text) this.markCut(this.segment, "interrupted");
-    this.setStatus("interrupted");
-  }
-
-  /** Tokens came after all (the heartbeat was only late): take the warning back. */
-  workerBack() {
-    if (!this.goneBanner) return;
-    this.goneBanner.remove();
-    this.goneBanner = null;
-    if (this.segment) this.unmarkInterrupted(this.segment.node);
-  }
-
-  /** The browser gave up on the stream (an HTTP error, or 204: the run had ended). */
-  async streamClosed(source) {
-    const run = this.run;
-    const generation = this.generation;
-    let info;
-    try {
-      info = await api(`/api/runs/${encodeURIComponent(run)}`);
-    } catch (error) {
-      if (generation !== this.generation) return;
-      this.banners.show(error);
-      info = null;
-    }
-    if (generation !== this.generation || source !== this.source) return;
-    if (info === null || ACTIVE.has(info.status)) {
-      // Still going (or we cannot tell): reconnect after the last event shown.
-      this.connection.hidden = false;
-      setTimeout(() => {
-        if (source === this.source) this.attach(run, this.lastEventId);
-      }, 1000);
-    } else {
-      this.open(this.conversation);
-    }
   }
 
   async finish() {
     const conversation = this.conversation;
     const generation = this.generation;
-    const missed = this.missed;
-    this.detach();
-    this.run = null;
+    const missed = this.stream.missed;
+    this.stream.detach();
+    this.stream.run = null;
     this.setActive(false);
-    this.closeSegment();
+    this.transcript.closeSegment();
     this.sidebar.refresh();
     if (missed || this.reopen) {
       // Some events were no longer kept, or the thread forked or switched branches: the
@@ -532,29 +198,28 @@ export class ChatView {
       const detail = await api(`/api/conversations/${encodeURIComponent(conversation)}`);
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
-      this.settleCuts(detail.messages);
-      learnIds(this.messages, detail.messages); // what Edit and Regenerate name
+      this.transcript.settleCuts(detail.messages);
+      learnIds(this.transcript.messages, detail.messages); // what Edit and Regenerate name
       this.resumeButton.hidden = !detail.resumable;
-      this.showPlan(detail.resumable ? detail.resumePlan : null);
+      this.transcript.showPlan(detail.resumable ? detail.resumePlan : null);
     } catch (error) {
       if (generation === this.generation) this.banners.show(error);
     }
   }
 
   ended(data) {
-    if (data.status === "cancelled") this.cutAnswer("stopped");
-    this.closeSegment();
+    if (data.status === "cancelled") this.transcript.cutAnswer("stopped");
+    this.transcript.closeSegment();
     this.setStatus(data.status); // at once; the conversation read in finish() confirms it
-    if (data.status === "cancelled") this.note("Stopped.");
+    if (data.status === "cancelled") this.transcript.note("Stopped.");
     else if (data.status === "waiting" && this.pending) this.showApprovals(this.pending);
     this.finish();
   }
 
   failed(data) {
     // Whatever failed the run (a crash, the model), its step is not in the thread.
-    this.cutAnswer("interrupted");
-    if (this.goneBanner) this.goneBanner.remove();
-    this.goneBanner = null;
+    this.transcript.cutAnswer("interrupted");
+    this.worker.dismiss();
     this.banners.show({ code: data.code, message: data.message });
     this.finish();
   }
@@ -564,12 +229,12 @@ export class ChatView {
   /** The calls the conversation waits on, each with Approve, Reject and Edit. */
   showApprovals(requests) {
     if (this.panel) this.panel.remove();
-    this.closeSegment();
+    this.transcript.closeSegment();
     for (const request of requests) {
-      const card = this.cards.get(request.id);
+      const card = this.transcript.card(request.id);
       if (card) card.state.textContent = "waiting for your decision";
     }
-    this.panel = this.place(approvalPanel(requests, (decisions) => this.decide(decisions)));
+    this.panel = this.transcript.place(approvalPanel(requests, (decisions) => this.decide(decisions)));
     this.panel.querySelector("input")?.focus({ preventScroll: true });
   }
 
@@ -588,11 +253,11 @@ export class ChatView {
     this.panel = null;
     this.pending = null;
     for (const decision of decisions) {
-      const card = this.cards.get(decision.id);
+      const card = this.transcript.card(decision.id);
       if (card) decisionLine(card, decision);
     }
-    this.dropInterrupted();
-    this.attach(accepted.run, 0, "queued");
+    this.transcript.dropInterrupted();
+    this.stream.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
 
@@ -620,32 +285,32 @@ export class ChatView {
       return;
     }
     this.input.value = "";
-    this.dropInterrupted(); // not in the thread the new message continues
+    this.transcript.dropInterrupted(); // not in the thread the new message continues
     if (!conversation) {
       this.conversation = accepted.conversation;
       this.onConversation(accepted.conversation);
       this.setHeader({ id: accepted.conversation, title: text.trim().split("\n")[0].slice(0, 80), status: "queued" });
     }
     this.resumeButton.hidden = true;
-    this.appendUser(text);
-    this.attach(accepted.run, 0, "queued");
+    this.transcript.appendUser(text);
+    this.stream.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
   }
 
   /** Follow `run`, accepted for an edit, a regenerate or a switch; read the conversation again after. */
   follow(run) {
     this.resumeButton.hidden = true;
-    this.dropInterrupted();
-    this.attach(run, 0, "queued");
+    this.transcript.dropInterrupted();
+    this.stream.attach(run, 0, "queued");
     this.reopen = true;
     this.sidebar.refresh();
   }
 
   async stop() {
-    if (!this.run) return;
+    if (!this.stream.run) return;
     this.stopButton.disabled = true;
     try {
-      await api(`/api/runs/${encodeURIComponent(this.run)}/cancel`, { method: "POST" });
+      await api(`/api/runs/${encodeURIComponent(this.stream.run)}/cancel`, { method: "POST" });
       this.setStatus("cancelled");
     } catch (error) {
       this.banners.show(error);
@@ -662,9 +327,9 @@ export class ChatView {
       const accepted = await api("/api/chat", { method: "POST", body: { resume: true, conversation } });
       this.resumeButton.hidden = true;
       this.banners.clear();
-      this.showPlan(null);
-      this.dropInterrupted();
-      this.attach(accepted.run, 0, "queued");
+      this.transcript.showPlan(null);
+      this.transcript.dropInterrupted();
+      this.stream.attach(accepted.run, 0, "queued");
       this.sidebar.refresh();
     } catch (error) {
       this.banners.show(error);

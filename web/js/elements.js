@@ -1,6 +1,6 @@
 // The parts a conversation's view is built of: elements, Copy buttons, highlighted code blocks,
-// tool cards and the decisions shown under them. No state of their own: chat.js and
-// branches.js place them.
+// tool cards and the decisions shown under them. No state of their own: transcript.js,
+// branches.js and approvals.js place them.
 import { highlightCode } from "./markdown.js";
 
 export function el(tag, attrs = {}, ...children) {
@@ -77,6 +77,11 @@ export function decorateCode(body) {
   }
 }
 
+/** A card's titled block: "Arguments" or "Result", then the value as text in a `<pre>`. */
+export function cardSection(title, className, text) {
+  return [el("div", { class: "tool-section-title", text: title }), el("pre", { class: className, text })];
+}
+
 /** A tool call and, once it comes, its result, as a collapsible card. */
 export function toolCard(name, args, callId) {
   const state = el("span", { class: "tool-state", text: "running…" });
@@ -84,8 +89,7 @@ export function toolCard(name, args, callId) {
     "details",
     { class: "tool", "data-call": callId || null },
     el("summary", {}, el("span", { class: "tool-label", text: "Tool " }), el("code", { class: "tool-name", text: name }), " ", state),
-    el("div", { class: "tool-section-title", text: "Arguments" }),
-    el("pre", { class: "tool-args", text: pretty(args ?? {}) }),
+    ...cardSection("Arguments", "tool-args", pretty(args ?? {})),
   );
   card.state = state;
   return card;
@@ -94,9 +98,9 @@ export function toolCard(name, args, callId) {
 export function setResult(card, result, status) {
   let pre = card.querySelector(".tool-result");
   if (!pre) {
-    card.append(el("div", { class: "tool-section-title", text: "Result" }));
-    pre = el("pre", { class: "tool-result" });
-    card.append(pre);
+    const [title, block] = cardSection("Result", "tool-result", "");
+    card.append(title, block);
+    pre = block;
   }
   pre.textContent = pretty(result);
   // A call the user rejected is answered with an error for the model's sake; it did not fail.
@@ -108,7 +112,6 @@ export function setResult(card, result, status) {
 
 export const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
 
-/** Under a call that needed approval: what the user decided (once, live or read back). */
 // What a resume will do with a call of the turn it continues (`resumePlan` in the detail;
 // the CLI's words, sophos_cli/commands.py PLAN_WORDS).
 export const PLANNED = {
@@ -127,6 +130,7 @@ export function planLine(card, action) {
   line.dataset.action = action;
 }
 
+/** Under a call that needed approval: what the user decided (once, live or read back). */
 export function decisionLine(card, approval) {
   const reason = approval.action === "reject" && approval.message ? `: ${approval.message}` : "";
   const text = `Decision: ${DECIDED[approval.action] || approval.action}${reason}`;

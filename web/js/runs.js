@@ -2,8 +2,9 @@
 // alive; refreshed every 2 s while shown. A run names its conversation by the title the
 // sidebar lists (GET /api/runs carries only the id), else by the id's first 8 characters.
 import { api, ApiError } from "./api.js";
-import { Banners, statusLabel } from "./chat.js";
+import { Banners } from "./banners.js";
 import { when } from "./sidebar.js";
+import { statusBadge } from "./status.js";
 
 const REFRESH_MS = 2000;
 
@@ -153,10 +154,11 @@ export class RunsView {
       cell(this.cancelButton(r)),
     ], "Nothing is running.");
     this.fill("runs-finished", finished, (r) => {
-      const outcome = document.createElement("span");
-      outcome.className = `status status-${r.status}`;
-      outcome.textContent = statusLabel(r.status) + (r.error ? ` (${r.error.code})` : "");
-      if (r.error) outcome.title = r.error.message;
+      const outcome = statusBadge(r.status);
+      if (r.error) {
+        outcome.textContent += ` (${r.error.code})`;
+        outcome.title = r.error.message;
+      }
       return [
         cell(outcome, "outcome"),
         cell(seconds(r.durationMs)),

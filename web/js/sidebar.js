@@ -1,8 +1,8 @@
 // The conversations, newest first, a page at a time (`limit`, then `cursor` = `nextCursor`),
 // filtered as you type in the search box (`q`: titles containing it, case aside).
 import { api } from "./api.js";
-import { statusLabel } from "./chat.js";
 import { plainText } from "./markdown.js";
+import { statusBadge } from "./status.js";
 
 const PAGE = 30;
 // Typing pauses this long before the list is asked for again: one request per word, not per key.
@@ -122,9 +122,7 @@ export class Sidebar {
       time.dateTime = c.updatedAt;
       time.title = new Date(c.updatedAt).toLocaleString();
       time.textContent = when(c.updatedAt);
-      const status = document.createElement("span");
-      status.className = `status status-${c.status}`;
-      status.textContent = statusLabel(c.status);
+      const status = statusBadge(c.status);
       const count = document.createElement("span");
       count.className = "count";
       count.textContent = `${c.messageCount} msg`;
