@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 from litestar import Request, get, post
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, Parameter, QueryParameter
 from litestar.response import Response, Stream
 
 from api import metrics
@@ -65,8 +65,8 @@ async def post_chat(
     resources: Resources,
     idempotency_key: Annotated[
         str | None,
-        Parameter(
-            header="Idempotency-Key", required=False,
+        HeaderParameter(
+            name="Idempotency-Key", required=False,
             description="Any unique string (1-255 visible ASCII characters), the same for every retry.",
         ),
     ] = None,
@@ -113,12 +113,14 @@ async def stream_chat(
     ] = None,
     last_event_id_query: Annotated[
         str | None,
-        Parameter(query="lastEventId", description="For clients that cannot set headers: as `Last-Event-ID`"),
+        QueryParameter(
+            name="lastEventId", description="For clients that cannot set headers: as `Last-Event-ID`"
+        ),
     ] = None,
     last_event_id_header: Annotated[
         str | None,
-        Parameter(
-            header="Last-Event-ID", required=False,
+        HeaderParameter(
+            name="Last-Event-ID", required=False,
             description="The id of the last event seen: the stream resumes right after it",
         ),
     ] = None,

@@ -11,7 +11,7 @@ import structlog
 from litestar import Controller, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
 from api import metrics
@@ -51,8 +51,8 @@ Limit = Annotated[int, Parameter(description="How many to answer at most")]
 Offset = Annotated[int, Parameter(description="How many to skip first")]
 LastEventId = Annotated[
     str | None,
-    Parameter(
-        header="Last-Event-ID", required=False, description="-1 (the whole run), or an id of this stream"
+    HeaderParameter(
+        name="Last-Event-ID", required=False, description="-1 (the whole run), or an id of this stream"
     ),
 ]
 
