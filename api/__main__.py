@@ -43,8 +43,8 @@ def main() -> int:
     import uvicorn
 
     from api.app import create_app
-    from api.auth import exposure_problem
-    from api.http import MAX_HEADER_BYTES, protocol
+    from api.auth.bearer import exposure_problem
+    from api.http.parser import MAX_HEADER_BYTES, protocol
     from shared import tracing
     from shared.logging import configure_logging
     from shared.settings import Settings, SettingsError
@@ -81,12 +81,12 @@ def main() -> int:
         create_app(settings, draining=draining),
         host=settings.api_host,
         port=settings.api_port,
-        access_log=False,  # api.access_log logs each request through structlog
+        access_log=False,  # api.http.access_log logs each request through structlog
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         server_header=False,
-        http=protocol(speedups.api_http),  # either bounds a request's head (api/http.py)
+        http=protocol(speedups.api_http),  # either bounds a request's head (api/http/parser.py)
         loop=speedups.event_loop,  # uvicorn's names: "uvloop" or "asyncio"
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,

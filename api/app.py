@@ -11,14 +11,18 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from api import routes_chat, routes_ops, routes_read, web
-from api.access_log import access_log
-from api.auth import browser_guard, token_guard
-from api.errors import exception_handlers
-from api.limits import StreamLimit, SubmissionLimit
+from api import web
+from api.auth.bearer import browser_guard, token_guard
+from api.chat import routes as chat_routes
+from api.conversations import routes as conversation_routes
+from api.http.access_log import access_log
+from api.http.errors import exception_handlers
+from api.http.limits import StreamLimit, SubmissionLimit
+from api.ops import routes as ops_routes
 from api.protocol.errors import protocol_exception_handlers
 from api.protocol.routes import ROUTES as PROTOCOL_ROUTES
 from api.resources import Resources, lifespan
+from api.runs import routes as run_routes
 from shared.settings import Settings
 
 
@@ -57,20 +61,20 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     api = Router(
         path="/api",
         route_handlers=[
-            routes_chat.post_chat,
-            routes_chat.stream_chat,
-            routes_chat.switch_branch,
-            routes_read.list_conversations,
-            routes_read.get_conversation,
-            routes_read.delete_conversation,
-            routes_read.rename_conversation,
-            routes_read.export_conversation,
-            routes_read.list_runs,
-            routes_read.get_run,
-            routes_ops.cancel,
-            routes_read.agent,
-            routes_read.healthz,
-            routes_read.readyz,
+            chat_routes.post_chat,
+            chat_routes.stream_chat,
+            chat_routes.switch_branch,
+            conversation_routes.list_conversations,
+            conversation_routes.get_conversation,
+            conversation_routes.delete_conversation,
+            conversation_routes.rename_conversation,
+            conversation_routes.export_conversation,
+            run_routes.list_runs,
+            run_routes.get_run,
+            run_routes.cancel,
+            ops_routes.agent,
+            ops_routes.healthz,
+            ops_routes.readyz,
         ],
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
@@ -78,7 +82,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     # Prometheus scrapes the root; the token, when set, guards it like /api.
     scrape = Router(
         path="/",
-        route_handlers=[routes_ops.scrape],
+        route_handlers=[ops_routes.scrape],
         guards=[token_guard(settings.api_token)] if settings.api_token else [],
         security=[{"bearer": []}] if settings.api_token else None,
     )
@@ -110,7 +114,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         exception_handlers=exception_handlers(),
         cors_config=cors_config(settings),
         # Without a token: no cross-origin browser requests but from CORS_ORIGINS, no DNS
-        # rebinding (api/auth.py).
+        # rebinding (api/auth/bearer.py).
         guards=[guard for guard in (browser_guard(settings),) if guard is not None],
         middleware=[access_log, StreamLimit(settings.max_streams_per_client).middleware],
         request_max_body_size=settings.max_body_bytes,

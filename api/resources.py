@@ -17,12 +17,12 @@ import structlog
 from litestar import Litestar
 from redis.asyncio import Redis
 
-from api.chat import ChatService
-from api.conversations import Conversations
-from api.feed import Feeds
-from api.runs import Runs
+from api.chat.feed import Feeds
+from api.chat.submit import ChatService
+from api.conversations.views import Conversations
+from api.runs.views import Runs
 from api.store import Store, open_store
-from shared.redis import connection_kwargs, retry_policy
+from shared.redis.connection import connection_kwargs, retry_policy
 from shared.settings import Settings
 from shared.speedups import Speedups, in_use
 

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from api import title_search
-from api.ledger_view import LEDGER_COLUMNS, LedgerRow
-from api.readers import Readers
-from shared.contracts import RunStatus
-from shared.crons import CRON_COLUMNS, CronRow
+from api.conversations import title_search
+from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
+from api.http.readers import Readers
+from shared.contracts.crons import CRON_COLUMNS, CronRow
+from shared.contracts.wire import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
-from shared.rows import RUN_COLUMNS, RunRow
-from shared.schema import MIGRATIONS
 from shared.settings import Settings
 from shared.storage.engines import open_reader
 from shared.storage.reading import CheckpointDecodeError, Reader, ThreadSource
+from shared.storage.rows import RUN_COLUMNS, RunRow
+from shared.storage.schema import MIGRATIONS
 
 # LangGraph is loaded by the reader processes, which run the reads (``_read_thread``), not
 # by the API's main process, which only names them: ≈0.6 s of CPU and ≈45 MB less per API
@@ -72,7 +72,7 @@ _RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
 _RUN_KEY = "COALESCE(enqueued_at, started_at)"
 
 # The conversations listing, newest first by (created_at, id): a key that never
-# changes, so paging is stable while conversations are updated (shared/schema.py:
+# changes, so paging is stable while conversations are updated (shared/storage/schema.py:
 # the index ``conversations_listing`` serves it, a page costs the same at any size).
 CONVERSATION_PAGE_SQL = f"{_CONVERSATION_SQL} ORDER BY c.created_at DESC, c.id DESC"
 CONVERSATION_PAGE_AFTER_SQL = (
@@ -153,7 +153,7 @@ class Store:
         self, *, limit: int, before: tuple[str, str] | None = None, query: str | None = None
     ) -> list[ConversationRow]:
         """Conversations newest first by (created_at, id); ``before``: only those older than that key;
-        ``query``: only those whose title contains it, case aside (api/title_search.py)."""
+        ``query``: only those whose title contains it, case aside (api/conversations/title_search.py)."""
         if query:
             dialect = self.db.threads.dialect
             where = [title_search.condition(dialect)]
@@ -233,7 +233,7 @@ class Store:
         self, *, cron_id: str | None = None, thread_id: str | None = None, order: str = "created_at DESC",
         limit: int = 1, offset: int = 0,
     ) -> list[CronRow]:
-        """Crons (shared/crons.py), filtered by id or thread; ``order``: a column and direction."""
+        """Crons (shared/contracts/crons.py), filtered by id or thread; ``order``: a column and direction."""
         where = [c for c, v in (("id = ?", cron_id), ("thread_id = ?", thread_id)) if v is not None]
         rows = await self._fetch(
             f"SELECT {CRON_COLUMNS} FROM crons{' WHERE ' + ' AND '.join(where) if where else ''}"
@@ -268,7 +268,7 @@ class Store:
         process of its own, on a connection of its own; ``read`` must be
         picklable (a module-level function, or a partial of one). A read that
         outlasts READ_TIMEOUT, or whose request is cancelled, stops its reader
-        (api/readers.py): 503 READ_TIMEOUT.
+        (api/http/readers.py): 503 READ_TIMEOUT.
         """
         if not self._checkpoints_ready:
             if not await self.db.has_checkpoints():
@@ -276,7 +276,7 @@ class Store:
             self._checkpoints_ready = True
         if conversation_id == self._hang_read:
             read = functools.partial(_hang, read)
-        # The branch the conversation follows (api/branches.py): a read sees that branch.
+        # The branch the conversation follows (api/chat/branches.py): a read sees that branch.
         rows = await self._fetch("SELECT branch_head FROM conversations WHERE id = ?", (conversation_id,))
         head = str(rows[0][0]) if rows and rows[0][0] else None
         try:
@@ -294,8 +294,9 @@ READER_PROCESSES = 2
 #: what a reader imports before its first read: the functions reads send it, and LangGraph and
 #: langchain, which those import only when they run (so that the API's main process never does)
 READER_MODULES = (
-    "api.store", "api.transcript", "api.approvals", "api.branches", "api.protocol.state",
-    "shared.thread", "shared.storage.decoding", "langgraph.checkpoint.sqlite",
+    "api.store", "api.conversations.transcript", "api.chat.approvals", "api.chat.branches",
+    "api.protocol.state",
+    "shared.storage.thread", "shared.storage.decoding", "langgraph.checkpoint.sqlite",
 )
 
 
@@ -311,7 +312,7 @@ def _read_thread(
     """In a reader process: ``read`` on the conversation's thread. What fails here, short of
     the database itself (DATABASE_UNAVAILABLE), is the thread's data: this process has its own
     connection and only decodes and rebuilds the thread."""
-    from shared.thread import reader_graph
+    from shared.storage.thread import reader_graph
 
     try:
         config = thread_config(conversation_id, head)

@@ -6,7 +6,7 @@ build step). Third-party files are vendored in ``web/vendor/`` by
 ``scripts/vendor-web.sh``, so neither the page nor the API documentation fetches
 anything from a CDN: both work on a machine with no internet.
 
-The page is same-origin with the API, so the browser guard (api/auth.py) lets its
+The page is same-origin with the API, so the browser guard (api/auth/bearer.py) lets its
 requests through, and it needs no CORS. Its own files are public like ``/schema``:
 they hold no data, and the page must load before it can ask for a token.
 """

@@ -1,8 +1,8 @@
 """The floor: the worker's own graph, model and tool, run in-process with nothing around them.
 
-Same ``worker.graph.build_graph``, same ``ChatOllama`` (``worker.model.build_model``)
+Same ``worker.agent.graph.build_graph``, same ``ChatOllama`` (``worker.agent.model.build_model``)
 against the same fake model server, same MCP tools server through
-``worker.mcp_tools.McpToolbox``, a connection opened like the worker's
+``worker.tools.mcp.McpToolbox``, a connection opened like the worker's
 (``worker.store.connect``: WAL, ``synchronous=FULL``), same
 ``graph.astream(..., stream_mode=["messages", "tasks"], durability="sync")``.
 What it leaves out is the service: HTTP, the queue, the run rows, the events,
@@ -31,10 +31,10 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 
 from shared.settings import Settings
-from worker.graph import AGENT, build_graph, read_system_prompt
-from worker.mcp_tools import McpToolbox, load_config
-from worker.model import build_model
+from worker.agent.graph import AGENT, build_graph, read_system_prompt
+from worker.agent.model import build_model
 from worker.store import connect
+from worker.tools.mcp import McpToolbox, load_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
 """Figure 14: the ledger's cost. A turn with tool calls, with the ledger and without it.
 
 In-process, like the floor (bench/floor.py): the worker's own graph
-(``worker.graph.build_graph``), ``ChatOllama`` against a fake model of its own
+(``worker.agent.graph.build_graph``), ``ChatOllama`` against a fake model of its own
 that answers the first call of a run with two ``tools__echo`` calls in one
 message (two tasks, as the worker runs them) and the second with the 20-token
-answer, the real MCP tools server through ``worker.mcp_tools.McpToolbox``, and
+answer, the real MCP tools server through ``worker.tools.mcp.McpToolbox``, and
 the database the worker opens: the saver on a connection of its own
 (``open_checkpointer``) and the application tables, migrated, on another
 (``open_database``: ``SqliteDatabase``, WAL, ``synchronous=FULL``), one file.
@@ -36,15 +36,15 @@ from bench.model_server import ANSWER_TOKENS
 from bench.runs import MESSAGE
 from bench.stack import running_stack
 from bench.stats import Summary, ratio
-from shared.schema import now_iso
 from shared.settings import Settings
 from shared.storage import Database
 from shared.storage.engines import open_checkpointer, open_database
-from worker.graph import build_graph, read_system_prompt
-from worker.ledger import Ledger
-from worker.mcp_tools import McpToolbox, load_config
-from worker.model import build_model
-from worker.tool_policy import load_approvals, load_repeat
+from shared.storage.schema import now_iso
+from worker.agent.graph import build_graph, read_system_prompt
+from worker.agent.model import build_model
+from worker.tools.ledger import Ledger
+from worker.tools.mcp import McpToolbox, load_config
+from worker.tools.policy import load_approvals, load_repeat
 
 #: tool calls in the model's first answer of each run
 CALLS = 2

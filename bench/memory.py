@@ -3,7 +3,7 @@ with many open streams (issue 33).
 
 One stack of its own (Redis, the fake model, one worker, one API). Each process of the tree
 is named by its role: the worker, its MCP server, the API, the API's reader processes
-(api/readers.py), Redis; the fake model is the benchmark's, not the service's, and is left
+(api/http/readers.py), Redis; the fake model is the benchmark's, not the service's, and is left
 out. For each process: RSS (``VmRSS``, what the issue's figures and ``ps`` count: pages a
 process shares with another are counted in each) and PSS (``Pss`` of ``smaps_rollup``: a
 shared page split between the processes sharing it, so the tree's PSS adds up to the memory
@@ -101,7 +101,7 @@ def pss_bytes(pid: int) -> int:
 
 def _role(parent: str, pid: int) -> str:
     line = _cmdline(pid)
-    if "api.readers" in line:
+    if "api.http.readers" in line:
         return f"{parent}'s reader process"
     if "tools_server" in line or "mcp" in line:
         return f"{parent}'s MCP server"

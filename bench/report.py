@@ -512,8 +512,8 @@ WORKLOAD = """\
   (`tests/support/env.py`, `LOG_FORMAT=json`, the settings' defaults otherwise, except the
   per-client limits, `RATE_LIMIT_PER_MINUTE=0` and `MAX_STREAMS_PER_CLIENT=0`: one address
   carries the load of many users here).
-- **Floor**: the same `worker.graph.build_graph`, `ChatOllama` against the same fake, the same MCP
-  server through `worker.mcp_tools.McpToolbox`, LangGraph's own `AsyncSqliteSaver` (the worker's
+- **Floor**: the same `worker.agent.graph.build_graph`, `ChatOllama` against the same fake, the same MCP
+  server through `worker.tools.mcp.McpToolbox`, LangGraph's own `AsyncSqliteSaver` (the worker's
   `OneHopSaver` is one of the things the service adds: figure 18 measures the two side by side) on
   a connection opened by `worker.store.connect` (WAL, `synchronous=FULL`),
   `graph.astream(stream_mode=["messages", "tasks"], durability="sync")`, in the benchmark's
@@ -530,7 +530,7 @@ NOTES = """\
    over the runs of figures 1 and 5 (an idle queue: one run at a time). 2b uses the precise
    `enqueued_at` of the run's Redis hash and the worker's `run.started` log line, written after
    the run row is committed.
-3. With the worker stopped, a run is claimed with `shared.queue.submit_run` (it stays queued) and
+3. With the worker stopped, a run is claimed with `shared.redis.queue.submit_run` (it stays queued) and
    an SSE client subscribes to its conversation; the benchmark XADDs `token` entries `<n>-0` to
    the run's stream, each carrying `time.time()`, waits for the client to parse it, then
    sleeps 1–5 ms. Floor: a Redis `PING` from the same asyncio client, just before each XADD.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.http import MAX_HEADER_BYTES
+from api.http.parser import MAX_HEADER_BYTES
 from bench.client import BenchError, chat_once, http_client
 from bench.runs import MESSAGE
 from bench.stack import Stack, _children, cpu_seconds, running_stack

@@ -1,7 +1,7 @@
 """Figures measured on event streams alone, with no worker running: 3 (relay latency) and the
 API half of 6 (resident memory with 200 open streams).
 
-Runs are claimed with ``shared.queue.submit_run`` exactly as the API does, and stay
+Runs are claimed with ``shared.redis.queue.submit_run`` exactly as the API does, and stay
 queued (no worker takes them); the benchmark then writes their events itself with
 XADD, entry ids ``<n>-0`` and fields ``type``/``data``, as the worker would.
 """
@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from bench.client import BenchError, Client, http_client, sse
 from bench.stack import rss_bytes
-from shared.contracts import (
+from shared.contracts.wire import (
     ACTIVE_RUNS,
     QUEUE_NAME,
     JobKind,
@@ -31,7 +31,7 @@ from shared.contracts import (
     events_key,
     run_key,
 )
-from shared.queue import submit_run
+from shared.redis.queue import submit_run
 
 END_WAIT_SECONDS = 30.0
 

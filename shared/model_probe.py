@@ -2,7 +2,7 @@
 
 The worker looks once at start (and logs), the launcher prints the same line,
 readyz asks on every call, and a run failing with MODEL_UNAVAILABLE gives the
-same fix (worker/model_check.py): one wording for one problem, wherever it shows.
+same fix (worker/agent/model_check.py): one wording for one problem, wherever it shows.
 """
 
 from __future__ import annotations

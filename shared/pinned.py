@@ -8,8 +8,8 @@ refuses it unless every address is allowed, and connects to one of those very ad
 The URL is not rewritten, so the ``Host`` header and the TLS server name (SNI, and the
 certificate's check) stay the name's.
 
-Used by the fetch tool's MCP server (worker/fetch_server.py) and by webhooks
-(shared/webhooks.py, worker/webhooks.py). The rule of what is public is mcp-server-fetch's
+Used by the fetch tool's MCP server (worker/tools/fetch_server.py) and by webhooks
+(shared/contracts/webhooks.py, worker/schedule/webhooks.py). The rule of what is public is mcp-server-fetch's
 own (:func:`is_public_address`).
 """
 

@@ -244,7 +244,7 @@ class Settings:
     # and any number of workers (shared/storage). None: SQLite, one worker.
     database_url: str | None = None
     # Seconds a worker's lease on a run it executes lasts unless renewed (PostgreSQL only):
-    # a run whose lease lapsed is marked interrupted by any live worker (worker/leases.py).
+    # a run whose lease lapsed is marked interrupted by any live worker (worker/run/leases.py).
     run_lease_seconds: float = 30.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     ollama_host: str = "http://localhost:11434"
@@ -257,15 +257,15 @@ class Settings:
     # Runs of different conversations one worker executes at once (worker/__main__.py).
     worker_concurrency: int = 1
     # Seconds a tool call may wait for the user's decision before it is rejected by itself
-    # (worker/deadlines.py); None: wait for ever.
+    # (worker/schedule/deadlines.py); None: wait for ever.
     approval_timeout: float | None = None
-    # Days a conversation may stay idle before the worker deletes it (worker/retention.py);
+    # Days a conversation may stay idle before the worker deletes it (worker/upkeep/retention.py);
     # None: keep for ever.
     conversation_retention_days: float | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_token: str | None = None
-    # Serve without API_TOKEN on an address beyond loopback (api/auth.py refuses otherwise).
+    # Serve without API_TOKEN on an address beyond loopback (api/auth/bearer.py refuses otherwise).
     allow_unauthenticated: bool = False
     # Peers whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips): the
     # address that the per-client limits count.
@@ -276,10 +276,10 @@ class Settings:
     # Open event streams per client address, per API process; 0 turns the limit off.
     max_streams_per_client: int = 32
     # Web origins (scheme://host[:port]) whose pages may call the API from a browser: they
-    # get CORS headers and pass the browser guard (api/auth.py). Empty: same origin only.
+    # get CORS headers and pass the browser guard (api/auth/bearer.py). Empty: same origin only.
     cors_origins: tuple[str, ...] = ()
-    # Webhooks of Agent Protocol runs (shared/webhooks.py, worker/webhooks.py): plain http and
-    # loopback, private or link-local destinations are refused unless allowed here.
+    # Webhooks of Agent Protocol runs (shared/contracts/webhooks.py, worker/schedule/webhooks.py):
+    # plain http and loopback, private or link-local destinations are refused unless allowed here.
     webhook_allow_http: bool = False
     webhook_allow_private: bool = False
     # Attempts at delivering one run's webhook; the nth waits WEBHOOK_RETRY_SECONDS * 2**(n-2).
@@ -307,7 +307,7 @@ class Settings:
     mcp_call_timeout: float = 60.0
     mcp_start_timeout: float = 30.0
     model_timeout: float = 300.0
-    # Seconds a thread read or export may take in the API's reader processes (api/readers.py),
+    # Seconds a thread read or export may take in the API's reader processes (api/http/readers.py),
     # waiting for a free reader included; beyond it the read is stopped: 503 READ_TIMEOUT.
     read_timeout: float = 30.0
     # Seconds a reader process may stay idle before it is stopped (~90 MB each, bench figure 15);
@@ -318,8 +318,8 @@ class Settings:
     # pay (README, Configuration), msgspec did not, so json is the default codec.
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
-    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts.py)
-    api_http: str = "h11"  # auto, httptools or h11: the API's HTTP/1.1 parser (api/http.py)
+    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts/wire.py)
+    api_http: str = "h11"  # auto, httptools or h11: the API's HTTP/1.1 parser (api/http/parser.py)
     # Traces exported over OTLP (shared/tracing.py): on when OTEL_EXPORTER_OTLP_ENDPOINT or
     # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and neither OTEL_SDK_DISABLED nor
     # OTEL_TRACES_EXPORTER=none says otherwise); the SDK reads the other OTEL_* variables itself.
@@ -329,7 +329,7 @@ class Settings:
     fault_kill_after_checkpoint: int = 0
     # ... or right before its Nth checkpoint write (N=1: before the run's input is recorded).
     fault_kill_before_checkpoint: int = 0
-    # ... or right after its Nth commit of a tool call's outcome to the ledger (worker/ledger.py).
+    # ... or right after its Nth commit of a tool call's outcome to the ledger (worker/tools/ledger.py).
     fault_kill_after_outcome: int = 0
     # ... or hold a call of a tool at a point of its way through the ledger until killed from
     # outside: "before_intent:TOOL", "after_intent:TOOL" or "before_outcome:TOOL".

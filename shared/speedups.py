@@ -7,8 +7,8 @@ settings, so a choice that cannot be had (``uvloop`` when it is not installed) s
 the process at start-up with the variable named, like any other bad setting.
 
 None of them changes what crosses Redis or HTTP: an event loop, a reply parser and an HTTP
-parser bounded alike (api/http.py) are invisible on the wire, and the codec's output parses
-the same as ``json``'s (see :func:`shared.contracts.use_json_codec`). Bench figure 12
+parser bounded alike (api/http/parser.py) are invisible on the wire, and the codec's output parses
+the same as ``json``'s (see :func:`shared.contracts.wire.use_json_codec`). Bench figure 12
 measures each on and off.
 """
 
@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import DefaultParser
 from redis.utils import HIREDIS_AVAILABLE
 
-from shared import contracts
+from shared.contracts import wire as contracts
 from shared.settings import Settings, SettingsError
 
 

@@ -21,7 +21,7 @@ from langgraph_sdk.schema import Command
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from shared.contracts import (
+from shared.contracts.wire import (
     ACTIVE_RUNS,
     DeleteJob,
     JobKind,
@@ -31,8 +31,8 @@ from shared.contracts import (
     delete_claim,
     waiting_key,
 )
-from shared.queue import Submission, release_conversation, submit, submit_delete
-from shared.redis_protocol import scripts
+from shared.redis.queue import Submission, release_conversation, submit, submit_delete
+from shared.redis.scripts import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import tool_calls, wait_for_async
 from tests.support.env import SophosEnv
@@ -349,7 +349,7 @@ async def test_a_run_queued_behind_a_killed_run_still_runs(
 
 
 async def test_a_waiting_run_holds_the_conversation_until_its_turn(redis: Redis) -> None:
-    """The scripts alone (shared/queue.py, worker/turns.py): between the end of the run holding a
+    """The scripts alone (shared/redis/queue.py, worker/run/turns.py): between the end of the run holding a
     conversation and the turn of the run waiting behind it, nothing overtakes the waiting run;
     and a waiting run whose job is gone (arq dropped it) holds nothing back."""
     conversation = str(uuid.uuid4())

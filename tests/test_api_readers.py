@@ -23,7 +23,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from api.readers import Readers
+from api.http.readers import Readers
 from api.store import READER_PROCESSES
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for, wait_for_async
@@ -321,7 +321,7 @@ def test_the_runs_listing_asks_redis_one_command_per_queued_run_at_most(
 def _a_reply_that_trickles_on() -> None:
     """Run in a reader: start a reply that never ends, sent a byte at a time by a child of the
     reader, which outlives it (it holds the reader's socket) until the API's end is closed."""
-    fd = int(sys.argv[1])  # the reader's socket (api/readers.py ``serve``)
+    fd = int(sys.argv[1])  # the reader's socket (api/http/readers.py ``serve``)
     os.write(fd, struct.pack("!i", 1 << 20))
     if os.fork() == 0:
         with contextlib.suppress(OSError):

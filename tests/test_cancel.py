@@ -18,7 +18,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts import cancel_key
+from shared.contracts.wire import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, read_sse, read_sse_async, tool_calls, tool_log, wait_for
 from tests.support.env import SophosEnv
@@ -124,7 +124,7 @@ async def test_a_cancel_mid_answer_ends_the_run_at_once_and_keeps_what_was_strea
 async def test_a_cancel_during_a_slow_tool_call_answers_the_calls_as_stopped(
     env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    # Two calls in one step, a task each (worker/graph.py): echo returns at once, slow takes 3 s.
+    # Two calls in one step, a task each (worker/agent/graph.py): echo returns at once, slow takes 3 s.
     model.script(
         ToolCalls([("tools__echo", {"text": "quick"}), ("tools__slow", {"seconds": 3.0})]),
         ToolCalls([("tools__echo", {"text": "still works"})]),

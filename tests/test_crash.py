@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
-from shared.queue import submit_run
+from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv

@@ -22,9 +22,9 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
-from shared.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
-from shared.queue import submit_run
+from shared.contracts.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
+from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.redis.queue import submit_run
 from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate
 from shared.storage.sqlite import SqliteDatabase
@@ -33,7 +33,7 @@ from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
-from worker.crons import LONGEST_SLEEP_SECONDS, CronTicker, create
+from worker.schedule.crons import LONGEST_SLEEP_SECONDS, CronTicker, create
 
 EVERY_2S = "*/2 * * * * *"
 SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'

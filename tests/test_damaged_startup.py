@@ -20,12 +20,12 @@ import redis as redis_sync
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from shared.contracts import ACTIVE_RUNS, events_key
+from shared.contracts.wire import ACTIVE_RUNS, events_key
 from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, integrity
-from worker.recovery import input_recorded
+from worker.run.recovery import input_recorded
 
 pytestmark = pytest.mark.fault
 

@@ -1,4 +1,4 @@
-"""A run ends in one place (worker/ending.py): a pending interrupt means ``waiting``, whatever ended it.
+"""A run ends in one place (worker/run/ending.py): a pending interrupt means ``waiting``, whatever ended it.
 
 Real worker, API, Redis, SQLite and the fake tools server. Each test fails on the
 code before the ending was one: the approval was lost when the decision's run did
@@ -14,8 +14,8 @@ import uuid
 
 from redis.asyncio import Redis
 
-from shared.contracts import JobKind, RunJob, cancel_key
-from shared.queue import submit_run
+from shared.contracts.wire import JobKind, RunJob, cancel_key
+from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv

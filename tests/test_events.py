@@ -23,7 +23,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts import ACTIVE_RUNS, EventType, events_key
+from shared.contracts.wire import ACTIVE_RUNS, EventType, events_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
     SseEvent,
@@ -34,8 +34,8 @@ from tests.support.client import (
     wait_for_async,
 )
 from tests.support.env import SophosEnv
-from worker import events as events_module
-from worker.events import FLUSH_TIMEOUT, EventPublisher
+from worker.run import events as events_module
+from worker.run.events import FLUSH_TIMEOUT, EventPublisher
 
 #: Per-client limits (issue 7) would refuse a test that opens hundreds of streams from 127.0.0.1.
 NO_LIMITS = {"RATE_LIMIT_PER_MINUTE": 0, "MAX_STREAMS_PER_CLIENT": 0}
@@ -664,8 +664,8 @@ async def test_a_relay_behind_its_feed_reads_redis_and_misses_nothing(redis: Red
     here) and catches up from the stream itself; the feed's reader stops once it is done."""
     import threading
 
-    from api.feed import Feeds
-    from api.relay import Relay
+    from api.chat.feed import Feeds
+    from api.chat.relay import Relay
 
     feeds = Feeds(redis, capacity=10)
     replays = 0

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from shared.contracts import (
+from shared.contracts.wire import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
@@ -30,7 +30,7 @@ from shared.contracts import (
     arq_job_key,
     run_key,
 )
-from shared.metrics import (
+from shared.redis.metrics import (
     BUCKETS,
     CHECKPOINT_WRITE,
     FIRST_TOKEN,
@@ -50,7 +50,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Status, ToolCalls
 from tests.support.client import get_json, wait_for
 from tests.support.env import SophosEnv
 from tests.support.faults import DatabaseLock, accepted
-from worker.sweep import SWEEP_SECONDS
+from worker.upkeep.sweep import SWEEP_SECONDS
 
 RUNS = 240
 #: Runs cancelled while queued, and while running.

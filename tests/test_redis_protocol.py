@@ -1,7 +1,7 @@
 """One home for the Redis protocol (issue 11, part 7): scripts by SHA, one terminal event shape.
 
 Real worker, API and Redis. Every script the service runs is registered once per
-Redis client (shared/redis_protocol.py) and sent as ``EVALSHA``; a Redis whose
+Redis client (shared/redis/scripts.py) and sent as ``EVALSHA``; a Redis whose
 script cache was emptied (``SCRIPT FLUSH``, as a restart does) is served by
 redis-py loading the script again, alone or inside a pipeline. The terminal
 event, whichever of its producers wrote it (the worker, the cancel script, the
@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from shared.contracts import JobKind, RunJob, arq_job_key, events_key, run_key
-from shared.events import body, event_type, terminal_event
-from shared.queue import submit_run
+from shared.contracts.events import body, event_type, terminal_event
+from shared.contracts.wire import JobKind, RunJob, arq_job_key, events_key, run_key
+from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text
 from tests.support.client import chat, read_sse, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
-from worker.sweep import SWEEP_SECONDS
+from worker.upkeep.sweep import SWEEP_SECONDS
 
 STREAM_TIMEOUT = 30.0
 
@@ -192,7 +192,7 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
 def test_the_scripts_end_a_run_only_through_the_one_lua_ending() -> None:
     """A script that appends to a run's stream does it through ``end_run`` (the fields of
     :func:`terminal_event`), never with an XADD of its own."""
-    from shared import redis_protocol
+    from shared.redis import scripts as redis_protocol
 
     texts = {name: text for name, text in vars(redis_protocol).items() if name.endswith("_LUA")}
     ending = {name for name, text in texts.items() if "end_run(" in text.replace(redis_protocol.END_LUA, "")}

@@ -27,8 +27,8 @@ from shared.settings import Settings, SettingsError, redact_url
 from tests.support.client import get_json, post_chat, read_sse
 from tests.support.env import SophosEnv
 from tests.support.ports import free_port
-from worker import fetch_server
-from worker.model_check import unavailable_message
+from worker.agent.model_check import unavailable_message
+from worker.tools import fetch_server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -261,7 +261,7 @@ async def test_a_name_that_rebinds_between_check_and_connect_never_reaches_loopb
 ) -> None:
     url = f"http://rebind.sophos.test:{loopback_page}/secret"
     # The control: mcp-server-fetch alone checks the first answer and connects to the second.
-    # (Should it ever stop doing so, worker/fetch_server.py may no longer be needed.)
+    # (Should it ever stop doing so, worker/tools/fetch_server.py may no longer be needed.)
     resolver.answers["rebind.sophos.test"] = [(PUBLIC,), ("127.0.0.1",)]
     content, _ = await upstream.fetch_url(url, "sophos-test")
     assert "inside" in content and len(_Loopback.hits) == 1, _Loopback.hits
@@ -295,5 +295,5 @@ async def test_a_name_that_rebinds_between_check_and_connect_never_reaches_loopb
 
 def test_the_shipped_config_runs_the_pinned_fetch_server() -> None:
     fetch = json.loads((REPO / "config" / "mcp.json").read_text())["mcpServers"]["fetch"]
-    assert fetch["args"][:2] == ["-m", "worker.fetch_server"], fetch
+    assert fetch["args"][:2] == ["-m", "worker.tools.fetch_server"], fetch
     assert "--allow-private-ips" not in fetch["args"]

@@ -32,9 +32,9 @@ import pytest
 import redis as redis_sync
 from redis.asyncio import Redis
 
-from api.auth import exposure_problem, is_loopback
-from shared.contracts import QUEUE_NAME, JobKind, RunJob, arq_job_key
-from shared.queue import submit_run
+from api.auth.bearer import exposure_problem, is_loopback
+from shared.contracts.wire import QUEUE_NAME, JobKind, RunJob, arq_job_key
+from shared.redis.queue import submit_run
 from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, post_chat, read_sse, wait_for

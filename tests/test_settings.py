@@ -100,7 +100,7 @@ def test_msgspec_codec_parses_the_same_as_json() -> None:
     import json
     import math
 
-    from shared import contracts
+    from shared.contracts import wire as contracts
 
     values = [
         {"step": 1, "node": "agent", "name": "tools__echo", "data": {"text": "é \u2028 </script> \x00"}},

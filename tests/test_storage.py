@@ -32,13 +32,13 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
 from redis.asyncio import Redis
 
-from shared.contracts import dumps, events_key
-from shared.thread import reader_graph
+from shared.contracts.wire import dumps, events_key
+from shared.storage.thread import reader_graph
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, read_sse, tool_calls
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
 from tests.support.faults import accepted
-from worker.graph import build_graph
+from worker.agent.graph import build_graph
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pre-delta.db"
 

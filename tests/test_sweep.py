@@ -24,7 +24,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts import (
+from shared.contracts.wire import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
@@ -40,15 +40,15 @@ from shared.contracts import (
     taken_key,
     worker_heartbeat_key,
 )
-from shared.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
-from shared.queue import drop_unstarted, submit_run
+from shared.redis.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
+from shared.redis.queue import drop_unstarted, submit_run
 from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.faults import accepted
 from worker.store import RunStore
-from worker.sweep import SWEEP_SECONDS, ClaimSweep
+from worker.upkeep.sweep import SWEEP_SECONDS, ClaimSweep
 
 #: A few sweep intervals, generous for a loaded machine.
 SWEPT_WITHIN = SWEEP_SECONDS * 4

@@ -1,7 +1,7 @@
 """``python -m worker``: the single worker process. ``python -m worker --check``: is one alive?
 
 ``python -m worker --copy-to postgresql://…``: copy the SQLite database into an empty
-PostgreSQL one (worker/copy.py).
+PostgreSQL one (worker/upkeep/copy.py).
 
 SIGTERM / SIGINT: stop taking jobs, ask the run in progress to stop at its next
 step boundary (``RunControl.request_drain``), wait up to SHUTDOWN_TIMEOUT, then
@@ -50,12 +50,12 @@ def main() -> int:
 
     configure_logging(settings.log_format, trace_ids=settings.tracing)
     if sys.argv[1:2] == ["--copy-to"]:
-        from worker.copy import copy_to
+        from worker.upkeep.copy import copy_to
 
         return copy_to(settings, sys.argv[2:])
     from shared import tracing
 
-    # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/leases.py).
+    # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/run/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
         if single_writer(settings):
@@ -77,8 +77,8 @@ def main() -> int:
 async def serve(settings: Settings, speedups: Speedups) -> None:
     from arq.connections import RedisSettings
 
-    from shared.contracts import QUEUE_NAME, dumps, loads
-    from shared.redis import RETRY_ON, retry_policy
+    from shared.contracts.wire import QUEUE_NAME, dumps, loads
+    from shared.redis.connection import RETRY_ON, retry_policy
     from worker.wakeup import WakeableWorker
 
     def redis_settings(url: str) -> RedisSettings:

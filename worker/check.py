@@ -19,9 +19,9 @@ import time
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.liveness import Beat, Liveness, read_liveness
-from shared.schema import iso_from_timestamp
+from shared.redis.liveness import Beat, Liveness, read_liveness
 from shared.settings import Settings, SettingsError
+from shared.storage.schema import iso_from_timestamp
 
 CONNECT_SECONDS = 3.0
 

@@ -8,7 +8,7 @@ together), with
 ``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it (once the step's task
 results are saved): exactly what ``kill -9`` at that instant would do. With
 ``SOPHOS_FAULT_KILL_AFTER_OUTCOME=N`` it dies right after its Nth commit of a tool
-call's outcome to the ledger (worker/ledger.py), before LangGraph saves the call's
+call's outcome to the ledger (worker/tools/ledger.py), before LangGraph saves the call's
 task writes: the window where only the ledger knows the call ran.
 
 The other points of a tool call's way through the ledger are held, not killed:

@@ -10,21 +10,21 @@ from arq import func
 from arq.worker import Function
 
 from shared import tracing
-from shared.contracts import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob, RunStatus
-from shared.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
+from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
+from shared.contracts.webhooks import WEBHOOK_FUNCTION
+from shared.contracts.wire import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob, RunStatus
 from shared.settings import Settings
-from shared.webhooks import WEBHOOK_FUNCTION
-from worker.crons import cron_create_job, cron_delete_job
-from worker.deletion import delete_job
-from worker.renaming import rename_job
 from worker.resources import worker_resources
-from worker.runs import RunService
-from worker.turns import TURN_TRIES, take_turn
-from worker.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
+from worker.run.service import RunService
+from worker.run.turns import TURN_TRIES, take_turn
+from worker.schedule.crons import cron_create_job, cron_delete_job
+from worker.schedule.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
+from worker.upkeep.deletion import delete_job
+from worker.upkeep.renaming import rename_job
 
 
 async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """Decode, bind log and trace context, take the run's turn (worker/turns.py), hand over to
+    """Decode, bind log and trace context, take the run's turn (worker/run/turns.py), hand over to
     the run service."""
     job = RunJob.from_dict(payload)
     with structlog.contextvars.bound_contextvars(
@@ -57,13 +57,13 @@ async def on_shutdown(ctx: dict[str, Any]) -> None:
 def functions(settings: Settings) -> list[Function]:
     # A run is never retried by arq behind the user's back: execute_run returns
     # without doing anything for a run that already started (see RunService.execute). Its
-    # tries are many only for a run waiting for its turn, deferred once per look (worker/turns.py).
+    # tries are many only for a run waiting for its turn, deferred once per look (worker/run/turns.py).
     return [
         func(execute_run, name=JOB_FUNCTION, max_tries=TURN_TRIES),
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
         # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job
-        # started again after a kill record its failure (worker/webhooks.py).
+        # started again after a kill record its failure (worker/schedule/webhooks.py).
         func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),
         func(cron_create_job, name=CRON_CREATE_FUNCTION),
         func(cron_delete_job, name=CRON_DELETE_FUNCTION),

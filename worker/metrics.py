@@ -6,8 +6,8 @@ the checkpointer (:class:`TimedCheckpoints`) time their calls with :func:`timed`
 LangGraph runs each node, and each task's checkpoint writes, in a task that copies the
 context of the run, so the batch and the clock reach them without being passed along.
 The run service writes the batch to Redis at step boundaries and at the run's end, so
-timing costs no round trip of its own (see shared/metrics.py); the clock's totals are
-recorded with the run's outcome (its breakdown, shared/rows.py).
+timing costs no round trip of its own (see shared/redis/metrics.py); the clock's totals are
+recorded with the run's outcome (its breakdown, shared/storage/rows.py).
 
 Why not a LangChain callback handler: an async handler in a run's config is
 awaited for every streamed token and every chain start and end, which cost the
@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from shared.metrics import CHECKPOINT_WRITE, MODEL_CALL, TOOL_CALL, MetricBatch
-from shared.rows import Breakdown
+from shared.redis.metrics import CHECKPOINT_WRITE, MODEL_CALL, TOOL_CALL, MetricBatch
+from shared.storage.rows import Breakdown
 
 #: the part of a run's breakdown each timed call counts towards
 PARTS = {MODEL_CALL: "model", TOOL_CALL: "tools", CHECKPOINT_WRITE: "database"}

@@ -17,30 +17,30 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
-from shared.liveness import connection_name, new_worker_id
-from shared.redis import connection_kwargs
-from shared.redis_protocol import scripts
+from shared.contracts.wire import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
+from shared.redis.connection import connection_kwargs
+from shared.redis.liveness import connection_name, new_worker_id
+from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
-from worker.crons import CronTicker
-from worker.deadlines import ApprovalDeadlines
+from worker.agent.graph import build_graph, read_system_prompt
+from worker.agent.model import build_model
+from worker.agent.model_calls import ModelCalls
+from worker.agent.model_check import report_model
 from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
-from worker.graph import build_graph, read_system_prompt
-from worker.leases import Leases
-from worker.ledger import Ledger
-from worker.mcp_tools import McpToolbox, load_config
 from worker.metrics import TimedCheckpoints
-from worker.model import build_model
-from worker.model_calls import ModelCalls
-from worker.model_check import report_model
-from worker.recovery import recover
-from worker.retention import Retention
-from worker.runs import RunService
+from worker.run.leases import Leases
+from worker.run.recovery import recover
+from worker.run.service import RunService
+from worker.schedule.crons import CronTicker
+from worker.schedule.deadlines import ApprovalDeadlines
 from worker.store import RunStore
-from worker.sweep import ClaimSweep
-from worker.tool_policy import load_approvals, load_repeat
+from worker.tools.ledger import Ledger
+from worker.tools.mcp import McpToolbox, load_config
+from worker.tools.policy import load_approvals, load_repeat
+from worker.upkeep.retention import Retention
+from worker.upkeep.sweep import ClaimSweep
 
 log = structlog.get_logger(__name__)
 
@@ -170,7 +170,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         # The lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
         worker_id = store.owner or new_worker_id()
         # Beats go over a connection of their own, named, so readers see at once that this process
-        # is gone (shared/liveness.py): Redis drops it when the process dies.
+        # is gone (shared/redis/liveness.py): Redis drops it when the process dies.
         beating = Redis.from_url(
             settings.redis_url, client_name=connection_name(worker_id), **connection_kwargs()
         )

@@ -1,6 +1,6 @@
 """The worker's writes to the application tables (conversations, runs), on either engine.
 
-(The ledger of tool calls writes its own table, worker/ledger.py; its rows are deleted here
+(The ledger of tool calls writes its own table, worker/tools/ledger.py; its rows are deleted here
 with their conversation.)
 
 Written once against :class:`shared.storage.Database` (SQLite's writer connection, or a
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from shared.contracts import JobKind, RunJob, RunStatus
-from shared.liveness import new_worker_id
-from shared.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
-from shared.schema import iso_from_timestamp, now_iso
+from shared.contracts.wire import JobKind, RunJob, RunStatus
+from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
 from shared.storage.engines import open_database
 from shared.storage.leases import NOW, LeaseLost
+from shared.storage.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
+from shared.storage.schema import iso_from_timestamp, now_iso
 from shared.storage.sqlite import connect, end_failed_transaction
 
 __all__ = ["RunRow", "RunStore", "connect", "end_failed_transaction", "is_database_unavailable"]
@@ -30,7 +30,7 @@ class RunStore:
     """The runs and conversations one worker records.
 
     On PostgreSQL the worker is one of many: ``owner`` names it, a run it starts is leased to
-    it for ``lease_seconds`` (renewed by worker/leases.py), and the outcome it records lands
+    it for ``lease_seconds`` (renewed by worker/run/leases.py), and the outcome it records lands
     only while it still holds that lease (else :class:`LeaseLost`: another worker has taken
     the run over and recorded it). On SQLite ``owner`` is None: the writer lock is the owner.
     """
@@ -189,13 +189,13 @@ class RunStore:
             )
 
     async def delete_conversation(self, conversation_id: str) -> list[str]:
-        """Delete the conversation's row, its runs' and its tool calls' (the ledger, worker/ledger.py)
+        """Delete the conversation's row, its runs' and its tool calls' (the ledger, worker/tools/ledger.py)
         in one transaction; return those runs' ids."""
         async with self.db.transaction() as tx:
             rows = await tx.fetchall("SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,))
             run_ids = [str(row[0]) for row in rows]
             await tx.execute("DELETE FROM tool_calls WHERE conversation_id = ?", (conversation_id,))
-            # Its crons go with it: none fires on a thread that is gone (worker/crons.py).
+            # Its crons go with it: none fires on a thread that is gone (worker/schedule/crons.py).
             await tx.execute("DELETE FROM crons WHERE thread_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))

@@ -29,8 +29,8 @@ from arq.worker import Worker
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from shared.contracts import WAKE_LIST
-from shared.redis_protocol import scripts
+from shared.contracts.wire import WAKE_LIST
+from shared.redis.scripts import scripts
 from shared.speedups import use_parser
 
 

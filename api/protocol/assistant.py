@@ -1,6 +1,6 @@
 """What Studio asks of the one assistant, ``agent``: its graph and its schemas.
 
-The graph is the agent's shape as the API knows it (shared.thread ``reader_graph``: the worker's
+The graph is the agent's shape as the API knows it (shared.storage.thread ``reader_graph``: the worker's
 nodes and edges, without their work), drawn by LangGraph. The schemas say what the protocol
 takes and gives, written out: a run's input is one new user message (api/protocol/runs.py
 ``message_of``), the state is the thread's messages. LangGraph cannot derive them here
@@ -54,7 +54,7 @@ def graph() -> dict[str, Any]:
     # LangGraph is loaded here, by Studio's first request for the graph, not with the API.
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from shared.thread import reader_graph
+    from shared.storage.thread import reader_graph
 
     drawn: dict[str, Any] = reader_graph(InMemorySaver()).get_graph().to_json()
     return drawn

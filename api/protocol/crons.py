@@ -2,7 +2,7 @@
 ``delete`` (docs/agent-protocol.md, "Crons").
 
 The API never writes the database: a cron is stored and deleted by a worker, through a job
-(``cron_create``, ``cron_delete``: shared/crons.py, worker/crons.py), as a rename is. The
+(``cron_create``, ``cron_delete``: shared/contracts/crons.py, worker/schedule/crons.py), as a rename is. The
 request validates first (a bad schedule, input or parameter is 422 and enqueues nothing), then
 waits up to :data:`CRON_WAIT_SECONDS` for the worker's word; without it the job stays queued,
 and the cron is stored when a worker takes it. Search and the existence check of a delete read
@@ -24,14 +24,14 @@ from litestar.di import Provide
 from litestar.params import Parameter
 from redis.asyncio import Redis
 
-from api.conversations import Conversations
-from api.ids import new_id, parse_id
-from api.openapi import errors
+from api.conversations.views import Conversations
+from api.http.ids import new_id, parse_id
+from api.http.openapi import errors
 from api.protocol.runs import ASSISTANT_ID, assistant_of, message_of
 from api.protocol.threads import Threads, thread_id_of
 from api.resources import Resources
 from api.store import Store
-from shared.crons import (
+from shared.contracts.crons import (
     CRON_CREATE_FUNCTION,
     CRON_DELETE_FUNCTION,
     CronCreate,
@@ -43,7 +43,7 @@ from shared.crons import (
     submit_cron_job,
 )
 from shared.errors import BadRequest, DatabaseUnavailable, NotFound
-from shared.schema import iso_from_timestamp
+from shared.storage.schema import iso_from_timestamp
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.types import ExceptionHandlersMap
 
-from api.errors import exception_handlers
+from api.http.errors import exception_handlers
 
 Handler = Callable[[Request[Any, Any, Any], Any], Response[Any]]
 

@@ -1,4 +1,4 @@
-"""Forks and rollbacks through the Agent Protocol, mapped onto Sophos's branches (api/branches.py).
+"""Forks and rollbacks through the Agent Protocol, mapped onto Sophos's branches (api/chat/branches.py).
 
 **A fork** (``checkpoint_id``, or ``checkpoint: {"checkpoint_id": ...}``, on a run) starts the run
 from that checkpoint of the thread instead of its latest: the worker runs it from there
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from api.branches import thread_at
-from api.cancel import cancel_run
-from api.chat import ChatService
-from api.runs import Runs
+from api.chat.branches import thread_at
+from api.chat.submit import ChatService
+from api.runs.cancel import cancel_run
+from api.runs.views import Runs
 from api.store import Store
 from shared.errors import (
     ApprovalPending,

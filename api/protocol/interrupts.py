@@ -1,8 +1,8 @@
 """Sophos's approvals in langchain's ``HumanInTheLoopMiddleware`` shapes, which agent-chat-ui renders.
 
 Pure: no I/O. A thread waiting for a decision has one or more pending interrupts whose value is
-Sophos's own ``{"requests": [{id, name, arguments, kind, attempts?}]}`` (worker/graph.py for the
-configured approvals, worker/ledger.py for calls that may already have run). The protocol shows
+Sophos's own ``{"requests": [{id, name, arguments, kind, attempts?}]}`` (worker/agent/graph.py for the
+configured approvals, worker/tools/ledger.py for calls that may already have run). The protocol shows
 each as :func:`hitl_value`::
 
     {"action_requests": [{"name", "args", "description"}],
@@ -11,7 +11,7 @@ each as :func:`hitl_value`::
 and takes the answer as ``command: {"resume": {"decisions": [...]}}``, one decision per request
 in the order shown (across the pending interrupts, in the state's order), or as a map of
 interrupt id to ``{"decisions": [...]}``. :func:`decisions_of` turns either into Sophos's
-decisions (:class:`~api.schemas.DecisionBody`, keyed by tool call id), which go through the
+decisions (:class:`~api.http.schemas.DecisionBody`, keyed by tool call id), which go through the
 native decision path (``ChatService.submit``): the same checks, acted on once.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from api.schemas import DecisionBody
+from api.http.schemas import DecisionBody
 from shared.errors import BadRequest
 
 ALLOWED_DECISIONS: Final = ("approve", "edit", "reject")
@@ -62,7 +62,9 @@ def hitl_value(value: Any) -> Any:
 
 
 def interrupts_of(pending: Pending) -> list[dict[str, Any]]:
-    """The SDK's ``Interrupt`` for each pending interrupt (``pending``: shared.thread.pending_interrupts)."""
+    """The SDK's ``Interrupt`` for each pending interrupt.
+
+    ``pending``: shared.storage.thread.pending_interrupts."""
     return [{"value": hitl_value({"requests": requests}), "id": i} for i, requests in pending]
 
 

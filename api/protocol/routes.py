@@ -14,9 +14,10 @@ from litestar.di import Provide
 from litestar.params import HeaderParameter, Parameter
 from litestar.response import Stream
 
-from api import metrics
-from api.conversations import Conversations
-from api.openapi import errors
+from api.chat.routes import SSE_HEADERS, SSE_MEDIA_TYPE
+from api.conversations.views import Conversations
+from api.http.openapi import errors
+from api.ops import metrics
 from api.protocol.assistant import graph as agent_graph
 from api.protocol.assistant import schemas
 from api.protocol.crons import CronsController
@@ -34,7 +35,6 @@ from api.protocol.threads import (
 )
 from api.protocol.translate import after_id, stream_modes
 from api.resources import Resources
-from api.routes_chat import SSE_HEADERS, SSE_MEDIA_TYPE
 from shared.errors import BadRequest
 
 log = structlog.get_logger(__name__)

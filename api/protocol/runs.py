@@ -5,9 +5,9 @@ a run with no input resumes the thread (``POST /api/chat {resume: true}``). Eith
 ``ChatService.submit_to_thread``: the same checks, the same atomic one-run-per-conversation
 claim (a busy thread is 409, the ``reject`` strategy), the same queue and worker. What the
 protocol adds to a run, its metadata, stream modes and webhook, is a Redis record beside it
-(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``; shared/protocol.py reads it). A
+(``protocol_run_key``, kept ``PROTOCOL_RUN_RETENTION_SECONDS``; shared/contracts/protocol.py reads it). A
 webhook is checked here, before anything is submitted, and delivered by the worker once the run
-ended (shared/webhooks.py).
+ended (shared/contracts/webhooks.py).
 """
 
 from __future__ import annotations
@@ -22,31 +22,30 @@ import msgspec
 import structlog
 from redis.asyncio import Redis
 
-from api import live
-from api.cancel import cancel_run
-from api.chat import ChatService
-from api.ids import parse_id
+from api.chat.relay import run_of_conversation
+from api.chat.submit import ChatService
+from api.http.ids import parse_id
+from api.http.schemas import ChatAccepted, ChatRequest, RunInfo
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
-from api.relay import run_of_conversation
-from api.runs import Runs, from_queued
-from api.schemas import ChatAccepted, ChatRequest, RunInfo
-from shared.contracts import PROTOCOL_RUN_RETENTION_SECONDS, JobKind, protocol_run_key, text_of
+from api.runs.cancel import cancel_run
+from api.runs.views import Runs, from_queued, live
+from shared.contracts.protocol import ASSISTANT_ID as ASSISTANT_ID
+from shared.contracts.protocol import RunRecord, sdk_run
+from shared.contracts.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
+from shared.contracts.wire import PROTOCOL_RUN_RETENTION_SECONDS, JobKind, protocol_run_key, text_of
 from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
-from shared.protocol import ASSISTANT_ID as ASSISTANT_ID
-from shared.protocol import RunRecord, sdk_run
-from shared.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
 
 log = structlog.get_logger(__name__)
 
 RUNS_LIST_MAX = 1000
 #: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
 #: thread, then start), ``rollback`` (the same, from where the cancelled run started:
-#: api/protocol/forks.py) and ``enqueue`` (wait behind it, in the queue: shared/queue.py)
+#: api/protocol/forks.py) and ``enqueue`` (wait behind it, in the queue: shared/redis/queue.py)
 MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback", "enqueue")
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
@@ -159,7 +158,7 @@ class Options:
     metadata: dict[str, Any]
     stream_mode: tuple[str, ...]
     multitask_strategy: str = "reject"
-    #: its webhook's delivery, when it has one (shared/webhooks.py)
+    #: its webhook's delivery, when it has one (shared/contracts/webhooks.py)
     webhook: dict[str, Any] | None = None
 
     @classmethod
@@ -291,7 +290,7 @@ class ProtocolRuns:
                 "metadata": msgspec.json.encode(options.metadata).decode(),
                 "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
                 "multitask_strategy": options.multitask_strategy,
-                # Whatever ends the run enqueues its delivery (shared/webhooks.py).
+                # Whatever ends the run enqueues its delivery (shared/contracts/webhooks.py).
                 **({"webhook": webhook} if webhook is not None else {}),
             })
             pipe.expire(key, PROTOCOL_RUN_RETENTION_SECONDS)

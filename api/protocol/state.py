@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from api.protocol.interrupts import hitl_value
-from shared.protocol import plain as _plain
-from shared.protocol import values_of as values_of
+from shared.contracts.protocol import plain as _plain
+from shared.contracts.protocol import values_of as values_of
 
 # Imported by the functions, which run in a reader process: the API's main process, which only
 # names them, never loads LangGraph (api/store.py).
@@ -119,7 +119,7 @@ def pending_of(
     graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
 ) -> list[tuple[str, list[dict[str, Any]]]]:
     """In a reader process: the thread's pending interrupts that ask for decisions, with their
-    requests (``shared.thread.pending_interrupts``), to map ``command.resume`` onto."""
-    from shared.thread import pending_interrupts
+    requests (``shared.storage.thread.pending_interrupts``), to map ``command.resume`` onto."""
+    from shared.storage.thread import pending_interrupts
 
     return pending_interrupts(graph.get_state(config))

@@ -1,5 +1,5 @@
 """Sophos's run and conversation statuses as the Agent Server's, derived here and nowhere else
-(the runs' table lives in shared/protocol.py, which the worker's webhooks read too).
+(the runs' table lives in shared/contracts/protocol.py, which the worker's webhooks read too).
 
 docs/agent-protocol.md has the table; tests/test_agent_protocol.py holds it to these functions.
 """
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from api.schemas import ConversationInfo
-from shared.contracts import RunStatus
-from shared.protocol import SDK_RUN_STATUS
-from shared.protocol import SdkRunStatus as SdkRunStatus
+from api.http.schemas import ConversationInfo
+from shared.contracts.protocol import SDK_RUN_STATUS
+from shared.contracts.protocol import SdkRunStatus as SdkRunStatus
+from shared.contracts.wire import RunStatus
 
 SdkThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 
-#: the table lives in shared/protocol.py: the worker's webhook says the same status
+#: the table lives in shared/contracts/protocol.py: the worker's webhook says the same status
 _RUN = SDK_RUN_STATUS
 
 RUN_STATUSES: frozenset[str] = frozenset(_RUN.values()) | {"timeout"}

@@ -1,6 +1,6 @@
 """A run's event stream in the Agent Server's shape: the native relay, translated.
 
-The relay (api/relay.py) does the hard part exactly as for ``GET /api/chat``: one reader of the
+The relay (api/chat/relay.py) does the hard part exactly as for ``GET /api/chat``: one reader of the
 run's Redis Stream per API process, replay from any id, pings, the rebuilt ending of a run
 whose stream expired, the end of streams when the server drains. Its output is the native SSE
 (docs/events.md); :class:`ProtocolStream` reads it back event by event and passes each through
@@ -19,12 +19,12 @@ import msgspec
 import structlog
 from litestar.response import ServerSentEventMessage
 
-from api.cancel import cancel_run
+from api.chat.relay import PING, Ending, Relay
 from api.protocol.interrupts import hitl_value, interrupts_of
 from api.protocol.state import pending_of, thread_state, values_with_interrupts
 from api.protocol.translate import VALUES, Asked, Part, Translator, is_terminal, number
-from api.relay import PING, Ending, Relay
 from api.resources import Resources
+from api.runs.cancel import cancel_run
 from shared.errors import SophosError
 
 log = structlog.get_logger(__name__)

@@ -6,7 +6,7 @@ thread (status ``idle``, no values); the first run creates its conversation unde
 (``ChatService.submit_to_thread``), and from then on the conversation is the thread and the
 record only keeps its metadata (the database has no column for it). A conversation started on
 the native routes is a thread too, with empty metadata. Deleting the conversation, by either
-route or by retention, deletes the record (worker/deletion.py).
+route or by retention, deletes the record (worker/upkeep/deletion.py).
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from api import live
-from api.conversations import Conversations, queued_only, summary
-from api.deletion import Deletions
-from api.ids import new_id, parse_id
+from api.conversations.deletion import Deletions
+from api.conversations.views import Conversations, queued_only, summary
+from api.http.ids import new_id, parse_id
+from api.http.schemas import ConversationInfo
+from api.http.timefmt import iso_from_timestamp
 from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status
-from api.schemas import ConversationInfo
+from api.runs import live
 from api.store import ConversationRow, Store
-from api.timefmt import iso_from_timestamp
-from shared.contracts import PROTOCOL_THREADS, protocol_thread_key
+from shared.contracts.wire import PROTOCOL_THREADS, protocol_thread_key
 from shared.errors import BadRequest, NotFound, ThreadExists
 
 log = structlog.get_logger(__name__)

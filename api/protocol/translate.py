@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from api.protocol.status import run_status
-from shared.contracts import AGENT, TOOLS, EventType, RunStatus, text_of
+from shared.contracts.protocol import DEFAULT_STREAM_MODES as DEFAULT_STREAM_MODES
+from shared.contracts.protocol import GRAPH_ID as GRAPH_ID
+from shared.contracts.wire import AGENT, TOOLS, EventType, RunStatus, text_of
 from shared.errors import BadRequest
-from shared.protocol import DEFAULT_STREAM_MODES as DEFAULT_STREAM_MODES
-from shared.protocol import GRAPH_ID as GRAPH_ID
 
 #: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events)
 STREAM_MODES: Final = ("values", "updates", "messages-tuple", "custom")

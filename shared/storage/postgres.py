@@ -1,7 +1,7 @@
 """The PostgreSQL side (``DATABASE_URL=postgresql://…``): pools, migrations, the fenced saver.
 
 Any number of workers on any hosts write the same database, each run owned by the worker
-holding its lease (``runs.lease_owner`` / ``runs.lease_expires``, worker/leases.py). What
+holding its lease (``runs.lease_owner`` / ``runs.lease_expires``, worker/run/leases.py). What
 makes that safe is here:
 
 - **Migrations** run under an advisory lock, so workers starting together apply each one
@@ -32,9 +32,9 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from shared.schema import MIGRATIONS
 from shared.storage import Dialect, Tx
 from shared.storage.leases import CURRENT_LEASE, LeaseLost
+from shared.storage.schema import MIGRATIONS
 
 log = structlog.get_logger(__name__)
 

@@ -4,7 +4,7 @@ A reader (:class:`SqliteReader`, :class:`PostgresReader`) opens lazily, so the A
 before any worker has created the database, and answers :meth:`fetchall` with rows or
 raises DATABASE_UNAVAILABLE; the next call tries again. Until the workers have migrated,
 :meth:`schema_version` says so and there is nothing to read. A thread is read in a process
-of its own (api/readers.py), on a connection of its own: :class:`ThreadSource` is what that
+of its own (api/http/readers.py), on a connection of its own: :class:`ThreadSource` is what that
 process is sent (picklable), and its :meth:`ThreadSource.read` opens LangGraph's saver for
 the engine and turns the engine's errors into DATABASE_UNAVAILABLE.
 
@@ -149,7 +149,7 @@ class _Handle:
 
 
 #: Python's ``str.casefold`` in SQL on the reader's connections (SQLite's own ``lower`` and
-#: ``LIKE`` fold ASCII letters only): the title search of api/title_search.py.
+#: ``LIKE`` fold ASCII letters only): the title search of api/conversations/title_search.py.
 FOLD_FUNCTION = "sophos_fold"
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import aiosqlite
 import structlog
 
-from shared.schema import MIGRATIONS
 from shared.storage import Dialect, Tx
+from shared.storage.schema import MIGRATIONS
 
 log = structlog.get_logger(__name__)
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
+from api.chat.relay import PING
+from api.http.schemas import ConversationInfo, DecisionBody
 from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
 from api.protocol.translate import VALUES, Asked, Part, Translator, after_id, number, stream_modes
-from api.relay import PING
-from api.schemas import ConversationInfo, DecisionBody
-from shared.contracts import RunStatus
+from shared.contracts.wire import RunStatus
 from shared.errors import BadRequest
 
 ROOT = Path(__file__).resolve().parents[2]

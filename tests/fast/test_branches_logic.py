@@ -1,10 +1,10 @@
-"""Which calls of a branch a fork names as having acted (api/branches.py), without a process."""
+"""Which calls of a branch a fork names as having acted (api/chat/branches.py), without a process."""
 
 from __future__ import annotations
 
-from api.branches import Call, Fork, Found, acting, annotate
-from api.ledger_view import LedgerRow
-from api.schemas import Message
+from api.chat.branches import Call, Fork, Found, acting, annotate
+from api.conversations.ledger_view import LedgerRow
+from api.http.schemas import Message
 
 
 def row(message_id: str, call_id: str, safe: bool | None) -> LedgerRow:

@@ -1,4 +1,4 @@
-"""The payloads and names both ends of the queue share (shared/contracts.py)."""
+"""The payloads and names both ends of the queue share (shared/contracts/wire.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared import contracts
-from shared.contracts import (
+from shared.contracts import wire as contracts
+from shared.contracts.wire import (
     DeleteJob,
     EventType,
     JobKind,

@@ -1,4 +1,4 @@
-"""Cron schedules (shared/crons.py): what parses, what is refused and why, when each fires next."""
+"""Cron schedules (shared/contracts/crons.py): what parses, what is refused and why, when each fires next."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.crons import Schedule, tick_run_id, tick_thread_id
+from shared.contracts.crons import Schedule, tick_run_id, tick_thread_id
 from shared.errors import BadRequest
-from worker.crons import LONGEST_SLEEP_SECONDS, RETRY_SECONDS, pause
+from worker.schedule.crons import LONGEST_SLEEP_SECONDS, RETRY_SECONDS, pause
 
 #: Sunday 6 December 2026, 13:30:15.5 UTC
 NOW = datetime(2026, 12, 6, 13, 30, 15, 500000, tzinfo=UTC).timestamp()

@@ -1,4 +1,4 @@
-"""A run's ending, derived from its thread (worker/ending.py), and the events that end a stream."""
+"""A run's ending, derived from its thread (worker/run/ending.py), and the events that end a stream."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import msgspec
 import pytest
 from langgraph.types import Interrupt, PregelTask, StateSnapshot
 
-from shared.contracts import EventType, RunErrorCode, RunStatus
-from shared.events import Approval, ChatError, End, body, event_type, terminal_event
-from worker.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
+from shared.contracts.events import Approval, ChatError, End, body, event_type, terminal_event
+from shared.contracts.wire import EventType, RunErrorCode, RunStatus
+from worker.run.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
 
 REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}]
 WAITING = Thread(message_count=2, pending=True, requests=REQUESTS)
@@ -96,8 +96,8 @@ def test_event_shapes_are_frozen() -> None:
 def test_the_worker_publishes_an_ending_within_what_the_relay_waits_for() -> None:
     """After the outcome is committed the ending waits for the publisher's close, then runs
     its script, each bounded; a relay that finds the run finished and its stream short waits
-    ``ENDING_PUBLISHED_WITHIN`` before it takes the stream as expired (api/relay.py)."""
-    from shared.events import ENDING_PUBLISHED_WITHIN
-    from worker.events import FLUSH_TIMEOUT, WRITE_TIMEOUT
+    ``ENDING_PUBLISHED_WITHIN`` before it takes the stream as expired (api/chat/relay.py)."""
+    from shared.contracts.events import ENDING_PUBLISHED_WITHIN
+    from worker.run.events import FLUSH_TIMEOUT, WRITE_TIMEOUT
 
     assert FLUSH_TIMEOUT + WRITE_TIMEOUT < ENDING_PUBLISHED_WITHIN

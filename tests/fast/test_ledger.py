@@ -1,4 +1,5 @@
-"""The ledger of tool effects (worker/ledger.py) on a real SQLite file, and the graph's one task per call.
+"""The ledger of tool effects (worker/tools/ledger.py) on a real SQLite file, and the graph's one task
+per call.
 
 No process: the ledger runs on :class:`SqliteDatabase` in the test's directory, the graph on
 an in-memory saver with a scripted model and a local tool that notes the ``_meta`` it would send.
@@ -17,12 +18,12 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from shared.metrics import TOOL_CALLS, MetricBatch, counter_field
+from shared.redis.metrics import TOOL_CALLS, MetricBatch, counter_field
 from shared.storage.sqlite import SqliteDatabase
+from worker.agent.graph import TOOLS, build_graph
 from worker.faults import hold_call
-from worker.graph import TOOLS, build_graph
-from worker.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
 from worker.metrics import collecting
+from worker.tools.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
 
 
 async def _ledger(tmp_path: Path) -> tuple[Ledger, SqliteDatabase, str]:
@@ -82,7 +83,7 @@ async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_aga
 
 async def test_a_result_kept_by_a_cut_is_not_counted_answered_from_the_ledger(tmp_path: Path) -> None:
     """``answered`` counts later attempts answered instead of sent; a cut keeping the outcome of
-    the call's one attempt (worker/stopping.py, through ``Ledger.recorded``) is not one."""
+    the call's one attempt (worker/run/stopping.py, through ``Ledger.recorded``) is not one."""
     ledger, db, conversation = await _ledger(tmp_path)
 
     async def send(arguments: dict[str, Any]) -> ToolMessage:
@@ -197,7 +198,7 @@ async def test_a_tools_step_checkpointed_before_one_task_per_call_still_runs_eve
     """A thread whose pending ``tools`` task takes the whole state (the graph before ``Send``)."""
     from langgraph.types import Command
 
-    from worker.graph import APPROVAL
+    from worker.agent.graph import APPROVAL
 
     async def echo(text: str) -> str:
         return text

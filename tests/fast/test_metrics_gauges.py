@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from api.metrics import Figures, SharedStateCollector
-from shared.liveness import Liveness, parse_beat
+from api.ops.metrics import Figures, SharedStateCollector
+from shared.redis.liveness import Liveness, parse_beat
 
 
 def beat(**fields: object) -> str:

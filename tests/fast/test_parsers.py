@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from api.chat import idempotency_of
-from api.ids import parse_id
-from api.runs import CURSOR_MAX_CHARS, decode_cursor, encode_cursor
-from api.schemas import ChatRequest
-from api.timefmt import millis_between, parse_iso
+from api.chat.submit import idempotency_of
+from api.http.ids import parse_id
+from api.http.schemas import ChatRequest
+from api.http.timefmt import millis_between, parse_iso
+from api.runs.views import CURSOR_MAX_CHARS, decode_cursor, encode_cursor
 from shared.errors import BadRequest
 
 RUN = "0b6c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"

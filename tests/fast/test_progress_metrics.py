@@ -1,4 +1,4 @@
-"""When a run's latencies leave the worker (worker/progress.py): with a task's end a second or
+"""When a run's latencies leave the worker (worker/run/progress.py): with a task's end a second or
 more after the last ones went, and with the run's end; never once per task."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from shared.metrics import CHECKPOINT_WRITE
-from worker import progress
-from worker.events import EventPublisher
-from worker.progress import METRICS_EVERY_SECONDS, RunTracker
+from shared.redis.metrics import CHECKPOINT_WRITE
+from worker.run import progress
+from worker.run.events import EventPublisher
+from worker.run.progress import METRICS_EVERY_SECONDS, RunTracker
 
 pytestmark = pytest.mark.fast
 

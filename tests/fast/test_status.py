@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from api.status import conversation_status as _status
-from api.status import run_error
+from api.runs.status import conversation_status as _status
+from api.runs.status import run_error
 from api.store import ConversationRow
-from shared.contracts import RunErrorCode, RunStatus
-from shared.rows import RunRow
+from shared.contracts.wire import RunErrorCode, RunStatus
+from shared.storage.rows import RunRow
 
 CONVERSATION = "5f0c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"
 RUN = "0b6c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"

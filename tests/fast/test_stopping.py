@@ -1,4 +1,4 @@
-"""What a cut leaves in the thread (worker/stopping.py), on the real graph with an in-memory saver.
+"""What a cut leaves in the thread (worker/run/stopping.py), on the real graph with an in-memory saver.
 
 No model is called: the thread is brought to the state a cut finds with
 ``aupdate_state``, as the run would have left it, and :func:`close_thread` closes it.
@@ -17,9 +17,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 
-from shared.contracts import STOPPED_MARK
-from worker.graph import AGENT, TOOLS, _unanswered, build_graph
-from worker.stopping import STOPPED_TOOL_RESULT, LiveRun, _stopped_results, close_thread
+from shared.contracts.wire import STOPPED_MARK
+from worker.agent.graph import AGENT, TOOLS, _unanswered, build_graph
+from worker.run.stopping import STOPPED_TOOL_RESULT, LiveRun, _stopped_results, close_thread
 
 START = "__start__"
 
@@ -96,7 +96,7 @@ async def test_a_cut_in_the_tools_step_answers_every_open_call_then_stops_the_an
     graph, config = _graph(), _config()
     calling = _calling("fetch", "remember", "add")
     await graph.aupdate_state(config, {"messages": [_human(), calling]}, as_node=AGENT)
-    # One task per call (worker/graph.py).
+    # One task per call (worker/agent/graph.py).
     assert [t.name for t in (await graph.aget_state(config)).tasks] == [TOOLS] * 3
 
     closed = await close_thread(graph, config, _live())
@@ -195,7 +195,7 @@ def test_a_second_stop_is_refused_and_the_stream_state_follows_the_steps() -> No
 
 
 async def test_a_cut_keeps_a_result_the_ledger_recorded_when_its_task_result_was_lost() -> None:
-    """Cut between the outcome's commit (worker/ledger.py) and the task's return: the call ran,
+    """Cut between the outcome's commit (worker/tools/ledger.py) and the task's return: the call ran,
     and its result is kept from the ledger, not answered "stopped"."""
     graph, config = _graph(), _config()
     calling = _calling("fetch", "remember")

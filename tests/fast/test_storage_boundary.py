@@ -23,7 +23,7 @@ ENGINE_MODULES = (
 ASKS_ALLOWED = {ROOT / "shared" / "settings.py"}
 #: ``python -m worker --copy-to``: copies a SQLite file into PostgreSQL, so it is both engines
 #: by its nature (and runs instead of the worker, not beside it)
-BOTH_ENGINES = {ROOT / "worker" / "copy.py"}
+BOTH_ENGINES = {ROOT / "worker" / "upkeep" / "copy.py"}
 
 
 def modules() -> Iterator[tuple[Path, ast.Module]]:

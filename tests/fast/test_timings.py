@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from msgspec import UNSET
 
-from api.metrics import Figures, SharedStateCollector
-from api.runs import from_row
-from shared.metrics import (
+from api.ops.metrics import Figures, SharedStateCollector
+from api.runs.views import from_row
+from shared.redis.metrics import (
     CHECKPOINT_WRITE,
     MODEL_CALL,
     RUN_DURATION,
@@ -17,7 +17,7 @@ from shared.metrics import (
     MetricBatch,
     read_snapshot,
 )
-from shared.rows import Breakdown, RunRow
+from shared.storage.rows import Breakdown, RunRow
 from worker.metrics import RunClock, TimedCheckpoints, collecting, timed
 
 

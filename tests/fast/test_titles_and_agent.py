@@ -7,10 +7,10 @@ import json
 import pytest
 from langchain_core.tools import StructuredTool
 
-from api.renaming import clean_title
-from api.title_search import matches, pattern
+from api.conversations.renaming import clean_title
+from api.conversations.title_search import matches, pattern
 from shared.errors import InvalidTitle
-from shared.liveness import ToolInfo, parse_beat
+from shared.redis.liveness import ToolInfo, parse_beat
 from worker.resources import TOOL_DESCRIPTION_CHARS, tool_list
 
 

@@ -1,4 +1,4 @@
-"""The agent graph reads its tools on every model call and tools step (worker/graph.py).
+"""The agent graph reads its tools on every model call and tools step (worker/agent/graph.py).
 
 A tool server that comes up after the worker started must be offered to the model and
 found by the tools node, without building the graph again: here the tools are a
@@ -20,7 +20,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from worker.graph import build_graph
+from worker.agent.graph import build_graph
 
 #: The tool names each model call was offered, in order.
 OFFERED: list[list[str]] = []

@@ -1,5 +1,5 @@
 """What mcp.json and the tools themselves say about repeating a call that may have run
-(worker/tool_policy.py), and how an uncertain call is put to a person on the command line."""
+(worker/tools/policy.py), and how an uncertain call is put to a person on the command line."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from mcp.types import Tool, ToolAnnotations
 
 from sophos_cli.approve import request_line
-from worker.mcp_tools import McpServer
-from worker.tool_policy import McpConfigError, RepeatPolicy, load_repeat, safe_to_repeat
+from worker.tools.mcp import McpServer
+from worker.tools.policy import McpConfigError, RepeatPolicy, load_repeat, safe_to_repeat
 
 
 def _config(tmp_path: Path, **servers: dict[str, object]) -> Path:

@@ -1,4 +1,4 @@
-"""Uncertain tool calls go to a person (issue 29, part 4): worker/ledger.py inside the real graph.
+"""Uncertain tool calls go to a person (issue 29, part 4): worker/tools/ledger.py inside the real graph.
 
 No process: the ledger on a SQLite file in the test's directory, the graph on an in-memory
 saver with a scripted model. A call is made uncertain as a crash leaves it: its intent is
@@ -19,10 +19,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from shared.storage.sqlite import SqliteDatabase
-from shared.thread import interrupt_requests, resume_value
-from worker.graph import build_graph
-from worker.ledger import DONE, IDEMPOTENCY_META_KEY, UNCERTAIN_MARK, CallRef, Ledger, request_meta
-from worker.tool_policy import SAFE_TO_REPEAT
+from shared.storage.thread import interrupt_requests, resume_value
+from worker.agent.graph import build_graph
+from worker.tools.ledger import DONE, IDEMPOTENCY_META_KEY, UNCERTAIN_MARK, CallRef, Ledger, request_meta
+from worker.tools.policy import SAFE_TO_REPEAT
 
 
 class _Scripted(GenericFakeChatModel):

@@ -1,4 +1,4 @@
-"""Webhooks' URL policy and what is shown of a URL (shared/webhooks.py), and the enqueueing's
+"""Webhooks' URL policy and what is shown of a URL (shared/contracts/webhooks.py), and the enqueueing's
 arguments: pure, no process. The delivery itself is tests/test_webhooks.py; the pinned transport
 it shares with the fetch tool is tested in tests/test_secrets.py (a name that rebinds between
 check and connect never reaches loopback)."""
@@ -9,9 +9,7 @@ import json
 
 import pytest
 
-from shared.contracts import QUEUE_NAME, WAKE_LIST, arq_job_key, loads, protocol_run_key
-from shared.settings import Settings
-from shared.webhooks import (
+from shared.contracts.webhooks import (
     WEBHOOK_FUNCTION,
     WebhookPolicy,
     WebhookRefused,
@@ -19,6 +17,8 @@ from shared.webhooks import (
     shown,
     webhook_job_id,
 )
+from shared.contracts.wire import QUEUE_NAME, WAKE_LIST, arq_job_key, loads, protocol_run_key
+from shared.settings import Settings
 
 STRICT = WebhookPolicy()
 OPEN = WebhookPolicy(allow_http=True, allow_private=True)

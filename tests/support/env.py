@@ -103,7 +103,7 @@ def with_fetch(env: SophosEnv) -> SophosEnv:
 def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the fake tools server's tools taken as not safe to repeat
     (``"safeToRepeat": false`` overrides their ``readOnlyHint``): a call of one that may have run
-    when its worker died is asked about, as a call that acts would be (worker/ledger.py)."""
+    when its worker died is asked about, as a call that acts would be (worker/tools/ledger.py)."""
     config["mcpServers"]["tools"]["safeToRepeat"] = False
     return config
 

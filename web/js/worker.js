@@ -7,7 +7,7 @@ import { api } from "./api.js";
 // While a run streams, how often the page asks whether a worker still beats.
 const WORKER_CHECK_MS = 1000;
 // A worker whose process died is not alive to the API at once (Redis drops its beating
-// connection: shared/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
+// connection: shared/redis/liveness.py). One paused or cut off from Redis keeps beating nowhere: workers
 // beat every 2 s, so a newest beat older than this has missed two, and its worker is gone.
 const HEARTBEAT_STALE_MS = 5000;
 

@@ -1,0 +1,1 @@
+"""Who is asking: the identities the API accepts and where it may listen without one."""

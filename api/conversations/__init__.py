@@ -1,0 +1,1 @@
+"""Conversations as the API shows them: lists, details, exports, rename and delete."""

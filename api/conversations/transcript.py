@@ -1,0 +1,237 @@
+"""A thread's state as the API shows it: messages, Markdown, JSON Lines.
+
+Works on what LangGraph's state API returns (``StateSnapshot``), never on the
+checkpoints' stored channel values: since the messages are a DeltaChannel, a
+checkpoint stores only what its step added. The functions taking a graph are
+meant for :meth:`api.store.Store.read_thread`, which runs them in a reader process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from msgspec import UNSET
+
+from api.http.schemas import (
+    Approval,
+    Branch,
+    CheckpointLine,
+    ConversationInfo,
+    LedgerEntry,
+    Message,
+    ToolCall,
+)
+from shared.contracts.wire import APPROVALS_MARK, STOPPED_MARK, text_of
+
+# langchain is imported by the functions that run in a reader process (api/store.py): the API's
+# main process, which formats Markdown here, never loads it.
+if TYPE_CHECKING:
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langgraph.types import StateSnapshot
+
+_START = "__start__"
+
+
+def to_message(message: BaseMessage, fallback_id: str) -> Message | None:
+    """The API's shape of a thread message; None for kinds never shown (system prompts)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    message_id = message.id or fallback_id
+    content = text_of(message.content)
+    if isinstance(message, HumanMessage):
+        return Message(id=message_id, role="user", content=content)
+    if isinstance(message, AIMessage):
+        decided = _approvals(message)
+        calls = [
+            ToolCall(
+                id=call.get("id") or "", name=call["name"], arguments=dict(call.get("args") or {}),
+                approval=decided.get(call.get("id") or "", UNSET),
+            )
+            for call in message.tool_calls
+        ]
+        return Message(
+            id=message_id, role="assistant", content=content, tool_calls=calls or UNSET,
+            status="stopped" if _stopped(message) else UNSET,
+        )
+    if isinstance(message, ToolMessage):
+        return Message(
+            id=message_id, role="tool", content=content,
+            name=message.name if message.name is not None else UNSET,
+            tool_call_id=message.tool_call_id, status="stopped" if _stopped(message) else message.status,
+        )
+    return None
+
+
+def _approvals(message: AIMessage) -> dict[str, Approval]:
+    """The decisions the worker recorded on ``message`` (``response_metadata["approvals"]``)."""
+    record = (message.response_metadata or {}).get(APPROVALS_MARK)
+    if not isinstance(record, Mapping):
+        return {}
+    decided: dict[str, Approval] = {}
+    for call_id, entry in record.items():
+        if not isinstance(entry, Mapping) or entry.get("action") not in ("approve", "reject", "edit"):
+            continue
+        proposed, text = entry.get("proposed"), entry.get("message")
+        decided[str(call_id)] = Approval(
+            action=entry["action"],
+            proposed_arguments=dict(proposed) if isinstance(proposed, Mapping) else UNSET,
+            message=text if isinstance(text, str) and text else UNSET,
+        )
+    return decided
+
+
+def _stopped(message: BaseMessage) -> bool:
+    """Written by the worker when a cancel cut the run: an answer or a tool call cut short."""
+    return bool((message.response_metadata or {}).get(STOPPED_MARK))
+
+
+def thread_messages(state: StateSnapshot) -> list[BaseMessage]:
+    """The thread's messages at ``state``, with input not yet merged into them.
+
+    A run's input checkpoint holds the new message as the ``__start__`` task's
+    write until the first step applies it; a run that stopped right there still
+    has the user's message in the thread, and resuming will process it. (The live
+    state, ``get_state`` of the thread, already counts it in ``values``; a record
+    of the history does not.)
+    """
+    from langchain_core.messages import BaseMessage
+
+    values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
+    messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
+    known = {m.id for m in messages if m.id}
+    for task in state.tasks:
+        written = task.result if task.name == _START and isinstance(task.result, Mapping) else {}
+        messages += [
+            m for m in written.get("messages") or []
+            if isinstance(m, BaseMessage) and (m.id is None or m.id not in known)
+        ]
+    return messages
+
+
+def shown(messages: Iterable[BaseMessage]) -> list[Message]:
+    out = (to_message(m, str(i)) for i, m in enumerate(messages))
+    return [m for m in out if m is not None]
+
+
+def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
+    """The lines of ``history`` (oldest first)."""
+    seen: dict[str, dict[str, BaseMessage]] = {}
+    for state in history:
+        checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
+        parent_id = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
+        before = seen.get(str(parent_id), {}) if parent_id else {}
+        # Only what the checkpoint added or replaced is converted: a long thread's every
+        # checkpoint holds (once rebuilt) nearly the whole list. A message replaced under
+        # its id (an answer whose tool calls were decided) counts as added; rebuilt from the
+        # same decoded writes, an unchanged message is the same object, so the check is cheap.
+        messages = {m.id or str(i): m for i, m in enumerate(thread_messages(state))}
+        seen[checkpoint_id] = messages
+        added = (
+            to_message(m, message_id) for message_id, m in messages.items()
+            if (old := before.get(message_id)) is None or (old is not m and old != m)
+        )
+        metadata: Mapping[str, Any] = state.metadata or {}
+        step = metadata.get("step")
+        yield CheckpointLine(
+            checkpoint_id=checkpoint_id,
+            parent_checkpoint_id=str(parent_id) if parent_id else None,
+            step=step if isinstance(step, int) else None,
+            source=metadata.get("source"),
+            run_id=metadata.get("run_id"),
+            created_at=state.created_at,
+            next=sorted(state.next),
+            messages=[m for m in added if m is not None],
+        )
+
+
+# --- Markdown -------------------------------------------------------------------
+
+_BACKTICKS = re.compile(r"`+")
+
+
+def _fence(text: str, info: str = "") -> str:
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def _code(text: str) -> str:
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _decision(approval: Approval) -> str:
+    reason = f": {approval.message}" if approval.message else ""
+    if approval.action == "reject":
+        return f"*Rejected by the user{reason}* (not run)."
+    if approval.action == "edit":
+        proposed = json.dumps(approval.proposed_arguments or {}, ensure_ascii=False)
+        return f"*Edited by the user before it ran*; the model proposed {_code(proposed)}."
+    return "*Approved by the user.*"
+
+
+def _forked(branch: Branch) -> str:
+    """Where the thread forks: the branch shown among the others, and what acted on each."""
+    others = [(i, a) for i, a in enumerate(branch.alternatives, 1) if i != branch.index]
+    text = (
+        f"*Branch {branch.index} of {branch.count}: the thread forks before this message (edited or "
+        "answered again). The other branches are kept; they start with: "
+        + "; ".join(f"{i}. {_code(a.content[:80])}" for i, a in others) + ".*"
+    )
+    for i, alternative in others:
+        for call in alternative.acting_calls:
+            text += f"\n\n*Branch {i} called {_code(call.name)} (id {_code(call.id)}): its effects stay.*"
+    return text
+
+
+def _sent(ledger: LedgerEntry) -> str:
+    times = "once" if ledger.attempts == 1 else f"{ledger.attempts} times"
+    told = "its outcome recorded" if ledger.state == "done" else "no outcome recorded: it may have run"
+    return f"*Sent {times} (idempotency key {_code(ledger.key)}), {told}.*"
+
+
+def markdown(conversation: ConversationInfo, messages: Iterable[Message]) -> str:
+    """A readable transcript: the conversation's messages, tool calls and results."""
+    lines = [
+        f"# {conversation.title or 'Conversation'}",
+        "",
+        f"- Conversation: {conversation.id}",
+        f"- Created: {conversation.created_at}",
+        f"- Updated: {conversation.updated_at}",
+        f"- Status: {conversation.status}" + (" (resumable)" if conversation.resumable else ""),
+    ]
+    if conversation.error:
+        lines.append(f"- Error: {conversation.error.code}: {conversation.error.message}")
+    messages = list(messages)
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+    for index, message in enumerate(messages):
+        lines += ["", "---", ""]
+        if message.role == "user":
+            lines += ["## User", "", message.content]
+            if message.branch:
+                lines += ["", _forked(message.branch)]
+        elif message.role == "assistant":
+            lines.append("## Assistant" + (" (stopped)" if message.status == "stopped" else ""))
+            if message.content:
+                lines += ["", message.content]
+            for call in message.tool_calls or []:
+                arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
+                lines += ["", f"**Tool call** {_code(call.name)} (id {_code(call.id)}):", "",
+                          _fence(arguments, "json")]
+                if call.ledger:
+                    lines += ["", _sent(call.ledger)]
+                if call.approval:
+                    lines += ["", _decision(call.approval)]
+                elif conversation.status == "waiting" and index == last_assistant:
+                    lines += ["", "*Waiting for the user's decision on this turn's calls.*"]
+        else:
+            name = _code(message.name) if message.name else "tool"
+            for_call = f" for call {_code(message.tool_call_id)}" if message.tool_call_id else ""
+            failed = {"error": " (error)", "stopped": " (stopped)"}.get(str(message.status), "")
+            lines += [f"## Tool result: {name}{for_call}{failed}", "", _fence(message.content, "text")]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""HTTP plumbing every route shares: the parser, limits, errors, ids, request and response bodies, readers."""

@@ -1,0 +1,1 @@
+"""Operations: health, readiness and the Prometheus scrape."""

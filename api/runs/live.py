@@ -1,0 +1,211 @@
+"""What Redis knows and SQLite does not (yet): queued runs, claimed conversations, the worker.
+
+A run is *queued* while it is in arq's queue and has no row in ``runs`` (the
+worker writes the row when it starts the run). Its ``run_key`` hash describes it.
+A run cancelled while queued never gets a row: its ``run_key`` hash, marked
+``status=cancelled``, is its record, listed through ``CANCELLED_RUNS``. While a
+run is running, ``progress_key`` holds its current step and node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from shared.contracts.wire import (
+    ACTIVE_RUNS,
+    CANCELLED_RUNS,
+    QUEUE_NAME,
+    cancel_key,
+    cancelled_run_key,
+    is_delete_claim,
+    progress_key,
+    run_key,
+    waiting_key,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    id: str
+    conversation_id: str
+    kind: str
+    title: str
+    enqueued_at: float
+    new_conversation: bool
+    #: set when the run was cancelled while queued (seconds since the epoch)
+    cancelled_at: float | None = None
+    #: set when the worker took the run but could not record it (the database refused)
+    failed_at: float | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A running run as the worker last reported it."""
+
+    node: str | None
+    step: int
+    started_at: float | None
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    run_id: str
+    enqueued_ms: float
+
+
+def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
+    if not fields.get("conversation"):
+        return None
+    try:
+        enqueued_at = float(fields.get("enqueued_at") or 0.0)
+    except ValueError:
+        enqueued_at = 0.0
+    return QueuedRun(
+        id=run_id,
+        conversation_id=fields["conversation"],
+        kind=fields.get("kind") or "run",
+        title=fields.get("title") or "",
+        enqueued_at=enqueued_at,
+        new_conversation=fields.get("new_conversation") == "1",
+        cancelled_at=_float(fields.get("cancelled_at")) if fields.get("status") == "cancelled" else None,
+        failed_at=_float(fields.get("failed_at")) if fields.get("status") == "failed" else None,
+        error_code=fields.get("error_code") or None,
+        error_message=fields.get("error_message") or None,
+    )
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+async def active_run(redis: Redis, conversation_id: str) -> str | None:
+    """The run holding ``conversation_id`` (queued or running), if any (a delete is not a run)."""
+    holder: str | None = await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[misc]
+    return None if holder is None or is_delete_claim(holder) else holder
+
+
+async def active_runs(redis: Redis) -> dict[str, str]:
+    """conversation id -> run id, for every conversation with a queued or running run."""
+    claims: dict[str, str] = await redis.hgetall(ACTIVE_RUNS)  # type: ignore[misc]
+    return {conv: holder for conv, holder in claims.items() if not is_delete_claim(holder)}
+
+
+async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRun]:
+    """The ``run_key`` descriptions of these runs (kept for a day after enqueue)."""
+    if not run_ids:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.hgetall(run_key(run_id))
+        replies = await pipe.execute()
+    found = {}
+    for run_id, fields in zip(run_ids, replies, strict=True):
+        if fields and (run := _queued_run(run_id, fields)) is not None:
+            found[run_id] = run
+    return found
+
+
+async def behind_their_thread(redis: Redis, runs: list[tuple[str, str]]) -> set[str]:
+    """Of these queued ``(run, conversation)``, the runs waiting behind another run of their
+    conversation (``multitask_strategy`` ``enqueue``: shared/redis/queue.py): in its waiting list while
+    another run holds it, or behind an earlier one there. Not the worker's backlog: such a run
+    waits for its thread, however free the worker is. One round trip."""
+    conversations = sorted({conversation for _, conversation in runs})
+    if not conversations:
+        return set()
+    async with redis.pipeline(transaction=False) as pipe:
+        for conversation in conversations:
+            pipe.hget(ACTIVE_RUNS, conversation)
+            pipe.lrange(waiting_key(conversation), 0, -1)
+        replies = await pipe.execute()
+    behind: set[str] = set()
+    for i in range(len(conversations)):
+        holder, waiting = replies[2 * i], list(replies[2 * i + 1])
+        for position, run_id in enumerate(waiting):
+            if position > 0 or (holder is not None and holder != run_id):
+                behind.add(run_id)
+    wanted = {run_id for run_id, _ in runs}
+    return behind & wanted
+
+
+async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRun | None:
+    """The conversation's last run cancelled while queued, while its record is kept."""
+    run_id: str | None = await redis.get(cancelled_run_key(conversation_id))
+    if run_id is None:
+        return None
+    run = (await described_runs(redis, [run_id])).get(run_id)
+    if run is None or run.cancelled_at is None or run.conversation_id != conversation_id:
+        return None
+    return run
+
+
+async def queue(redis: Redis) -> list[QueueEntry]:
+    """arq's queue in order: one command, whatever its length.
+
+    (Whether the worker has taken a job is not asked here: one ``EXISTS`` per queued
+    run, whose answer no listing used. A taken run is queued until its row exists.)
+    """
+    members: list[tuple[str, float]] = await redis.zrange(QUEUE_NAME, 0, -1, withscores=True)
+    return [QueueEntry(run_id=run_id, enqueued_ms=score) for run_id, score in members]
+
+
+async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:
+    """What the worker reports of these running runs (a run it has not reported yet is left out)."""
+    if not run_ids:
+        return {}
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.hgetall(progress_key(run_id))
+            pipe.exists(cancel_key(run_id))
+        replies = await pipe.execute()
+    found = {}
+    for i, run_id in enumerate(run_ids):
+        fields, cancel = replies[2 * i], replies[2 * i + 1]
+        if fields or cancel:
+            try:
+                step = int(fields.get("step") or 0)
+            except ValueError:
+                step = 0
+            found[run_id] = Progress(
+                node=fields.get("node") or None, step=step,
+                started_at=_float(fields.get("started_at")), cancel_requested=bool(cancel),
+            )
+    return found
+
+
+async def cancelled_runs(
+    redis: Redis, *, before_ms: float | None, conversation_id: str | None, limit: int
+) -> list[QueuedRun]:
+    """Runs cancelled while queued, newest enqueued first, from ``before_ms`` (inclusive) down.
+
+    Entries whose record has expired are dropped from the index on the way.
+    """
+    found: list[QueuedRun] = []
+    high: str = "+inf" if before_ms is None else repr(before_ms)
+    batch = max(limit, 50)
+    offset = 0
+    while len(found) < limit:
+        ids: list[str] = await redis.zrevrangebyscore(CANCELLED_RUNS, high, "-inf", start=offset, num=batch)
+        if not ids:
+            break
+        offset += len(ids)
+        described = await described_runs(redis, ids)
+        expired = [run_id for run_id in ids if run_id not in described]
+        if expired:
+            await redis.zrem(CANCELLED_RUNS, *expired)
+            offset -= len(expired)
+        for run_id in ids:
+            run = described.get(run_id)
+            if run is not None and (conversation_id is None or run.conversation_id == conversation_id):
+                found.append(run)
+        if len(ids) < batch:
+            break
+    return found

@@ -1,0 +1,306 @@
+"""Runs for operators: the ``runs`` table joined with what only Redis knows.
+
+Three sources make one listing, newest first by (enqueued_at, id):
+
+* runs still queued, read from arq's queue itself (what is listed is what will run),
+  with their position and how long they have waited;
+* runs cancelled while queued, whose only record is their Redis description
+  (they never reached the worker, so they have no row; see api/runs/cancel.py);
+* the ``runs`` table (running and finished runs), with the progress the worker
+  reports for running ones: current node, step, elapsed time.
+
+The cursor is the (enqueued_at, id) of the last run of a page. A run keeps its
+key from enqueue to outcome, so a run that starts or finishes between two pages
+is neither skipped nor listed twice, and new runs only ever appear before the
+first page.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from dataclasses import dataclass
+
+import structlog
+from msgspec import UNSET, UnsetType
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from api.http.ids import parse_id
+from api.http.schemas import RunBreakdown, RunError, RunInfo, RunList, WorkerInfo
+from api.http.timefmt import iso_from_timestamp, millis_between, parse_iso
+from api.runs import live
+from api.runs.status import run_error
+from api.store import RunRow, Store
+from shared.contracts.wire import QUEUE_NAME, JobKind, RunStatus
+from shared.errors import BadRequest, NotFound, QueueUnavailable
+from shared.redis.liveness import Liveness, read_liveness
+from shared.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+
+Key = tuple[str, str]
+
+
+def _kind(value: str) -> JobKind:
+    try:
+        return JobKind(value)
+    except ValueError:
+        return JobKind.RUN
+
+
+def _millis(seconds: float) -> int:
+    return max(0, round(seconds * 1000))
+
+
+def from_row(row: RunRow, progress: live.Progress | None = None, now: float | None = None) -> RunInfo:
+    error = run_error(row.status, row.error_code, row.error_message)
+    waited = millis_between(row.enqueued_at, row.started_at)
+    info = RunInfo(
+        id=row.id,
+        conversation=row.conversation_id,
+        kind=_kind(row.kind),
+        status=RunStatus(row.status),
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        duration_ms=millis_between(row.started_at, row.finished_at),
+        step_count=row.step_count,
+        error=error if error is not None else UNSET,
+        waited_ms=waited if waited is not None else UNSET,
+    )
+    if row.breakdown is not None:
+        info.breakdown = RunBreakdown(
+            queued_ms=waited if waited is not None else UNSET, model_ms=row.breakdown.model_ms,
+            tools_ms=row.breakdown.tools_ms, database_ms=row.breakdown.database_ms,
+        )
+    if row.status == RunStatus.RUNNING:
+        started = parse_iso(row.started_at)
+        if started is not None:
+            info.elapsed_ms = _millis((now or time.time()) - started.timestamp())
+        if progress is not None:
+            info.step_count = progress.step
+            if progress.node:
+                info.node = progress.node
+            if progress.cancel_requested:
+                info.cancel_requested = True
+    return info
+
+
+def _iso(timestamp: float | None) -> str | None:
+    return iso_from_timestamp(timestamp) if timestamp else None
+
+
+def _not_started(
+    run: live.QueuedRun,
+    status: RunStatus,
+    *,
+    finished_at: float | None = None,
+    position: int | UnsetType = UNSET,
+    waited_ms: int | UnsetType = UNSET,
+    error: RunError | UnsetType = UNSET,
+) -> RunInfo:
+    """A run known only from its Redis description: the worker never started it, so it has
+    no row, no start, no duration and no steps."""
+    return RunInfo(
+        id=run.id,
+        conversation=run.conversation_id,
+        kind=_kind(run.kind),
+        status=status,
+        enqueued_at=_iso(run.enqueued_at),
+        started_at=None,
+        finished_at=_iso(finished_at),
+        duration_ms=None,
+        step_count=0,
+        position=position,
+        waited_ms=waited_ms,
+        error=error,
+    )
+
+
+def from_queued(run: live.QueuedRun, position: int, now: float | None = None) -> RunInfo:
+    return _not_started(
+        run,
+        RunStatus.QUEUED,
+        position=position,
+        waited_ms=_millis((now or time.time()) - run.enqueued_at) if run.enqueued_at else 0,
+    )
+
+
+def from_ended(run: live.QueuedRun) -> RunInfo:
+    """A run that ended without a row: cancelled while queued, or taken by the worker
+    and refused by the database (its Redis description then carries the error)."""
+    if run.failed_at is not None:
+        status, ended_at = RunStatus.FAILED, run.failed_at
+        error = run_error(RunStatus.FAILED, run.error_code, run.error_message) or UNSET
+    else:
+        status, ended_at, error = RunStatus.CANCELLED, run.cancelled_at or run.enqueued_at, UNSET
+    return _not_started(
+        run,
+        status,
+        finished_at=ended_at,
+        waited_ms=_millis(ended_at - run.enqueued_at) if run.enqueued_at else UNSET,
+        error=error,
+    )
+
+
+def sort_key(run: RunInfo) -> Key:
+    return (run.enqueued_at or run.started_at or "", run.id)
+
+
+#: Longer than any cursor this API gives out (a timestamp and a UUID, base64): refused
+#: before it is decoded, so no cursor can make the decoder work hard.
+CURSOR_MAX_CHARS = 200
+
+
+def encode_cursor(key: Key) -> str:
+    """The cursor of a listing (runs, conversations): a page's last (timestamp, id), opaque."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: str) -> Key:
+    """The (timestamp, id) of :func:`encode_cursor`, or BadRequest naming ``cursor``."""
+    refused = BadRequest("cursor is not one this API gave out (pass nextCursor as it was)")
+    if len(raw) > CURSOR_MAX_CHARS:
+        raise refused
+    try:
+        at, run_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        if not isinstance(at, str) or parse_iso(at) is None:
+            raise ValueError(at)
+        return at, parse_id(run_id, "cursor")
+    except (ValueError, TypeError, RecursionError, binascii.Error, BadRequest):
+        # RecursionError: deeply nested JSON (refused by length now, kept as a second line).
+        raise refused from None
+
+
+def worker_info(liveness: Liveness, now: float | None = None) -> WorkerInfo:
+    beat = liveness.beat
+    if beat is None:
+        return WorkerInfo(alive=liveness.alive, count=liveness.count)
+    return WorkerInfo(
+        alive=liveness.alive,
+        count=liveness.count,
+        pid=beat.pid if beat.pid is not None else UNSET,
+        started_at=iso_from_timestamp(beat.started_at),
+        last_beat_at=iso_from_timestamp(beat.beat_at),
+        heartbeat_age_ms=_millis(liveness.age(now) or 0.0),
+        concurrency=beat.concurrency if beat.concurrency is not None else UNSET,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    store: Store
+    redis: Redis
+    settings: Settings
+
+    async def queued(self) -> list[RunInfo]:
+        """Runs in arq's queue that the worker has not started, in queue order.
+
+        ``position`` counts from 0 among them (the runs ahead; a rename or a delete queued
+        among them is not a run); the worker takes them in this order.
+        """
+        entries = await live.queue(self.redis)
+        started = await self.store.runs_by_id([e.run_id for e in entries])
+        waiting = [e.run_id for e in entries if e.run_id not in started]
+        described = await live.described_runs(self.redis, waiting)
+        now = time.time()
+        runs = [run_id for run_id in waiting if run_id in described]
+        return [from_queued(described[run_id], position, now) for position, run_id in enumerate(runs)]
+
+    async def worker(self) -> WorkerInfo | None:
+        try:
+            return worker_info(await read_liveness(self.redis))
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            return None
+
+    async def with_progress(self, rows: list[RunRow]) -> list[RunInfo]:
+        running = [r.id for r in rows if r.status == RunStatus.RUNNING]
+        try:
+            reports = await live.progress(self.redis, running)
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            reports = {}
+        now = time.time()
+        return [from_row(r, reports.get(r.id), now) for r in rows]
+
+    async def _from_redis(
+        self, status: RunStatus | None, conversation_id: str | None, before: Key | None, want: int
+    ) -> list[RunInfo]:
+        runs: list[RunInfo] = []
+        if status in (None, RunStatus.QUEUED):
+            runs += [r for r in await self.queued() if conversation_id in (None, r.conversation)]
+        if status in (None, RunStatus.CANCELLED):
+            before_ms = None
+            if before is not None and (at := parse_iso(before[0])) is not None:
+                before_ms = at.timestamp() * 1000 + 1  # inclusive of the whole millisecond
+            cancelled = await live.cancelled_runs(
+                self.redis, before_ms=before_ms, conversation_id=conversation_id, limit=want
+            )
+            runs += [from_ended(r) for r in cancelled]
+        return runs
+
+    async def page(
+        self, *, status: RunStatus | None, conversation_id: str | None, limit: int, cursor: str | None
+    ) -> RunList:
+        """One page of runs, newest first, and the cursor of the next one."""
+        before = decode_cursor(cursor) if cursor else None
+        want = limit + 1
+        runs: list[RunInfo] = []
+        try:
+            runs += await self._from_redis(status, conversation_id, before, want)
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            if status in (RunStatus.QUEUED, RunStatus.CANCELLED):
+                raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
+            # the rest is still worth showing
+        if status not in (RunStatus.QUEUED,):
+            rows = await self.store.runs(
+                status=status.value if status else None, conversation_id=conversation_id,
+                limit=want, before=before,
+            )
+            runs += await self.with_progress(rows)
+        # A run that started between the two reads is in both: its row wins.
+        unique: dict[str, RunInfo] = {}
+        for run in runs:
+            if run.id not in unique or unique[run.id].status is RunStatus.QUEUED:
+                unique[run.id] = run
+        ordered = sorted(
+            (r for r in unique.values() if before is None or sort_key(r) < before), key=sort_key, reverse=True
+        )
+        page = ordered[:limit]
+        worker = await self.worker()
+        return RunList(
+            runs=page,
+            next_cursor=encode_cursor(sort_key(page[-1])) if len(ordered) > limit else UNSET,
+            worker=worker if worker is not None else UNSET,
+        )
+
+    async def get(self, run_id: str) -> RunInfo:
+        row = await self.store.run(run_id)
+        if row is not None:
+            return (await self.with_progress([row]))[0]
+        try:
+            if await self.redis.zscore(QUEUE_NAME, run_id) is not None:
+                # Its position needs the runs ahead of it.
+                for run in await self.queued():
+                    if run.id == run_id:
+                        return run
+            described = await live.described_runs(self.redis, [run_id])
+        except REDIS_DOWN as exc:
+            log.warning("runs.redis_unavailable", error=str(exc))
+            raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
+        ended = described.get(run_id)
+        if ended is not None and (ended.cancelled_at is not None or ended.failed_at is not None):
+            return from_ended(ended)
+        if ended is not None:
+            # Out of the queue, not recorded yet: a worker has taken it and is starting it (or
+            # died doing so, and the sweep will say). Still the first in line, not unknown.
+            return from_queued(ended, 0)
+        raise NotFound(f"run {run_id} not found")

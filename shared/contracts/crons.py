@@ -1,0 +1,257 @@
+"""Crons (the Agent Protocol's ``client.crons``): schedules, their jobs, their firing's ids.
+
+What both ends need: the API parses a schedule to refuse a bad one (422) and to say when it
+fires next; the worker stores a cron (a ``cron_create`` job: the API never writes the
+database), deletes one (``cron_delete``) and fires its ticks (worker/schedule/crons.py).
+
+A schedule is a cron expression in UTC: five fields (minute hour day-of-month month
+day-of-week), or six with seconds first (``*/2 * * * * *``: every two seconds), or one of
+``@yearly``, ``@monthly``, ``@weekly``, ``@daily``, ``@hourly``. Each field takes ``*``,
+numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, and lists of those; months and week days
+take their English names too (``jan``, ``mon``). As in cron, when both day fields are
+restricted a day matching either fires. The next fire time is arq's :func:`arq.cron.next_cron`.
+
+A tick is the schedule's time that fires, in whole seconds since the epoch. Its run's id is a
+UUID made from the cron and the tick (:func:`tick_run_id`): every worker that would fire the
+same tick names the same run, so a second submission of it is no second run (worker/schedule/crons.py).
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from arq.cron import next_cron
+from redis.asyncio import Redis
+
+from shared.errors import BadRequest
+from shared.redis.queue import submit_job
+
+#: the arq functions that store and delete a cron (worker/schedule/crons.py)
+CRON_CREATE_FUNCTION = "cron_create"
+CRON_DELETE_FUNCTION = "cron_delete"
+#: the longest schedule text taken
+SCHEDULE_MAX_CHARS = 200
+
+_NAMESPACE = uuid.UUID("1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+_MACROS = {
+    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+}
+_MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}
+_DAYS = {name: i for i, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
+#: the longest each month can be (February: in a leap year)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _field(
+    text: str, name: str, low: int, high: int, names: dict[str, int] | None = None
+) -> frozenset[int] | None:
+    """The values a field matches; None for ``*`` (any)."""
+    if text == "*":
+        return None
+    values: set[int] = set()
+    for part in text.split(","):
+        body, _, step_text = part.partition("/")
+        step = 1
+        if step_text:
+            if not step_text.isdigit() or int(step_text) < 1:
+                raise BadRequest(
+                    f"schedule: the {name} field's step {step_text!r} must be a whole number of 1 or more"
+                )
+            step = int(step_text)
+        if body == "*":
+            start, end = low, high
+        elif "-" in body:
+            first, _, last = body.partition("-")
+            start, end = _value(first, name, low, high, names), _value(last, name, low, high, names)
+            if start > end:
+                raise BadRequest(f"schedule: the {name} field's range {body!r} runs backwards")
+        else:
+            start = _value(body, name, low, high, names)
+            end = high if step_text else start
+        values.update(range(start, end + 1, step))
+    return frozenset(values)
+
+
+def _value(text: str, name: str, low: int, high: int, names: dict[str, int] | None) -> int:
+    key = text.lower()
+    if names is not None and key in names:
+        return names[key]
+    if not text.isdigit():
+        raise BadRequest(f"schedule: {text!r} is not a value of the {name} field ({low}-{high})")
+    number = int(text)
+    if not low <= number <= high:
+        raise BadRequest(f"schedule: {number} is out of the {name} field's range {low}-{high}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A parsed schedule: the values each field matches (None: any). Week days are Python's
+    (Monday 0); seconds are {0} for a five-field schedule."""
+
+    text: str
+    second: frozenset[int]
+    minute: frozenset[int] | None
+    hour: frozenset[int] | None
+    day: frozenset[int] | None
+    month: frozenset[int] | None
+    weekday: frozenset[int] | None
+
+    @classmethod
+    def parse(cls, text: Any) -> Schedule:
+        """The schedule, or BadRequest naming what is wrong with it."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("schedule must be a cron expression, e.g. '0 9 * * *' (UTC)")
+        if len(text) > SCHEDULE_MAX_CHARS:
+            raise BadRequest(f"schedule must be at most {SCHEDULE_MAX_CHARS} characters")
+        expression = _MACROS.get(text.strip().lower(), text)
+        fields = expression.split()
+        if len(fields) not in (5, 6):
+            raise BadRequest(
+                f"schedule {text!r} has {len(fields)} fields: it takes 5 (minute hour day month weekday)"
+                " or 6 (second first)"
+            )
+        second_text = fields.pop(0) if len(fields) == 6 else "0"
+        minute, hour, day, month, weekday = fields
+        days = _field(weekday, "day-of-week", 0, 7, _DAYS)
+        schedule = cls(
+            text=text.strip(),
+            second=_field(second_text, "second", 0, 59) or frozenset(range(60)),
+            minute=_field(minute, "minute", 0, 59),
+            hour=_field(hour, "hour", 0, 23),
+            day=_field(day, "day-of-month", 1, 31),
+            month=_field(month, "month", 1, 12, _MONTHS),
+            # cron's 0 and 7 are Sunday; Python's Monday is 0
+            weekday=None if days is None else frozenset((d + 6) % 7 for d in days),
+        )
+        if schedule.day is not None and schedule.weekday is None and not schedule._day_exists():
+            raise BadRequest(f"schedule {text!r} never fires: no month it names has such a day")
+        return schedule
+
+    def _day_exists(self) -> bool:
+        months = self.month if self.month is not None else range(1, 13)
+        return any(d <= _MONTH_DAYS[m - 1] for m in months for d in (self.day or ()))
+
+    def next_after(self, ts: float) -> int:
+        """The first tick strictly after ``ts`` (seconds since the epoch), in whole seconds."""
+        previous = datetime.fromtimestamp(int(ts), UTC)
+        options: dict[str, Any] = {
+            "month": _arg(self.month), "hour": _arg(self.hour), "minute": _arg(self.minute),
+            "second": _arg(self.second), "microsecond": 0,
+        }
+        if self.day is not None and self.weekday is not None:
+            # cron's rule: either day field matching is enough
+            candidates = [next_cron(previous, **options, weekday=_arg(self.weekday))]
+            if self._day_exists():
+                candidates.append(next_cron(previous, **options, day=_arg(self.day)))
+            return int(min(candidates).timestamp())
+        found = next_cron(previous, **options, day=_arg(self.day), weekday=_arg(self.weekday))
+        return int(found.timestamp())
+
+
+def _arg(values: frozenset[int] | None) -> set[int] | None:
+    return None if values is None else set(values)
+
+
+def tick_run_id(cron_id: str, tick: int) -> str:
+    """The id of the run a tick fires: the same for every worker that fires it."""
+    return str(uuid.uuid5(_NAMESPACE, f"cron:{cron_id}:{tick}"))
+
+
+def tick_thread_id(cron_id: str, tick: int) -> str:
+    """The new thread of a tick of a cron without a thread."""
+    return str(uuid.uuid5(_NAMESPACE, f"cron-thread:{cron_id}:{tick}"))
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+# --- the jobs the API enqueues ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CronCreate:
+    """Store a cron (``cron_create``); safe twice: a cron already stored is left as it is."""
+
+    cron_id: str
+    thread_id: str | None
+    schedule: str
+    message: str
+    metadata: dict[str, Any]
+    created_at: float
+    job_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CronCreate:
+        return cls(
+            str(data["cron_id"]), data.get("thread_id"), str(data["schedule"]), str(data["message"]),
+            dict(data.get("metadata") or {}), float(data["created_at"]), str(data["job_id"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CronDelete:
+    """Delete a cron (``cron_delete``); safe twice: a cron already gone stays gone."""
+
+    cron_id: str
+    job_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CronDelete:
+        return cls(str(data["cron_id"]), str(data["job_id"]))
+
+
+def cron_done_key(job_id: str) -> str:
+    """List the worker pushes a cron job's outcome to (``done`` or ``failed: ...``), briefly kept."""
+    return f"sophos:cron-done:{job_id}"
+
+
+async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDelete) -> None:
+    """Enqueue ``job`` and wake a worker, atomically (shared/redis/queue.py ``submit_job``)."""
+    await submit_job(redis, function, job.job_id, job.to_dict(), time.time())
+
+
+# --- the stored cron -------------------------------------------------------------
+
+CRON_COLUMNS = (
+    "id, thread_id, schedule, message, metadata, created_at, updated_at, next_tick,"
+    " fired, skipped, last_tick, last_outcome, last_run_id"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CronRow:
+    id: str
+    thread_id: str | None
+    schedule: str
+    message: str
+    metadata: str
+    created_at: str
+    updated_at: str
+    next_tick: int
+    fired: int
+    skipped: int
+    last_tick: int | None
+    last_outcome: str | None
+    last_run_id: str | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> CronRow:
+        return cls(
+            str(row[0]), row[1], str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
+            int(row[7]), int(row[8]), int(row[9]), None if row[10] is None else int(row[10]),
+            row[11], row[12],
+        )

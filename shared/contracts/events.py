@@ -1,0 +1,84 @@
+"""The events that end a run's stream, as frozen structs: one shape for every producer.
+
+A run's stream ends with ``end`` (it stopped as it should: completed, cancelled as
+asked, or waiting for a decision) or ``chat-error`` (anything else); a run that
+pauses for an approval publishes ``approval`` just before its ``end``. The worker's
+ending (worker/run/ending.py, through :data:`shared.redis.scripts.END_RUN_LUA`), the
+scripts that end a run that never started (the queued cancel, the sweep) and the
+relay that rebuilds an ending from a run's row (api/chat/relay.py) all build these
+shapes from here; the Lua side (``END_LUA`` in shared/redis/scripts.py) builds the
+same fields, and tests/test_redis_protocol.py holds every producer to them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shared.contracts.wire import EventType, RunStatus
+
+#: A run with one of these outcomes stopped as it should: its stream ends with ``end``.
+ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
+
+#: A run's events and its terminal event reach Redis within this many seconds of its
+#: outcome being recorded, unless Redis is away (worker/run/ending.py: the pre-commit flush, the
+#: publisher's close and the ending's script are each bounded, and their bounds add up to
+#: less). Until then a relay that finds the run finished and its stream short waits for the
+#: stream rather than taking it as expired (api/chat/relay.py).
+ENDING_PUBLISHED_WITHIN = 10.0
+
+
+class End(msgspec.Struct, frozen=True, kw_only=True):
+    """``end``: the run stopped as it should."""
+
+    conversation: str
+    run: str
+    status: str
+
+
+class ChatError(msgspec.Struct, frozen=True, kw_only=True):
+    """``chat-error``: the last event of a run that failed or was interrupted."""
+
+    conversation: str
+    run: str
+    status: str
+    code: str | None
+    message: str | None
+
+
+class Approval(msgspec.Struct, frozen=True, kw_only=True):
+    """``approval``: the tool calls waiting for a decision; ``end`` (``waiting``) follows."""
+
+    conversation: str
+    run: str
+    requests: list[dict[str, Any]]
+
+
+Terminal = End | ChatError
+
+
+def ends_normally(status: str) -> bool:
+    return status in ENDS_NORMALLY
+
+
+def terminal_event(
+    conversation_id: str, run_id: str, status: str, code: str | None = None, message: str | None = None
+) -> Terminal:
+    """The event that ends a run's stream with this outcome."""
+    if ends_normally(status):
+        return End(conversation=conversation_id, run=run_id, status=str(status))
+    return ChatError(conversation=conversation_id, run=run_id, status=str(status), code=code, message=message)
+
+
+def event_type(event: Terminal | Approval) -> EventType:
+    if isinstance(event, End):
+        return EventType.END
+    if isinstance(event, ChatError):
+        return EventType.CHAT_ERROR
+    return EventType.APPROVAL
+
+
+def body(event: Terminal | Approval) -> dict[str, Any]:
+    """The event's data, as a JSON object."""
+    return msgspec.structs.asdict(event)

@@ -1,0 +1,1 @@
+"""Redis: connections that outlive a restart, the protocol's scripts, the queue, liveness, metrics."""

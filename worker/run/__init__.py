@@ -1,0 +1,1 @@
+"""A run's life in the worker: the service, turns, ending, stopping, recovery, leases, progress, events."""

@@ -1,0 +1,93 @@
+"""A run accepted behind another (``multitask_strategy`` ``enqueue``) takes its turn here.
+
+Such a run waits in Redis, not in the API: its job is in arq's queue and its id in the
+conversation's waiting list (shared/redis/queue.py), with no claim on the conversation. When the
+worker takes the job, :func:`take_turn` claims the conversation for it in one script
+(``CLAIM_TURN_LUA``), only if no run holds it and no run accepted earlier still waits:
+runs enqueued on one thread start in the order they were accepted. Otherwise the job is
+deferred (arq's ``Retry``) and looked at again ``TURN_RETRY_SECONDS`` later, so the run
+starts once the run before it has ended, whatever ended it: completion, failure, a cancel,
+or a crash found at start-up (worker/run/recovery.py frees its claim).
+
+The thread may have changed while the run waited, so what submission checks is checked
+again here, before the run is recorded: a message behind a run that ended waiting for an
+approval would abandon that approval, and a resume may find nothing left to resume. Such a
+run ends ``failed`` through the one ending (worker/run/ending.py), as a run refused before it
+was recorded: its Redis description is its record, its stream ends with ``chat-error``
+naming why, and the conversation (its row, its thread, its pending approval) is untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import structlog
+from arq import Retry
+
+from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunErrorCode, RunJob, RunStatus, waiting_key
+from shared.redis.scripts import scripts
+from worker.run.ending import APPROVAL_PENDING, Outcome, Thread
+from worker.run.service import RunService
+
+log = structlog.get_logger(__name__)
+
+#: How long a waiting run's job is deferred when its turn has not come (arq looks again then).
+TURN_RETRY_SECONDS = 0.5
+#: arq counts each deferral as a try: a run may wait this many times (at 0.5 s, longer than arq
+#: keeps a job's record, a day), where arq's default would drop it after five.
+TURN_TRIES = 1_000_000
+
+
+async def take_turn(service: RunService, job: RunJob) -> RunJob | None:
+    """``job`` to execute now (as its turn finds the thread), or None when it was refused and
+    ended here. Raises arq's ``Retry`` while another run holds the conversation or comes first."""
+    if not job.may_wait:
+        return job  # accepted with the claim: no round trip on the path of every other run
+    reply = await scripts(service.redis).claim_turn(
+        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id)], args=[job.conversation_id, job.run_id],
+    )
+    kind, *rest = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
+    if kind in ("held", "none"):
+        return job  # accepted with the claim (or its turn taken on an earlier delivery)
+    if kind == "behind":
+        log.info("run.waiting_for_turn", behind=rest[0] if rest else None)
+        raise Retry(defer=TURN_RETRY_SECONDS)
+    log.info("run.turn_taken", waited_ms=round((time.time() - job.enqueued_at) * 1000))
+    refusal = await _recheck(service, job)
+    if refusal is not None:
+        log.info("run.refused_at_turn", error_code=refusal.code)
+        await service.ending.end(job.run_id, job.conversation_id, refusal, thread=Thread(), recorded=False)
+        return None
+    # The conversation exists by now (or never will: then the thread is empty), and the branch it
+    # follows is the one of its last run, not the one read at submission.
+    return dataclasses.replace(
+        job, new_conversation=False, checkpoint_id=await service.store.branch_head(job.conversation_id),
+    )
+
+
+async def _recheck(service: RunService, job: RunJob) -> Outcome | None:
+    """Why the run cannot start on the thread as it now stands, if it cannot."""
+    if job.kind not in (JobKind.RUN, JobKind.RESUME):
+        return None  # only messages and resumes are enqueued (api/protocol/runs.py)
+    try:
+        head = await service.store.branch_head(job.conversation_id)
+        state = await service.graph.aget_state(service.thread_config(job.conversation_id, head))
+    except Exception as exc:
+        # Unreadable now: the run's own checks (worker/run/service.py) read the thread again.
+        log.warning("run.turn_recheck_failed", error=f"{type(exc).__name__}: {exc}")
+        return None
+    if any(task.interrupts for task in state.tasks):
+        what = "your message was not recorded" if job.kind is JobKind.RUN else "nothing was resumed"
+        return Outcome(
+            RunStatus.FAILED, APPROVAL_PENDING,
+            "while this run waited, the thread came to wait for a decision on its tool calls "
+            f"(an approval); {what}: send the decisions first"
+            + (", then the message again" if job.kind is JobKind.RUN else ""),
+        )
+    if job.kind is JobKind.RESUME and not state.tasks:
+        return Outcome(
+            RunStatus.FAILED, RunErrorCode.RUN_NOT_RESUMABLE.value,
+            "while this run waited, the thread came to have nothing left to resume",
+        )
+    return None

@@ -1,0 +1,1 @@
+"""What runs by the clock: crons, webhooks after a run, approval deadlines."""

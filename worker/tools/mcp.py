@@ -1,0 +1,313 @@
+"""Tools from MCP servers, over sessions that live as long as the worker.
+
+Servers come from ``CONFIG_DIR/mcp.json`` (``{"mcpServers": {name: {command,
+args, env}}}``); each tool is offered to the model as ``<server>__<tool>``.
+
+Opening a stdio session costs ~0.7 s and a call on an open one ~7 ms, so each
+server's session is opened once, in a task of its own (anyio requires a
+session to be closed by the task that opened it), and reopened after it breaks.
+A server that cannot start costs only its own tools; a call that fails or
+times out comes back to the model as a tool error.
+
+The tools offered are never frozen at start-up: a server that is down or slower
+than ``MCP_START_TIMEOUT`` is tried again in the background, with a growing pause
+(:data:`RETRY_FIRST` doubling up to :data:`RETRY_MAX`), each try waiting as long as
+the pause before it, so a slow starter gets there too. Each session lists its
+tools when it opens; :meth:`McpToolbox.current` is read before every model call
+(worker/agent/graph.py) and returns the same tuple until a listing changes it, so the
+model is bound again only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import structlog
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from mcp import ClientSession
+from mcp.types import CallToolResult, TextContent, Tool
+
+from shared import tracing
+from shared.redis.metrics import TOOL_CALL
+from worker.metrics import timed
+from worker.tools.ledger import request_meta
+from worker.tools.policy import SAFE_TO_REPEAT, McpConfigError, RepeatPolicy
+from worker.tools.stdio import open_stdio_session
+
+log = structlog.get_logger(__name__)
+
+#: The first pause before a server that could not start is tried again, in seconds.
+RETRY_FIRST = 1.0
+#: The longest pause between two tries (each pause doubles the one before).
+RETRY_MAX = 60.0
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def load_config(path: Path, variables: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Read ``mcp.json``; ``${VAR}`` in args and env values are expanded from ``variables``."""
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        servers = raw["mcpServers"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise McpConfigError(f"{path}: expected {{\"mcpServers\": {{...}}}} ({exc})") from exc
+
+    def expand(value: str) -> str:
+        return _VAR.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
+
+    config: dict[str, dict[str, Any]] = {}
+    for name, spec in servers.items():
+        if "__" in name or not isinstance(spec, dict) or "command" not in spec:
+            raise McpConfigError(f"{path}: server {name!r} needs a command and a name without '__'")
+        config[name] = {
+            "transport": "stdio",
+            "command": expand(spec["command"]),
+            "args": [expand(str(a)) for a in spec.get("args", [])],
+            "env": {k: expand(str(v)) for k, v in spec.get("env", {}).items()} or None,
+        }
+        if spec.get("cwd"):
+            config[name]["cwd"] = expand(spec["cwd"])
+    return config
+
+
+def _result_text(result: CallToolResult) -> str:
+    parts: list[str] = []
+    for item in result.content:
+        if isinstance(item, TextContent):
+            parts.append(item.text)
+        else:
+            parts.append(json.dumps(item.model_dump(mode="json")))
+    if not parts and result.structuredContent is not None:
+        parts.append(json.dumps(result.structuredContent))
+    return "\n".join(parts)
+
+
+class McpServer:
+    """One MCP server: its session's lifetime, its tools, and calls to them."""
+
+    def __init__(
+        self, name: str, connection: dict[str, Any], *, start_timeout: float, call_timeout: float,
+        repeat: RepeatPolicy | None = None,
+    ):
+        self.name = name
+        self.connection = connection
+        self.repeat = repeat or RepeatPolicy()
+        self.start_timeout = start_timeout
+        self.call_timeout = call_timeout
+        self.session: ClientSession | None = None
+        self.error: str | None = None
+        #: The tools of the last session that opened (kept while it is reopened).
+        self.tools: tuple[BaseTool, ...] = ()
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._reopen = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._retry: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def up(self) -> bool:
+        return self.session is not None
+
+    async def _hold_session(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        # ``ready`` and ``stop`` are this session's own: a session being torn down late
+        # must not wake or clear the one opened after it.
+        held: ClientSession | None = None
+        try:
+            # Its stderr goes to our log as events (worker/tools/stdio.py).
+            async with open_stdio_session(self.name, self.connection) as session:
+                await session.initialize()
+                # Listed before the session is offered: a server that is up has its tools.
+                listing = await asyncio.wait_for(session.list_tools(), self.call_timeout)
+                tools = tuple(self._wrap(t) for t in listing.tools)
+                if [t.name for t in tools] != [t.name for t in self.tools]:
+                    log.info("mcp.tools_listed", server=self.name, tools=[t.name for t in tools])
+                self.tools = tools
+                self.session = held = session
+                self.error = None
+                ready.set()
+                await stop.wait()
+        except Exception as exc:  # the server's own failure: it costs only its tools
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.warning("mcp.session_failed", server=self.name, error=self.error)
+        finally:
+            if held is not None and self.session is held:
+                self.session = None
+            ready.set()
+
+    async def open(self, wait: float | None = None) -> bool:
+        """Start a session; wait for it up to ``wait`` seconds (``MCP_START_TIMEOUT`` by default).
+
+        A server not up by then is tried again in the background until it is.
+        """
+        timeout = self.start_timeout if wait is None else wait
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._hold_session(self._ready, self._stop), name=f"mcp:{self.name}")
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            self.error = f"did not start within {timeout:g}s"
+            log.warning("mcp.start_timeout", server=self.name, timeout=timeout)
+            await self.close()
+        if not self.up:
+            self._retry_later()
+        return self.up
+
+    def _retry_later(self) -> None:
+        if self._closed or (self._retry is not None and not self._retry.done()):
+            return  # stopping, or the retrying task is the one that failed
+        self._retry = asyncio.create_task(self._retry_until_up(), name=f"mcp-retry:{self.name}")
+
+    async def _retry_until_up(self) -> None:
+        pause = RETRY_FIRST
+        while not self.up and not self._closed:
+            log.info("mcp.retry_scheduled", server=self.name, seconds=pause, error=self.error)
+            await asyncio.sleep(pause)
+            # As long as the pause: a server slower than MCP_START_TIMEOUT gets there in the end.
+            await self.reopen(wait=max(self.start_timeout, pause))
+            pause = min(pause * 2, RETRY_MAX)
+
+    async def close(self) -> None:
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 5)
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+        self.session = None
+
+    async def shutdown(self) -> None:
+        """Close the session for good: no retry after this."""
+        self._closed = True
+        retry, self._retry = self._retry, None
+        if retry is not None:
+            retry.cancel()
+            with suppress(asyncio.CancelledError):
+                await retry
+        await self.close()
+
+    async def reopen(self, broken: ClientSession | None = None, *, wait: float | None = None) -> None:
+        """Replace ``broken`` (or a missing session) by a new one, once however many ask."""
+        async with self._reopen:
+            if self._closed or (self.session is not None and self.session is not broken):
+                return  # stopping, or someone else reopened it while we waited
+            await self.close()
+            if await self.open(wait):
+                log.info("mcp.session_reopened", server=self.name, tools=len(self.tools))
+
+    def _discard(self, broken: ClientSession, why: str) -> None:
+        """Stop using a session that failed a call; the next call waits for a new one."""
+        if self.session is broken:
+            self.session = None
+            self.error = f"{why}; reopening"
+        task = asyncio.create_task(self.reopen(broken))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _wrap(self, listed: Tool) -> BaseTool:
+        tool_name = listed.name
+
+        async def call(**arguments: Any) -> str:
+            return await self.call(tool_name, arguments)
+
+        hints = listed.annotations
+        hinted = hints is not None and bool(hints.readOnlyHint or hints.idempotentHint)
+        return StructuredTool(
+            name=f"{self.name}__{tool_name}",
+            description=listed.description or "",
+            args_schema=listed.inputSchema,
+            coroutine=call,
+            metadata={SAFE_TO_REPEAT: self.repeat(self.name, tool_name, hinted=hinted)},
+        )
+
+    async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+        tracing.annotate({"sophos.tool.server": self.name})  # on the call's span (worker/tools/ledger.py)
+        session = self.session
+        if session is None:
+            await self.reopen()
+            session = self.session
+            if session is None:
+                raise ToolException(f"tool server {self.name!r} is not available: {self.error}")
+        try:
+            with timed(TOOL_CALL, {"tool": f"{self.name}__{tool_name}"}):
+                # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
+                # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the session
+                # is called directly.
+                request = session.call_tool(tool_name, arguments, meta=request_meta())
+                result = await asyncio.wait_for(request, self.call_timeout)
+        except TimeoutError:
+            # A hung server: answer the model now, and start afresh for the next call.
+            message = f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"
+            self._discard(session, message)
+            raise ToolException(message) from None
+        except Exception as exc:
+            # Most likely the server died (its pipe closed): it is started again.
+            message = f"tool server {self.name!r} failed: {type(exc).__name__}: {exc}"
+            self._discard(session, message)
+            raise ToolException(message) from exc
+        text = _result_text(result)
+        if result.isError:
+            raise ToolException(text or f"tool {self.name}__{tool_name} failed")
+        return text
+
+
+class McpToolbox:
+    """All configured servers; owned by the worker for its whole life."""
+
+    def __init__(self, servers: list[McpServer]) -> None:
+        self.servers = servers
+        self._listings: tuple[tuple[BaseTool, ...], ...] = ()
+        self._tools: tuple[BaseTool, ...] = ()
+
+    @classmethod
+    def from_config(
+        cls, config: dict[str, dict[str, Any]], *, start_timeout: float, call_timeout: float,
+        repeat: RepeatPolicy | None = None,
+    ) -> McpToolbox:
+        return cls([
+            McpServer(name, conn, start_timeout=start_timeout, call_timeout=call_timeout, repeat=repeat)
+            for name, conn in config.items()
+        ])
+
+    async def open(self) -> None:
+        """Start every server, waiting up to ``MCP_START_TIMEOUT``; the others keep trying."""
+        await asyncio.gather(*(s.open() for s in self.servers))
+        log.info(
+            "mcp.ready",
+            servers={s.name: ("up" if s.up else s.error) for s in self.servers},
+            tools=[t.name for t in self.current()],
+        )
+
+    def current(self) -> tuple[BaseTool, ...]:
+        """Every server's tools now; the same tuple as last time unless a listing changed.
+
+        Called before each model call: a comparison of a few tuples by identity.
+        """
+        listings = tuple(s.tools for s in self.servers)
+        if len(listings) != len(self._listings) or any(
+            a is not b for a, b in zip(listings, self._listings, strict=True)
+        ):
+            self._listings = listings
+            self._tools = tuple(t for listing in listings for t in listing)
+        return self._tools
+
+    @property
+    def tools(self) -> list[BaseTool]:
+        return list(self.current())
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.shutdown() for s in self.servers), return_exceptions=True)
+
+    def status(self) -> dict[str, str]:
+        return {s.name: "up" if s.up else (s.error or "down") for s in self.servers}

@@ -1,0 +1,106 @@
+"""What ``mcp.json`` says about tools beyond how to start their servers.
+
+- ``requireApproval`` (per server): ``true`` for every tool of the server, or a list of its
+  tool names. A call of such a tool waits for the user's decision before it runs
+  (worker/agent/graph.py, the approval step). Nothing needs approval unless configured.
+- ``safeToRepeat`` (per server): whether a call that *may* have run (the worker stopped while
+  it was being made: worker/tools/ledger.py) may be sent again without asking. By default the tool's
+  own MCP annotations decide (``readOnlyHint`` or ``idempotentHint`` true: safe); ``true`` or
+  ``false`` overrides that for every tool of the server, a list names the tools that are safe,
+  and an object ``{"tool": true|false}`` overrides tool by tool.
+
+Tool names in both are without the ``server__`` prefix the model sees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.tools import BaseTool
+
+#: a wrapped MCP tool's ``metadata`` key: its calls may be sent again after a crash (bool)
+SAFE_TO_REPEAT = "sophos_safe_to_repeat"
+
+
+class McpConfigError(ValueError):
+    pass
+
+
+def _servers(path: Path) -> dict[str, Any]:
+    """The ``mcpServers`` of ``mcp.json`` (read after worker/tools/mcp.py's ``load_config`` accepted it)."""
+    return dict(json.loads(path.read_text())["mcpServers"]) if path.exists() else {}
+
+
+class ApprovalPolicy:
+    """Which tools need the user's approval before they run (``requireApproval``)."""
+
+    def __init__(self, whole_servers: frozenset[str] = frozenset(), tools: frozenset[str] = frozenset()):
+        self.whole_servers = whole_servers
+        self.tools = tools
+
+    def __call__(self, tool: str) -> bool:
+        server, sep, _ = tool.partition("__")
+        return tool in self.tools or (bool(sep) and server in self.whole_servers)
+
+
+def load_approvals(path: Path) -> ApprovalPolicy:
+    whole: set[str] = set()
+    tools: set[str] = set()
+    for name, spec in _servers(path).items():
+        required = spec.get("requireApproval", False)
+        if required is True:
+            whole.add(name)
+        elif isinstance(required, list) and all(isinstance(t, str) and t for t in required):
+            tools.update(f"{name}__{t}" for t in required)
+        elif required is not False:
+            raise McpConfigError(
+                f"{path}: server {name!r}: requireApproval must be true, false or a list of tool names"
+            )
+    return ApprovalPolicy(frozenset(whole), frozenset(tools))
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatPolicy:
+    """Which tools' uncertain calls are sent again without asking (``safeToRepeat``)."""
+
+    #: server → every tool of it is (True) or is not (False) safe to repeat
+    servers: Mapping[str, bool] = field(default_factory=dict)
+    #: ``server__tool`` → that tool is or is not safe to repeat
+    tools: Mapping[str, bool] = field(default_factory=dict)
+
+    def __call__(self, server: str, tool: str, *, hinted: bool) -> bool:
+        """``hinted``: the tool's MCP annotations say it is read-only or idempotent."""
+        full = f"{server}__{tool}"
+        if full in self.tools:
+            return self.tools[full]
+        return self.servers.get(server, hinted)
+
+
+def load_repeat(path: Path) -> RepeatPolicy:
+    servers: dict[str, bool] = {}
+    tools: dict[str, bool] = {}
+    for name, spec in _servers(path).items():
+        value = spec.get("safeToRepeat")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            servers[name] = value
+        elif isinstance(value, list) and all(isinstance(t, str) and t for t in value):
+            tools.update((f"{name}__{t}", True) for t in value)
+        elif isinstance(value, dict) and all(isinstance(v, bool) for v in value.values()):
+            tools.update((f"{name}__{t}", v) for t, v in value.items())
+        else:
+            raise McpConfigError(
+                f"{path}: server {name!r}: safeToRepeat must be true, false, a list of tool names"
+                " or an object of tool names to true or false"
+            )
+    return RepeatPolicy(servers, tools)
+
+
+def safe_to_repeat(tool: BaseTool) -> bool:
+    """Whether an uncertain call of ``tool`` may be sent again without asking (False unless said)."""
+    return bool((tool.metadata or {}).get(SAFE_TO_REPEAT, False))

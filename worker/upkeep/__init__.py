@@ -1,0 +1,1 @@
+"""Upkeep: the sweep, retention, deletion, renaming, and copying a deployment to PostgreSQL."""
