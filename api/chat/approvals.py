@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from api.http.schemas import DecisionBody, PendingCall
+from api.chat.schemas import DecisionBody
+from api.conversations.schemas import PendingCall
 from shared.contracts.wire import Decision, DecisionAction
 from shared.errors import BadRequest
 

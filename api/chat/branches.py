@@ -18,9 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from api.chat.schemas import ActingCall, Alternative, Branch
 from api.conversations.ledger_view import LedgerRow
+from api.conversations.schemas import CheckpointLine, Message
 from api.conversations.transcript import lines_of, shown, thread_messages, to_message
-from api.http.schemas import ActingCall, Alternative, Branch, CheckpointLine, Message
 from shared.contracts.wire import text_of
 
 # LangGraph and langchain are imported by the functions that run in a reader process: the

@@ -14,10 +14,10 @@ from litestar.response import Response, Stream
 
 from api.auth.bearer import BROWSER_REQUESTED
 from api.chat.relay import Ending, Relay, current_run, parse_last_event_id, run_of_conversation
+from api.chat.schemas import BranchRequest, ChatAccepted, ChatRequest
 from api.http.ids import parse_id
 from api.http.limits import limit_submissions
 from api.http.openapi import ConversationId, errors
-from api.http.schemas import BranchRequest, ChatAccepted, ChatRequest
 from api.ops import metrics
 from api.resources import Resources
 from shared import tracing

@@ -44,8 +44,8 @@ from redis.asyncio import Redis
 from api.chat import branches
 from api.chat.approvals import check_shape, match, pending_requests
 from api.chat.idempotency import first_answer  # refuses an answer naming a deleted conversation
+from api.chat.schemas import ChatAccepted, ChatRequest
 from api.http.ids import new_id, parse_id
-from api.http.schemas import ChatAccepted, ChatRequest
 from api.runs import live
 from api.runs.status import waits_for_decision
 from api.store import ConversationRow, Store

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from msgspec import UNSET
 
-from api.http.schemas import LedgerEntry, Message, PlannedCall
+from api.conversations.schemas import LedgerEntry, Message, PlannedCall
 
 #: the columns :meth:`LedgerRow.from_row` reads, in order
 LEDGER_COLUMNS = "message_id, tool_call_id, tool, idempotency_key, attempt, state, safe_to_repeat"

@@ -13,16 +13,16 @@ from litestar.params import Parameter
 from api.auth.bearer import BROWSER_REQUESTED
 from api.conversations.deletion import Deleted, Deletions
 from api.conversations.renaming import Renames, has_control_characters
-from api.http.disconnect import cancel_on_disconnect
-from api.http.ids import parse_id
-from api.http.openapi import ConversationId, errors
-from api.http.schemas import (
+from api.conversations.schemas import (
     ConversationDetail,
     ConversationList,
     DeleteAccepted,
     Renamed,
     RenameRequest,
 )
+from api.http.disconnect import cancel_on_disconnect
+from api.http.ids import parse_id
+from api.http.openapi import ConversationId, errors
 from api.resources import Resources
 from shared.contracts.wire import TITLE_MAX_CHARS
 from shared.errors import BadRequest

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from api.http.schemas import (
+from api.chat.schemas import Branch
+from api.conversations.schemas import (
     Approval,
-    Branch,
     CheckpointLine,
     ConversationInfo,
     LedgerEntry,

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from api.chat import branches
 from api.chat.approvals import pending_call, pending_requests
 from api.conversations import ledger_view, title_search, transcript
-from api.http.schemas import (
+from api.conversations.schemas import (
     CheckpointLine,
     ConversationDetail,
     ConversationInfo,

@@ -34,9 +34,9 @@ from prometheus_client.core import (
 )
 from redis.exceptions import RedisError
 
-from api.http.schemas import RunInfo
 from api.resources import Resources
 from api.runs import live
+from api.runs.schemas import RunInfo
 from shared.contracts.wire import RunStatus
 from shared.errors import SophosError
 from shared.redis.liveness import Liveness, read_liveness

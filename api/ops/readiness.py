@@ -9,7 +9,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from api.http.schemas import ReadinessChecks, WorkerInfo
+from api.ops.schemas import ReadinessChecks
+from api.runs.schemas import WorkerInfo
 from api.store import Store
 from shared.errors import NotReady, SophosError
 from shared.model_probe import ModelCheck, probe

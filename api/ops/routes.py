@@ -10,8 +10,8 @@ from msgspec import UNSET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.http.openapi import errors
-from api.http.schemas import AgentInfo, AgentTool, Health, NotReadyBody, Ready
 from api.ops import metrics, readiness
+from api.ops.schemas import AgentInfo, AgentTool, Health, NotReadyBody, Ready
 from api.resources import Resources
 from shared.redis.liveness import read_liveness
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from api.http.schemas import DecisionBody
+from api.chat.schemas import DecisionBody
 from shared.errors import BadRequest
 
 ALLOWED_DECISIONS: Final = ("approve", "edit", "reject")

@@ -23,9 +23,9 @@ import structlog
 from redis.asyncio import Redis
 
 from api.chat.relay import run_of_conversation
+from api.chat.schemas import ChatAccepted, ChatRequest
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
-from api.http.schemas import ChatAccepted, ChatRequest, RunInfo
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
@@ -33,6 +33,7 @@ from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
+from api.runs.schemas import RunInfo
 from api.runs.views import Runs, from_queued, live
 from shared.contracts.protocol import ASSISTANT_ID as ASSISTANT_ID
 from shared.contracts.protocol import RunRecord, sdk_run

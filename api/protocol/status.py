@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from api.http.schemas import ConversationInfo
+from api.conversations.schemas import ConversationInfo
 from shared.contracts.protocol import SDK_RUN_STATUS
 from shared.contracts.protocol import SdkRunStatus as SdkRunStatus
 from shared.contracts.wire import RunStatus

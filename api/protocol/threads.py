@@ -23,9 +23,9 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from api.conversations.deletion import Deletions
+from api.conversations.schemas import ConversationInfo
 from api.conversations.views import Conversations, queued_only, summary
 from api.http.ids import new_id, parse_id
-from api.http.schemas import ConversationInfo
 from api.http.timefmt import iso_from_timestamp
 from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status

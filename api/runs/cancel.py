@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from api.http.schemas import RunInfo
+from api.runs.schemas import RunInfo
 from api.runs.views import Runs, live
 from shared.contracts.webhooks import hook_keys_args
 from shared.contracts.wire import (

@@ -10,9 +10,9 @@ from litestar.params import Parameter
 
 from api.http.ids import parse_id
 from api.http.openapi import RunId, errors
-from api.http.schemas import RunInfo, RunList
 from api.resources import Resources
 from api.runs.cancel import cancel_run
+from api.runs.schemas import RunInfo, RunList
 from shared.contracts.wire import RunStatus
 
 

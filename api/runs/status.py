@@ -9,7 +9,7 @@ relay's rebuilt ending, the runs listing) asks these functions.
 
 from __future__ import annotations
 
-from api.http.schemas import RunError
+from api.runs.schemas import RunError
 from api.store import ConversationRow
 from shared.contracts.wire import RunErrorCode, RunStatus
 from shared.storage.rows import RunRow

@@ -30,9 +30,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.http.ids import parse_id
-from api.http.schemas import RunBreakdown, RunError, RunInfo, RunList, WorkerInfo
 from api.http.timefmt import iso_from_timestamp, millis_between, parse_iso
 from api.runs import live
+from api.runs.schemas import RunBreakdown, RunError, RunInfo, RunList, WorkerInfo
 from api.runs.status import run_error
 from api.store import RunRow, Store
 from shared.contracts.wire import QUEUE_NAME, JobKind, RunStatus

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from api.chat.relay import PING
-from api.http.schemas import ConversationInfo, DecisionBody
+from api.chat.schemas import DecisionBody
+from api.conversations.schemas import ConversationInfo
 from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from api.chat.branches import Call, Fork, Found, acting, annotate
 from api.conversations.ledger_view import LedgerRow
-from api.http.schemas import Message
+from api.conversations.schemas import Message
 
 
 def row(message_id: str, call_id: str, safe: bool | None) -> LedgerRow:

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from api.chat.schemas import ChatRequest
 from api.chat.submit import idempotency_of
 from api.http.ids import parse_id
-from api.http.schemas import ChatRequest
 from api.http.timefmt import millis_between, parse_iso
 from api.runs.views import CURSOR_MAX_CHARS, decode_cursor, encode_cursor
 from shared.errors import BadRequest
