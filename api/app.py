@@ -12,7 +12,8 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from api import web
-from api.auth.bearer import browser_guard, token_guard
+from api.auth import routes as auth_routes
+from api.auth.guard import identify
 from api.chat import routes as chat_routes
 from api.conversations import routes as conversation_routes
 from api.http.access_log import access_log
@@ -75,24 +76,22 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             ops_routes.agent,
             ops_routes.healthz,
             ops_routes.readyz,
+            auth_routes.whoami,
         ],
-        guards=[token_guard(settings.api_token)] if settings.api_token else [],
-        security=[{"bearer": []}] if settings.api_token else None,
+        guards=[identify],
+        security=[{"bearer": []}],
     )
-    # Prometheus scrapes the root; the token, when set, guards it like /api.
+    # Prometheus scrapes the root, as an operator (api/ops/routes.py).
     scrape = Router(
-        path="/",
-        route_handlers=[ops_routes.scrape],
-        guards=[token_guard(settings.api_token)] if settings.api_token else [],
-        security=[{"bearer": []}] if settings.api_token else None,
+        path="/", route_handlers=[ops_routes.scrape], guards=[identify], security=[{"bearer": []}]
     )
-    # The Agent Protocol (api/protocol/), at the root paths the LangGraph SDKs use; the token,
-    # when set, guards it like /api, presented as a bearer token or as the SDKs' x-api-key.
+    # The Agent Protocol (api/protocol/), at the root paths the LangGraph SDKs use, behind the
+    # same guard: the SDKs present a key as x-api-key, a JWT as a bearer token.
     protocol = Router(
         path="/",
         route_handlers=PROTOCOL_ROUTES,
-        guards=[token_guard(settings.api_token, api_key=True)] if settings.api_token else [],
-        security=[{"bearer": []}] if settings.api_token else None,
+        guards=[identify],
+        security=[{"bearer": []}],
         exception_handlers=protocol_exception_handlers(),
     )
     components = [Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")})]
@@ -102,7 +101,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         description="A durable chat agent: send messages, stream a run's events, read conversations.",
         path="/schema",
         render_plugins=web.schema_viewers(),  # served from web/vendor: works offline
-        components=components if settings.api_token else [],
+        components=components,
     )
     return Litestar(
         route_handlers=[api, scrape, protocol, *web.routes()],  # the page at / (api/web.py)
@@ -113,9 +112,6 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
         exception_handlers=exception_handlers(),
         cors_config=cors_config(settings),
-        # Without a token: no cross-origin browser requests but from CORS_ORIGINS, no DNS
-        # rebinding (api/auth/bearer.py).
-        guards=[guard for guard in (browser_guard(settings),) if guard is not None],
         middleware=[access_log, StreamLimit(settings.max_streams_per_client).middleware],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=openapi,

@@ -17,6 +17,9 @@ import structlog
 from litestar import Litestar
 from redis.asyncio import Redis
 
+from api.auth.guard import Authenticator
+from api.auth.keys import KeyDirectory
+from api.auth.oidc import OidcVerifier
 from api.chat.feed import Feeds
 from api.chat.submit import ChatService
 from api.conversations.views import Conversations
@@ -45,6 +48,8 @@ class Resources:
     chat: ChatService
     conversations: Conversations
     runs: Runs
+    #: who is asking (api/auth/guard.py)
+    auth: Authenticator
 
 
 def redis_client(settings: Settings) -> Redis:
@@ -86,6 +91,10 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
             chat=ChatService(settings, store, redis),
             conversations=Conversations(store, redis),
             runs=Runs(store, redis, settings),
+            auth=Authenticator(
+                settings, KeyDirectory(store.db),
+                OidcVerifier(settings, http) if settings.auth_oidc_issuer is not None else None,
+            ),
         )
 
 
@@ -99,7 +108,8 @@ def lifespan(
         async with open_resources(settings, draining) as resources:
             app.state.resources = resources
             log.info(
-                "api.started", database=settings.database_name, auth=settings.api_token is not None,
+                "api.started", database=settings.database_name, token=settings.api_token is not None,
+                oidc=settings.auth_oidc_issuer,
                 **in_use(resources.redis), http=Speedups.of(settings).api_http,
             )
             try:

@@ -10,6 +10,7 @@
     ├── ApprovalPending         409 APPROVAL_PENDING
     ├── NoApprovalPending       409 NO_APPROVAL_PENDING
     ├── RunFinished             409 RUN_FINISHED
+    ├── UserExists              409 USER_EXISTS (sophos users add of a user with a key in force)
     ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
@@ -80,6 +81,11 @@ class NoApprovalPending(SophosError):
 
 class RunFinished(SophosError):
     code = "RUN_FINISHED"
+    status = 409
+
+
+class UserExists(SophosError):
+    code = "USER_EXISTS"
     status = 409
 
 

@@ -275,6 +275,19 @@ class Settings:
     rate_limit_per_minute: int = 60
     # Open event streams per client address, per API process; 0 turns the limit off.
     max_streams_per_client: int = 32
+    # Identities (api/auth/, docs/security.md): an OpenID Connect issuer whose bearer JWTs are
+    # users (its discovery document names the JWKS), the audience its tokens must name, the
+    # claim naming the user, and the claim and value that make one an operator.
+    auth_oidc_issuer: str | None = None
+    auth_oidc_audience: str | None = None
+    auth_oidc_user_claim: str = "sub"
+    auth_oidc_operator_claim: str | None = None
+    auth_oidc_operator_value: str | None = None
+    # Who owns what was stored before identities (an old database upgraded in place); None:
+    # the local user.
+    auth_adopt_owner: str | None = None
+    # Runs queued or running per user at once; the next is 429 (fair shares). 0: no limit.
+    user_max_active_runs: int = 8
     # Web origins (scheme://host[:port]) whose pages may call the API from a browser: they
     # get CORS headers and pass the browser guard (api/auth/bearer.py). Empty: same origin only.
     cors_origins: tuple[str, ...] = ()
@@ -355,6 +368,7 @@ class Settings:
         port = _int(env, "API_PORT", d.api_port, minimum=0)
         if port > 65535:
             raise SettingsError("API_PORT", f"must be at most 65535, got {port}")
+        oidc = _oidc(env)
         return cls(
             database_path=_path(env, "DATABASE_PATH", "data/db/sophos.db"),
             database_url=_database_url(env, "DATABASE_URL"),
@@ -378,6 +392,13 @@ class Settings:
             rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
             max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
             cors_origins=_origins(env, "CORS_ORIGINS"),
+            auth_oidc_issuer=oidc.issuer,
+            auth_oidc_audience=oidc.audience,
+            auth_oidc_user_claim=oidc.user_claim,
+            auth_oidc_operator_claim=oidc.operator_claim,
+            auth_oidc_operator_value=oidc.operator_value,
+            auth_adopt_owner=_user_name(env, "AUTH_ADOPT_OWNER"),
+            user_max_active_runs=_int(env, "USER_MAX_ACTIVE_RUNS", d.user_max_active_runs),
             webhook_allow_http=_bool(env, "WEBHOOK_ALLOW_HTTP", d.webhook_allow_http),
             webhook_allow_private=_bool(env, "WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private),
             webhook_attempts=_int(env, "WEBHOOK_ATTEMPTS", d.webhook_attempts, minimum=1),
@@ -444,6 +465,12 @@ class Settings:
         return redact_url(self.database_url)
 
     @property
+    def auth_configured(self) -> bool:
+        """True when a credential is configured in the settings (API_TOKEN or an OIDC issuer);
+        keys made by ``sophos users add`` are in force too once a user exists (api/auth/)."""
+        return self.api_token is not None or self.auth_oidc_issuer is not None
+
+    @property
     def lock_path(self) -> Path:
         return self.database_path.with_name(self.database_path.name + ".lock")
 
@@ -452,3 +479,48 @@ class Settings:
 _SECRET_FIELDS = frozenset({"api_token"})
 #: shown without their passwords (:func:`redact_url`)
 _URL_FIELDS = frozenset({"database_url", "redis_url", "ollama_host"})
+
+
+#: a user's name: what keys are made for and what owns resources (shared/storage/users.py)
+USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@|:+-]{0,127}")
+
+
+def _user_name(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    if not USER_NAME.fullmatch(raw):
+        raise SettingsError(name, f"not a user name (letters, digits and ._@|:+-, at most 128): {raw!r}")
+    return raw
+
+
+@dataclass(frozen=True)
+class _Oidc:
+    issuer: str | None
+    audience: str | None
+    user_claim: str
+    operator_claim: str | None
+    operator_value: str | None
+
+
+def _oidc(env: Mapping[str, str]) -> _Oidc:
+    """AUTH_OIDC_*: the issuer (https, or http on loopback for tests) and its audience together."""
+    issuer = env.get("AUTH_OIDC_ISSUER") or None
+    audience = env.get("AUTH_OIDC_AUDIENCE") or None
+    claim = env.get("AUTH_OIDC_OPERATOR_CLAIM") or None
+    value = env.get("AUTH_OIDC_OPERATOR_VALUE") or None
+    if issuer is not None:
+        parts = urlsplit(issuer)
+        loopback = parts.hostname in ("localhost", "127.0.0.1", "::1")
+        if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+            raise SettingsError(
+                "AUTH_OIDC_ISSUER", f"must be an https URL (http only on loopback): {issuer!r}"
+            )
+        if audience is None:
+            raise SettingsError("AUTH_OIDC_AUDIENCE", "must be set with AUTH_OIDC_ISSUER: the audience "
+                                "(client id) its tokens must name")
+    if (claim is None) != (value is None):
+        raise SettingsError("AUTH_OIDC_OPERATOR_VALUE" if value is None else "AUTH_OIDC_OPERATOR_CLAIM",
+                            "AUTH_OIDC_OPERATOR_CLAIM and AUTH_OIDC_OPERATOR_VALUE go together")
+    return _Oidc(issuer.rstrip("/") if issuer else None, audience,
+                 env.get("AUTH_OIDC_USER_CLAIM") or "sub", claim, value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sophos_cli.commands import main
+from sophos_cli.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

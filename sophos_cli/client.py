@@ -109,6 +109,10 @@ class Api:
         result: dict[str, str] = self._call("POST", "/api/chat", json=body)
         return result
 
+    def whoami(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/whoami")
+        return result
+
     def runs(self, **params: Any) -> dict[str, Any]:
         result: dict[str, Any] = self._call(
             "GET", "/api/runs", params={k: v for k, v in params.items() if v is not None}

@@ -205,6 +205,13 @@ def delete(api: Api, args: argparse.Namespace) -> int:
     return 0
 
 
+def whoami(api: Api, args: argparse.Namespace) -> int:
+    who = api.whoami()
+    role = "an operator" if who["operator"] else "a user"
+    print(f"{who['name']} ({role}; by {who['via']})")
+    return 0
+
+
 # --- entry point ------------------------------------------------------------------------
 
 
@@ -298,6 +305,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100)
     p.set_defaults(handler=runs)
 
+    p = command("whoami", "print who the API takes this client for (its token's user)")
+    p.set_defaults(handler=whoami)
+
     p = command("cancel", "cancel a queued or running run")
     p.add_argument("run", help="the run's id")
     p.set_defaults(handler=cancel)
@@ -316,10 +326,10 @@ def token_of(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str | No
 
 def unauthorized(exc: ApiError, source: str | None) -> str:
     if source is None:
-        return (f"{exc.code}: {exc.message}. The API wants a token: set SOPHOS_TOKEN (or API_TOKEN) "
-                "to the API's API_TOKEN, or pass --token")
+        return (f"{exc.code}: {exc.message}. The API wants a token: set SOPHOS_TOKEN to your key "
+                "(`sophos users add NAME` makes one) or the API's API_TOKEN, or pass --token")
     return (f"{exc.code}: {exc.message}. The token from {source} was refused: "
-            f"it must be the API's API_TOKEN")
+            f"it must be a key in force, a valid token of the API's identity provider, or its API_TOKEN")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@
 command-line client (:mod:`sophos_cli.commands`), so the commands the tools print
 (``sophos approve ID``, ``sophos chat --resume --conversation ID``) can be typed as
 printed. ``sophos worker [--check|--copy-to URL]`` and ``sophos api`` start the
-service's two processes, as ``python -m worker`` and ``python -m api`` do; they are
+service's two processes, as ``python -m worker`` and ``python -m api`` do, and ``sophos
+users`` makes and revokes users' keys in the database (:mod:`sophos_cli.users`); they are
 imported only when asked for, so the client stays an HTTP client.
 
 ``up``, ``test`` and ``audit`` belong to the checkout's ``./sophos`` launcher (it
@@ -31,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from api.__main__ import main as process_main
         result = process_main()
         return result if isinstance(result, int) else 0
+    if first == "users":
+        # Writes the database itself: imported only when asked for, like the processes.
+        from sophos_cli.users import main as users_main
+
+        return users_main(args[1:])
     if first in CHECKOUT_ONLY:
         print(f"sophos: `{first}` is the checkout's launcher: run `./sophos {first}` in the Sophos "
               "folder (here: `sophos worker`, `sophos api`, and the client's commands)", file=sys.stderr)

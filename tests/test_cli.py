@@ -79,7 +79,7 @@ def test_the_token_comes_from_sophos_token_or_api_token_and_a_401_names_the_vari
 ) -> None:
     none = cli(api, "conversations", SOPHOS_TOKEN=None)
     assert none.returncode == 1
-    assert "UNAUTHORIZED" in none.stderr and "set SOPHOS_TOKEN (or API_TOKEN)" in none.stderr
+    assert "UNAUTHORIZED" in none.stderr and "set SOPHOS_TOKEN to your key" in none.stderr
 
     wrong = cli(api, "conversations", SOPHOS_TOKEN="wrong")
     assert wrong.returncode == 1 and "The token from SOPHOS_TOKEN was refused" in wrong.stderr

@@ -9,6 +9,7 @@ from litestar.openapi import ResponseSpec
 from msgspec import UNSET
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.auth.guard import OPERATOR_ONLY
 from api.http.openapi import errors
 from api.ops import metrics, readiness
 from api.ops.schemas import AgentInfo, AgentTool, Health, NotReadyBody, Ready
@@ -65,8 +66,10 @@ async def readyz(resources: Resources) -> Ready:
     tags=["operations"],
     summary="Prometheus metrics",
     description="Text exposition format. Queue and worker figures come from Redis, so every API "
-    "process agrees; `sophos_sse_subscribers` and `process_*` are this process's own.",
+    "process agrees; `sophos_sse_subscribers` and `process_*` are this process's own. Operators only.",
     media_type=CONTENT_TYPE_LATEST,
+    opt={OPERATOR_ONLY: True},
+    responses=errors(401, 403),
 )
 async def scrape(resources: Resources) -> Response[Any]:
     return Response(await metrics.render(resources), media_type=CONTENT_TYPE_LATEST)

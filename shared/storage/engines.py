@@ -42,6 +42,16 @@ async def open_database(settings: Settings, *, max_size: int) -> Database:
     return await SqliteDatabase.open(settings.database_path)
 
 
+async def open_migrated_database(settings: Settings) -> Database:
+    """The application tables, migrated, for a command that writes them with no worker running
+    (``sophos users``): one connection, on either engine."""
+    if settings.database_url is not None:
+        from shared.storage.postgres import migrate
+
+        await migrate(settings.database_url)
+    return await open_database(settings, max_size=1)
+
+
 def open_reader(settings: Settings) -> Reader:
     """The database, read-only, opened on first use (the API's)."""
     if settings.database_url is not None:

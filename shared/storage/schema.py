@@ -129,6 +129,31 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX crons_due ON crons(next_tick);
     CREATE INDEX crons_by_thread ON crons(thread_id);
     """,
+    # 10: identities (api/auth/, shared/storage/users.py, DESIGN.md "People and what they may
+    # touch"). ``users``: a key's SHA-256 digest only, never the key; a revoked user keeps their
+    # row (their name still owns what they made, and is not given to someone else). ``owner``:
+    # who a conversation, a run and a cron belong to; a run's ``owner`` is its conversation's
+    # (so a user's runs page without a join), ``started_by`` and ``cancelled_by`` who did that
+    # (an operator may act on a user's conversation). What was stored before belongs to
+    # 'local', the user of an API without identities (AUTH_ADOPT_OWNER names another: the
+    # worker hands it over at start-up, shared/storage/users.py ``adopt``).
+    """
+    CREATE TABLE users (
+        name       TEXT PRIMARY KEY,
+        key_digest TEXT NOT NULL UNIQUE,
+        operator   INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    ALTER TABLE conversations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE runs ADD COLUMN started_by TEXT;
+    ALTER TABLE runs ADD COLUMN cancelled_by TEXT;
+    ALTER TABLE crons ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+    CREATE INDEX conversations_by_owner ON conversations(owner, created_at, id);
+    CREATE INDEX runs_by_owner ON runs(owner, COALESCE(enqueued_at, started_at), id);
+    CREATE INDEX crons_by_owner ON crons(owner, created_at, id);
+    """,
 )
 
 
