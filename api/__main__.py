@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import uvicorn
 
+    from shared.settings import Settings
+
 #: Seconds uvicorn waits for open requests before cancelling them on SIGTERM. Event
 #: streams end by themselves within a second of the signal (see ``draining``).
 GRACEFUL_SHUTDOWN_SECONDS = 3
@@ -57,6 +59,8 @@ def main() -> int:
         print(f"sophos-api: {exc}", file=sys.stderr)
         return 2
     problem = exposure_problem(settings)
+    if problem is not None and _keys_in_force(settings):
+        problem = None  # users' keys guard it (read only when it matters: beyond loopback)
     if problem is not None:
         print(f"sophos-api: refusing to start: {problem}", file=sys.stderr)
         return 2
@@ -103,5 +107,29 @@ def main() -> int:
     return 0 if server.started else 1
 
 
+
+def _keys_in_force(settings: Settings) -> bool:
+    """Whether a user exists (keys made by ``sophos users add`` guard the API), read once
+    before serving; a database that cannot be read yet has none."""
+    import asyncio
+
+    from shared.errors import DatabaseUnavailable
+    from shared.storage.engines import open_reader
+    from shared.storage.users import USERS_MIGRATION, keys_in_force
+
+    async def ask() -> bool:
+        reader = open_reader(settings)
+        try:
+            version = await reader.schema_version()
+            return version is not None and version >= USERS_MIGRATION and await keys_in_force(reader)
+        except DatabaseUnavailable:
+            return False
+        finally:
+            await reader.close()
+
+    return asyncio.run(ask())
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -28,6 +28,8 @@ log = structlog.get_logger(__name__)
 ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 #: at most one fetch of the keys per this many seconds when a token names an unknown key
 REFETCH_SECONDS = 60.0
+#: while no key could be fetched yet, asked again at most this often
+RETRY_SECONDS = 5.0
 #: clock difference tolerated between the issuer and us on ``exp`` and ``nbf``
 LEEWAY_SECONDS = 30
 FETCH_TIMEOUT = 5.0
@@ -59,7 +61,8 @@ class OidcVerifier:
         self.operator_value = settings.auth_oidc_operator_value
         self.http = http
         self._keys: dict[str, _Key] = {}
-        self._fetched_at: float | None = None
+        self._attempted_at: float | None = None
+        self._refetched_at: float | None = None
         self._lock = asyncio.Lock()
 
     async def caller(self, token: str) -> Caller:
@@ -105,13 +108,24 @@ class OidcVerifier:
             return found
         async with self._lock:
             found = self._pick(kid)
-            stale = self._fetched_at is None or time.monotonic() - self._fetched_at >= REFETCH_SECONDS
-            if found is None and stale:
+            if found is None and self._may_fetch():
                 await self._fetch()
                 found = self._pick(kid)
         if found is None:
             raise Unauthorized("the token was not signed by a key of the issuer")
         return found
+
+    def _may_fetch(self) -> bool:
+        """Keys are fetched when none are known (again every :data:`RETRY_SECONDS` while the
+        issuer does not answer), and again for a key id they lack at most once a minute."""
+        now = time.monotonic()
+        if not self._keys:
+            due = self._attempted_at is None or now - self._attempted_at >= RETRY_SECONDS
+        else:
+            due = self._refetched_at is None or now - self._refetched_at >= REFETCH_SECONDS
+            if due:
+                self._refetched_at = now
+        return due
 
     def _pick(self, kid: str | None) -> _Key | None:
         if kid is not None:
@@ -120,7 +134,7 @@ class OidcVerifier:
         return next(iter(self._keys.values())) if len(self._keys) == 1 else None
 
     async def _fetch(self) -> None:
-        self._fetched_at = time.monotonic()
+        self._attempted_at = time.monotonic()
         try:
             discovery = await self._get_json(f"{self.issuer}/.well-known/openid-configuration")
             if str(discovery.get("issuer", "")).rstrip("/") != self.issuer:
