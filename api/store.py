@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
+from api.auth.scope import owned
 from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
@@ -59,11 +60,13 @@ class ConversationRow:
     branch_head: str | None = None
     #: a run of it started from a checkpoint of its choosing: its thread may have branches
     forked: bool = False
+    #: whose it is
+    owner: str = "local"
 
 
 _CONVERSATION_SQL = """
 SELECT c.id, c.title, c.created_at, c.updated_at, c.message_count, c.pending_tasks, c.last_run_id,
-       r.status, r.error_code, r.error_message, c.branch_head, c.forked
+       r.status, r.error_code, r.error_message, c.branch_head, c.forked, c.owner
 FROM conversations c LEFT JOIN runs r ON r.id = c.last_run_id
 """
 _RUN_SQL = f"SELECT {RUN_COLUMNS} FROM runs"
@@ -74,10 +77,12 @@ _RUN_KEY = "COALESCE(enqueued_at, started_at)"
 # The conversations listing, newest first by (created_at, id): a key that never
 # changes, so paging is stable while conversations are updated (shared/storage/schema.py:
 # the index ``conversations_listing`` serves it, a page costs the same at any size).
-CONVERSATION_PAGE_SQL = f"{_CONVERSATION_SQL} ORDER BY c.created_at DESC, c.id DESC"
-CONVERSATION_PAGE_AFTER_SQL = (
-    f"{_CONVERSATION_SQL} WHERE (c.created_at, c.id) < (?, ?) ORDER BY c.created_at DESC, c.id DESC"
-)
+# A user's page is read through ``conversations_by_owner`` (owner, created_at, id) the same way.
+
+
+def conversation_page_sql(conditions: Sequence[str]) -> str:
+    """A page of conversations meeting every one of ``conditions`` (the caller's own first)."""
+    return f"{_CONVERSATION_SQL} WHERE {' AND '.join(conditions)} ORDER BY c.created_at DESC, c.id DESC"
 #: what /metrics shows of the runs table (index ``runs_by_status``)
 RUNNING_COUNT_SQL = "SELECT count(*) FROM runs WHERE status = ?"
 #: conversations whose last run ended waiting for a decision: the waiting runs through the status
@@ -92,7 +97,7 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
     return ConversationRow(
         id=row[0], title=row[1], created_at=row[2], updated_at=row[3], message_count=int(row[4] or 0),
         pending_tasks=bool(row[5]), last_run_id=row[6], last_status=row[7], last_error_code=row[8],
-        last_error_message=row[9], branch_head=row[10], forked=bool(row[11]),
+        last_error_message=row[9], branch_head=row[10], forked=bool(row[11]), owner=row[12],
     )
 
 
@@ -145,8 +150,12 @@ class Store:
 
     # --- application tables -----------------------------------------------------
 
+    # Every read of a user's rows is the caller's own (api/auth/scope.py): another user's
+    # conversation, run or cron is as absent here as one that does not exist.
+
     async def conversation(self, conversation_id: str) -> ConversationRow | None:
-        rows = await self._fetch(f"{_CONVERSATION_SQL} WHERE c.id = ?", (conversation_id,))
+        mine, who = owned("c.owner")
+        rows = await self._fetch(f"{_CONVERSATION_SQL} WHERE c.id = ? AND {mine}", (conversation_id, *who))
         return _conversation(rows[0]) if rows else None
 
     async def conversations(
@@ -154,19 +163,17 @@ class Store:
     ) -> list[ConversationRow]:
         """Conversations newest first by (created_at, id); ``before``: only those older than that key;
         ``query``: only those whose title contains it, case aside (api/conversations/title_search.py)."""
+        mine, who = owned("c.owner")
+        where = [mine]
+        params: list[Any] = [*who]
         if query:
             dialect = self.db.threads.dialect
-            where = [title_search.condition(dialect)]
-            params: list[Any] = [title_search.pattern(query, dialect)]
-            if before is not None:
-                where.append("(c.created_at, c.id) < (?, ?)")
-                params += before
-            sql = f"{_CONVERSATION_SQL} WHERE {' AND '.join(where)} ORDER BY c.created_at DESC, c.id DESC"
-            rows = await self._fetch(f"{sql} LIMIT ?", (*params, limit))
-        elif before is None:
-            rows = await self._fetch(f"{CONVERSATION_PAGE_SQL} LIMIT ?", (limit,))
-        else:
-            rows = await self._fetch(f"{CONVERSATION_PAGE_AFTER_SQL} LIMIT ?", (*before, limit))
+            where.append(title_search.condition(dialect))
+            params.append(title_search.pattern(query, dialect))
+        if before is not None:
+            where.append("(c.created_at, c.id) < (?, ?)")
+            params += before
+        rows = await self._fetch(f"{conversation_page_sql(where)} LIMIT ?", (*params, limit))
         return [_conversation(r) for r in rows]
 
     async def existing_conversations(self, conversation_ids: Sequence[str]) -> set[str]:
@@ -176,12 +183,16 @@ class Store:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            rows = await self._fetch(f"SELECT id FROM conversations WHERE id IN ({marks})", chunk)
+            mine, who = owned()
+            rows = await self._fetch(
+                f"SELECT id FROM conversations WHERE id IN ({marks}) AND {mine}", (*chunk, *who)
+            )
             found.update(str(r[0]) for r in rows)
         return found
 
     async def run(self, run_id: str) -> RunRow | None:
-        rows = await self._fetch(f"{_RUN_SQL} WHERE id = ?", (run_id,))
+        mine, who = owned()
+        rows = await self._fetch(f"{_RUN_SQL} WHERE id = ? AND {mine}", (run_id, *who))
         return RunRow.from_row(rows[0]) if rows else None
 
     async def runs_by_id(self, run_ids: Sequence[str]) -> dict[str, RunRow]:
@@ -190,7 +201,8 @@ class Store:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            for row in await self._fetch(f"{_RUN_SQL} WHERE id IN ({marks})", chunk):
+            mine, who = owned()
+            for row in await self._fetch(f"{_RUN_SQL} WHERE id IN ({marks}) AND {mine}", (*chunk, *who)):
                 found[row[0]] = RunRow.from_row(row)
         return found
 
@@ -203,8 +215,9 @@ class Store:
         before: tuple[str, str] | None = None,
     ) -> list[RunRow]:
         """Runs newest first by (enqueued_at, id); ``before``: only those older than that key."""
-        where: list[str] = []
-        params: list[Any] = []
+        mine, who = owned()
+        where: list[str] = [mine]
+        params: list[Any] = [*who]
         if status is not None:
             where.append("status = ?")
             params.append(status)
@@ -214,7 +227,7 @@ class Store:
         if before is not None:
             where.append(f"({_RUN_KEY} < ? OR ({_RUN_KEY} = ? AND id < ?))")
             params += [before[0], before[0], before[1]]
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        clause = f"WHERE {' AND '.join(where)}"
         rows = await self._fetch(
             f"{_RUN_SQL} {clause} ORDER BY {_RUN_KEY} DESC, id DESC LIMIT ?",
             [*params, limit],
@@ -223,6 +236,8 @@ class Store:
 
     async def tool_calls(self, conversation_id: str) -> list[LedgerRow]:
         """The conversation's rows of the ledger of tool effects, oldest intent first."""
+        if await self.conversation(conversation_id) is None:
+            return []
         rows = await self._fetch(
             f"SELECT {LEDGER_COLUMNS} FROM tool_calls WHERE conversation_id = ? ORDER BY intent_at",
             (conversation_id,),
@@ -234,11 +249,12 @@ class Store:
         limit: int = 1, offset: int = 0,
     ) -> list[CronRow]:
         """Crons (shared/contracts/crons.py), filtered by id or thread; ``order``: a column and direction."""
+        mine, who = owned()
         where = [c for c, v in (("id = ?", cron_id), ("thread_id = ?", thread_id)) if v is not None]
         rows = await self._fetch(
-            f"SELECT {CRON_COLUMNS} FROM crons{' WHERE ' + ' AND '.join(where) if where else ''}"
+            f"SELECT {CRON_COLUMNS} FROM crons WHERE {' AND '.join([*where, mine])}"
             f" ORDER BY {order}, id LIMIT ? OFFSET ?",
-            (*(v for v in (cron_id, thread_id) if v is not None), limit, offset),
+            (*(v for v in (cron_id, thread_id) if v is not None), *who, limit, offset),
         )
         return [CronRow.from_row(tuple(r)) for r in rows]
 

@@ -51,12 +51,19 @@ def runs_sql(where: str) -> str:
 
 
 def test_a_page_of_conversations_is_read_through_its_index_in_order(plan: Any) -> None:
-    first = plan(f"{store.CONVERSATION_PAGE_SQL} LIMIT ?", (50,))
-    later = plan(f"{store.CONVERSATION_PAGE_AFTER_SQL} LIMIT ?", ("2026-01-01T00:00:00.000Z", "x", 50))
+    after = "(c.created_at, c.id) < (?, ?)"
+    key = ("2026-01-01T00:00:00.000Z", "x")
+    # An operator's page (every owner's): the listing index.
+    first = plan(f"{store.conversation_page_sql(['1 = 1'])} LIMIT ?", (50,))
+    later = plan(f"{store.conversation_page_sql(['1 = 1', after])} LIMIT ?", (*key, 50))
     for found in (first, later):
         assert "conversations_listing" in found, found
         assert "TEMP B-TREE" not in found, found  # no sort of every row
     assert "SEARCH c USING INDEX conversations_listing ((created_at,id)<(?,?))" in later
+    # A user's page: their own rows only, through the owner's index, in its order.
+    mine = plan(f"{store.conversation_page_sql(['c.owner = ?', after])} LIMIT ?", ("alice", *key, 50))
+    assert "conversations_by_owner (owner=? AND (created_at,id)<(?,?))" in mine, mine
+    assert "TEMP B-TREE" not in mine, mine
 
 
 def test_the_runs_listing_filtered_by_status_or_conversation_reads_an_index_in_order(plan: Any) -> None:

@@ -24,6 +24,7 @@ from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
+from shared.storage.users import adopt
 from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model
 from worker.agent.model_calls import ModelCalls
@@ -111,6 +112,11 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         saver = await stack.enter_async_context(
             open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
         )
+        # After the saver's setup, which migrates PostgreSQL's tables.
+        if settings.auth_adopt_owner is not None:
+            # What was stored before identities is AUTH_ADOPT_OWNER's from now on.
+            adopted = await adopt(store.db, settings.auth_adopt_owner)
+            log.info("users.adopted", owner=settings.auth_adopt_owner, conversations=adopted)
 
         variables = {
             **os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable,

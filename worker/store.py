@@ -131,22 +131,25 @@ class RunStore:
                 head = job.checkpoint_id if job.kind is JobKind.SWITCH else None
                 await tx.execute(
                     "INSERT INTO conversations"
-                    " (id, title, created_at, updated_at, last_run_id, branch_head, forked)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " (id, title, created_at, updated_at, last_run_id, branch_head, forked, owner)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(id) DO UPDATE SET updated_at = excluded.updated_at,"
                     " last_run_id = excluded.last_run_id, branch_head = excluded.branch_head,"
                     " forked = CASE WHEN excluded.forked = 1 THEN 1 ELSE conversations.forked END",
                     # created_at: when its first run was accepted, the key the API listed it
                     # by while it was queued; unchanged from then on (stable paging).
                     (job.conversation_id, title_of(job.message), iso_from_timestamp(job.enqueued_at), now,
-                     job.run_id, head, int(job.checkpoint_id is not None)),
+                     job.run_id, head, int(job.checkpoint_id is not None), job.owner),
                 )
                 inserted = await tx.execute(
+                    # The conversation's owner, whoever started it (an operator may).
                     "INSERT INTO runs (id, conversation_id, kind, status, enqueued_at, started_at,"
-                    " lease_owner, lease_expires)"
-                    f" VALUES (?, ?, ?, ?, ?, ?, ?, {self._expires_sql}) ON CONFLICT(id) DO NOTHING",
+                    " owner, started_by, lease_owner, lease_expires)"
+                    " SELECT ?, ?, ?, ?, ?, ?, owner, ?, ?,"
+                    f" {self._expires_sql} FROM conversations WHERE id = ? ON CONFLICT(id) DO NOTHING",
                     (job.run_id, job.conversation_id, job.kind.value, RunStatus.RUNNING,
-                     iso_from_timestamp(job.enqueued_at), now, *self._lease_params()),
+                     iso_from_timestamp(job.enqueued_at), now, job.started_by or job.owner,
+                     *self._lease_params(), job.conversation_id),
                 )
                 if inserted == 0:
                     raise _AlreadyRecorded  # rolls back the conversation's update

@@ -32,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.auth.scope import visible
 from api.chat.feed import Entry, Feeds, entry_number
 from api.http.timefmt import iso_from_timestamp, parse_iso
 from api.runs import live
@@ -136,7 +137,7 @@ async def run_of_conversation(store: Store, redis: Redis, conversation_id: str, 
         found = row.conversation_id
     else:
         queued = (await live.described_runs(redis, [run_id])).get(run_id)
-        found = queued.conversation_id if queued is not None else None
+        found = queued.conversation_id if queued is not None and visible(queued.owner) else None
     if found != conversation_id:
         raise NotFound(f"run {run_id} of conversation {conversation_id} not found")
     return run_id

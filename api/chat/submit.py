@@ -41,6 +41,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from api.auth.identity import caller
 from api.chat import branches
 from api.chat.approvals import check_shape, match, pending_requests
 from api.chat.idempotency import first_answer  # refuses an answer naming a deleted conversation
@@ -83,7 +84,8 @@ def idempotency_of(key: str | None, request: ChatRequest, conversation_id: str |
     if request.replaces is not None or request.regenerate is not None:
         fields.append(["fork", request.replaces, request.regenerate])
     asked = json.dumps(fields, ensure_ascii=False)
-    return Idempotency(key, hashlib.sha256(asked.encode()).hexdigest())
+    # A key is its user's: another user's same key is another key (and reveals nothing).
+    return Idempotency(f"{caller().name}\x00{key}", hashlib.sha256(asked.encode()).hexdigest())
 
 
 def _answer(first: FirstAnswer, idempotency: Idempotency) -> ChatAccepted:
@@ -170,6 +172,7 @@ class ChatService:
         title = title_of(message)
 
         head = None
+        row = None
         if not new:
             row, holder = await self._open(conversation_id, may_be_new=may_be_new, enqueue=enqueue)
             # Behind a run, what the thread will hold is not known yet: the worker checks it.
@@ -192,7 +195,9 @@ class ChatService:
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
             may_wait=enqueue,
         )
-        return await self._enqueue(job, title, message, new, idempotency, enqueue=enqueue)
+        return await self._enqueue(
+            job, title, message, new, idempotency, enqueue=enqueue, owner=row.owner if row else None
+        )
 
     async def _free(self, conversation_id: str, *, may_be_new: bool = False) -> ConversationRow | None:
         """The conversation's row, once it is known to exist, to hold no run and to wait for no decision."""
@@ -267,7 +272,7 @@ class ChatService:
                 message=message if message is not None else plan.content, enqueued_at=time.time(),
                 checkpoint_id=plan.checkpoint,
             )
-            accepted = await self._enqueue(job, row.title, job.message, False, idempotency)
+            accepted = await self._enqueue(job, row.title, job.message, False, idempotency, owner=row.owner)
         except (SessionInProgress, ApprovalPending):
             # The first of several identical requests may have been accepted meanwhile.
             if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
@@ -304,7 +309,7 @@ class ChatService:
             run_id=new_id(), conversation_id=conversation_id, kind=JobKind.SWITCH, message=None,
             enqueued_at=time.time(), checkpoint_id=checkpoint_id,
         )
-        return await self._enqueue(job, row.title, None, False, None)
+        return await self._enqueue(job, row.title, None, False, None, owner=row.owner)
 
     async def _decide(self, request: ChatRequest, idempotency_key: str | None) -> ChatAccepted:
         if request.conversation is None:
@@ -332,7 +337,7 @@ class ChatService:
                 run_id=new_id(), conversation_id=conversation_id, kind=JobKind.DECIDE, message=None,
                 enqueued_at=time.time(), decisions=match(decisions, requests),
             )
-            return await self._enqueue(job, row.title, None, False, idempotency)
+            return await self._enqueue(job, row.title, None, False, idempotency, owner=row.owner)
         except (SessionInProgress, NoApprovalPending):
             # The first of several identical requests may have been accepted meanwhile.
             if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
@@ -341,8 +346,10 @@ class ChatService:
 
     async def _enqueue(
         self, job: RunJob, title: str, message: str | None, new: bool, idempotency: Idempotency | None,
-        *, enqueue: bool = False,
+        *, enqueue: bool = False, owner: str | None = None,
     ) -> ChatAccepted:
+        # Whose run it is: the conversation's owner (a new one's: the caller); who asked for it.
+        job = dataclasses.replace(job, owner=owner or caller().name, started_by=caller().name)
         conversation_id = job.conversation_id
         with tracing.span("enqueue run", {
             "sophos.run.id": job.run_id, "sophos.conversation.id": conversation_id,

@@ -25,6 +25,8 @@ class ConversationSummary(msgspec.Struct, rename="camel", omit_defaults=True, kw
     status: RunStatus
     #: the last run's error, when it failed or was interrupted
     error: RunError | UnsetType = UNSET
+    #: whose it is (the caller's own, unless the caller is an operator)
+    owner: str | UnsetType = UNSET
 
 
 class ConversationInfo(ConversationSummary, kw_only=True):

@@ -14,6 +14,7 @@ import structlog
 from msgspec import UNSET
 from redis.asyncio import Redis
 
+from api.auth.scope import visible
 from api.chat import branches
 from api.chat.approvals import pending_call, pending_requests
 from api.conversations import ledger_view, title_search, transcript
@@ -49,6 +50,7 @@ def summary(row: ConversationRow, active: str | None, active_row: RunRow | None)
         status=status,
         error=error if error is not None else UNSET,
         resumable=resumable(row, active, status),
+        owner=row.owner,
     )
 
 
@@ -57,7 +59,7 @@ def queued_only(run: live.QueuedRun) -> ConversationInfo:
     at = iso_from_timestamp(run.enqueued_at)
     return ConversationInfo(
         id=run.conversation_id, title=run.title, created_at=at, updated_at=at,
-        message_count=0, status=RunStatus.QUEUED, resumable=False,
+        message_count=0, status=RunStatus.QUEUED, resumable=False, owner=run.owner,
     )
 
 
@@ -68,7 +70,7 @@ def _key(info: ConversationInfo) -> tuple[str, str]:
 def _as_summary(info: ConversationInfo) -> ConversationSummary:
     return ConversationSummary(
         id=info.id, title=info.title, created_at=info.created_at, updated_at=info.updated_at,
-        message_count=info.message_count, status=info.status, error=info.error,
+        message_count=info.message_count, status=info.status, error=info.error, owner=info.owner,
     )
 
 
@@ -135,7 +137,7 @@ class Conversations:
             described = await live.described_runs(self.redis, unrecorded)
         except REDIS_DOWN:
             return []
-        infos = [queued_only(run) for run in described.values()]
+        infos = [queued_only(run) for run in described.values() if visible(run.owner)]
         return [i for i in infos if before is None or _key(i) < before]
 
     async def info(self, conversation_id: str) -> ConversationInfo:
@@ -154,7 +156,7 @@ class Conversations:
                 described = await live.described_runs(self.redis, [active])
             except REDIS_DOWN:
                 described = {}
-            if active in described:
+            if active in described and visible(described[active].owner):
                 return queued_only(described[active]), False
         raise NotFound(f"conversation {conversation_id} not found")
 

@@ -24,6 +24,7 @@ from litestar.di import Provide
 from litestar.params import Parameter
 from redis.asyncio import Redis
 
+from api.auth.scope import owner_for_new
 from api.conversations.views import Conversations
 from api.http.ids import new_id, parse_id
 from api.http.openapi import errors
@@ -155,12 +156,13 @@ class Crons:
             raise BadRequest(
                 "a cron's input must be one user message: {\"messages\": [{\"role\": \"user\", ...}]}"
             )
-        if thread_id is not None:
-            await self.threads.find(thread_id)
+        # A cron on a thread is its owner's (an operator may make one on a user's thread).
+        owner = (await self.threads.find(thread_id)).owner if thread_id is not None else owner_for_new()
         now = time.time()
         cron_id = new_id()
         job = CronCreate(
-            cron_id, thread_id, schedule.text, message, body.metadata or {}, now, f"cron:create:{cron_id}"
+            cron_id, thread_id, schedule.text, message, body.metadata or {}, now, f"cron:create:{cron_id}",
+            owner,
         )
         await submit_cron_job(self.redis, CRON_CREATE_FUNCTION, job)
         log.info("cron.create_accepted", cron_id=cron_id, thread_id=thread_id, schedule=schedule.text)
@@ -172,7 +174,7 @@ class Crons:
         created = iso_from_timestamp(now)
         return cron_shape(CronRow(
             cron_id, thread_id, schedule.text, message, json.dumps(body.metadata or {}), created, created,
-            schedule.next_after(now), 0, 0, None, None, None,
+            schedule.next_after(now), 0, 0, None, None, None, owner,
         ))
 
     async def delete(self, cron_id: str) -> bool:

@@ -22,6 +22,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from api.auth.scope import owner_for_new, visible
 from api.conversations.deletion import Deletions
 from api.conversations.schemas import ConversationInfo
 from api.conversations.views import Conversations, queued_only, summary
@@ -33,6 +34,7 @@ from api.runs import live
 from api.store import ConversationRow, Store
 from shared.contracts.wire import PROTOCOL_THREADS, protocol_thread_key
 from shared.errors import BadRequest, NotFound, ThreadExists
+from shared.storage.users import LOCAL_USER
 
 log = structlog.get_logger(__name__)
 
@@ -120,6 +122,8 @@ class Record:
     id: str
     created_at: str
     metadata: dict[str, Any]
+    #: who created it (the server's to say: ``metadata.owner`` shows it, a client cannot set it)
+    owner: str = LOCAL_USER
 
     @classmethod
     def parse(cls, thread_id: str, fields: dict[str, str]) -> Record | None:
@@ -129,7 +133,8 @@ class Record:
             metadata = msgspec.json.decode(fields.get("metadata") or "{}")
         except msgspec.DecodeError:
             metadata = {}
-        return cls(thread_id, fields["created_at"], metadata if isinstance(metadata, dict) else {})
+        metadata = metadata if isinstance(metadata, dict) else {}
+        return cls(thread_id, fields["created_at"], metadata, fields.get("owner") or LOCAL_USER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +149,12 @@ class Found:
     def status(self) -> str:
         return thread_status(self.info)
 
+    @property
+    def owner(self) -> str:
+        if self.info is not None and isinstance(self.info.owner, str):
+            return self.info.owner  # a conversation's row (or queued run) says whose it is
+        return self.record.owner if self.record is not None else LOCAL_USER
+
     def shape(
         self, values: dict[str, Any] | None = None, interrupts: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -156,7 +167,7 @@ class Found:
             "thread_id": self.id,
             "created_at": created,
             "updated_at": updated,
-            "metadata": self.record.metadata if self.record is not None else {},
+            "metadata": {**(self.record.metadata if self.record is not None else {}), "owner": self.owner},
             "status": self.status,
             "values": values if values is not None else {},
             "interrupts": interrupts or {},
@@ -168,8 +179,13 @@ class Found:
 def _matches(found: Found, query: ThreadSearch) -> bool:
     if query.status is not None and found.status != query.status:
         return False
-    metadata = found.record.metadata if found.record is not None else {}
+    metadata = {**(found.record.metadata if found.record is not None else {}), "owner": found.owner}
     return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
+
+
+def _settable(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """What a client may set of a thread's metadata: all but ``owner``, which is the server's."""
+    return {k: v for k, v in (metadata or {}).items() if k != "owner"}
 
 
 def _interrupts_by_task(state: dict[str, Any]) -> dict[str, Any]:
@@ -184,8 +200,10 @@ class Threads:
     conversations: Conversations
 
     async def record(self, thread_id: str) -> Record | None:
+        """The thread's record, if the caller may see it (api/auth/scope.py)."""
         fields: dict[str, str] = await self.redis.hgetall(protocol_thread_key(thread_id))  # type: ignore[misc]
-        return Record.parse(thread_id, fields)
+        record = Record.parse(thread_id, fields)
+        return record if record is not None and visible(record.owner) else None
 
     async def _info(self, thread_id: str) -> ConversationInfo | None:
         try:
@@ -210,8 +228,12 @@ class Threads:
             raise BadRequest("if_exists must be 'raise' or 'do_nothing'")
         thread_id = thread_id_of(body.thread_id) if body.thread_id else new_id()
         info = await self._info(thread_id)
-        created = info is None and await self._claim(thread_id, body.metadata or {})
+        created = info is None and await self._claim(thread_id, _settable(body.metadata))
         if not created:
+            if info is None and await self.record(thread_id) is None:
+                # Another user's thread: as absent here as everywhere (never 409: its existence
+                # is not revealed), and not the caller's to create.
+                raise NotFound(f"thread {thread_id} not found")
             if body.if_exists == "do_nothing":
                 return await self.find(thread_id)
             raise ThreadExists(f"thread {thread_id} already exists")
@@ -225,7 +247,8 @@ class Threads:
         if not await self.redis.hsetnx(key, "created_at", iso_from_timestamp(now)):  # type: ignore[misc]
             return False
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, "metadata", msgspec.json.encode(metadata).decode())
+            encoded = msgspec.json.encode(metadata).decode()
+            pipe.hset(key, mapping={"metadata": encoded, "owner": owner_for_new()})
             pipe.zadd(PROTOCOL_THREADS, {thread_id: int(now * 1000)})
             await pipe.execute()
         return True
@@ -291,11 +314,13 @@ class Threads:
                 try:
                     await pipe.watch(key)
                     current = Record.parse(thread_id, await pipe.hgetall(key))  # type: ignore[misc]
-                    metadata = {**(current.metadata if current is not None else {}), **(body.metadata or {})}
+                    before = current.metadata if current is not None else {}
+                    metadata = {**before, **_settable(body.metadata)}
                     pipe.multi()
                     pipe.hset(key, mapping={
                         "created_at": current.created_at if current is not None else created,
                         "metadata": msgspec.json.encode(metadata).decode(),
+                        "owner": found.owner,
                     })
                     if current is None:
                         pipe.zadd(PROTOCOL_THREADS, {thread_id: int(time.time() * 1000)})
@@ -371,7 +396,7 @@ class Threads:
                 pipe.hgetall(protocol_thread_key(thread_id))
             replies = await pipe.execute()
         parsed = (Record.parse(i, f) for i, f in zip(record_ids, replies, strict=True))
-        records = {r.id: r for r in parsed if r is not None}
+        records = {r.id: r for r in parsed if r is not None and visible(r.owner)}
         found: dict[str, Found] = {}
         for row in rows:
             claim = claims.get(row.id)

@@ -71,6 +71,7 @@ class Cancelled:
 async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     """Cancel ``run_id`` (see the module docstring); idempotent. Raises NotFound, RunFinished."""
     redis = runs.redis
+    await runs.get(run_id)  # NotFound for a run the caller may not see (api/auth/scope.py)
     # A run's conversation never changes: reading it first is safe, and names the script's last key.
     conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
     hook_keys, hook_args = hook_keys_args(run_id, conversation)  # its webhook, if it has one

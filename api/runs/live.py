@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from api.auth.scope import sees_everything, visible
 from shared.contracts.wire import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
@@ -40,6 +41,9 @@ class QueuedRun:
     failed_at: float | None = None
     error_code: str | None = None
     error_message: str | None = None
+    #: whose run it is, and who asked for it
+    owner: str = "local"
+    started_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,8 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
         failed_at=_float(fields.get("failed_at")) if fields.get("status") == "failed" else None,
         error_code=fields.get("error_code") or None,
         error_message=fields.get("error_message") or None,
+        owner=fields.get("owner") or "local",
+        started_by=fields.get("started_by") or None,
     )
 
 
@@ -87,9 +93,20 @@ def _float(raw: str | None) -> float | None:
 
 
 async def active_run(redis: Redis, conversation_id: str) -> str | None:
-    """The run holding ``conversation_id`` (queued or running), if any (a delete is not a run)."""
+    """The run holding ``conversation_id`` (queued or running), if any (a delete is not a run),
+    and if the caller may see it: another user's is as absent as none."""
     holder: str | None = await redis.hget(ACTIVE_RUNS, conversation_id)  # type: ignore[misc]
-    return None if holder is None or is_delete_claim(holder) else holder
+    if holder is None or is_delete_claim(holder):
+        return None
+    return holder if await holder_visible(redis, holder) else None
+
+
+async def holder_visible(redis: Redis, run_id: str) -> bool:
+    """May the caller see the queued or running run ``run_id`` (a conversation's holder)?"""
+    if sees_everything():
+        return True  # an operator: no need to ask
+    described = (await described_runs(redis, [run_id])).get(run_id)
+    return described is not None and visible(described.owner)
 
 
 async def active_runs(redis: Redis) -> dict[str, str]:
@@ -144,7 +161,7 @@ async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRu
     run = (await described_runs(redis, [run_id])).get(run_id)
     if run is None or run.cancelled_at is None or run.conversation_id != conversation_id:
         return None
-    return run
+    return run if visible(run.owner) else None
 
 
 async def queue(redis: Redis) -> list[QueueEntry]:
@@ -204,7 +221,9 @@ async def cancelled_runs(
             offset -= len(expired)
         for run_id in ids:
             run = described.get(run_id)
-            if run is not None and (conversation_id is None or run.conversation_id == conversation_id):
+            if run is None or not visible(run.owner):
+                continue
+            if conversation_id is None or run.conversation_id == conversation_id:
                 found.append(run)
         if len(ids) < batch:
             break

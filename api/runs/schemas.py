@@ -63,6 +63,10 @@ class RunInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
         "Once finished, where its time went; absent for a run no worker timed (ended by recovery "
         "after a crash, or recorded before this field)"
     ))] | UnsetType = UNSET
+    #: whose run it is (its conversation's owner), who started it and who cancelled it
+    owner: str | UnsetType = UNSET
+    started_by: str | UnsetType = UNSET
+    cancelled_by: str | UnsetType = UNSET
 
 
 class WorkerInfo(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

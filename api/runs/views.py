@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from api.auth.scope import visible
 from api.http.ids import parse_id
 from api.http.timefmt import iso_from_timestamp, millis_between, parse_iso
 from api.runs import live
@@ -73,6 +74,9 @@ def from_row(row: RunRow, progress: live.Progress | None = None, now: float | No
         step_count=row.step_count,
         error=error if error is not None else UNSET,
         waited_ms=waited if waited is not None else UNSET,
+        owner=row.owner,
+        started_by=row.started_by or row.owner,
+        cancelled_by=row.cancelled_by or UNSET,
     )
     if row.breakdown is not None:
         info.breakdown = RunBreakdown(
@@ -120,6 +124,8 @@ def _not_started(
         position=position,
         waited_ms=waited_ms,
         error=error,
+        owner=run.owner,
+        started_by=run.started_by or run.owner,
     )
 
 
@@ -211,7 +217,12 @@ class Runs:
         described = await live.described_runs(self.redis, waiting)
         now = time.time()
         runs = [run_id for run_id in waiting if run_id in described]
-        return [from_queued(described[run_id], position, now) for position, run_id in enumerate(runs)]
+        # Positions count every user's runs ahead (the worker takes them in this order); only
+        # the caller's own are listed.
+        return [
+            from_queued(described[run_id], position, now)
+            for position, run_id in enumerate(runs) if visible(described[run_id].owner)
+        ]
 
     async def worker(self) -> WorkerInfo | None:
         try:
@@ -297,6 +308,8 @@ class Runs:
             log.warning("runs.redis_unavailable", error=str(exc))
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
         ended = described.get(run_id)
+        if ended is not None and not visible(ended.owner):
+            ended = None  # another user's: as unknown as a run that never was
         if ended is not None and (ended.cancelled_at is not None or ended.failed_at is not None):
             return from_ended(ended)
         if ended is not None:

@@ -187,6 +187,8 @@ class CronCreate:
     metadata: dict[str, Any]
     created_at: float
     job_id: str
+    #: whose cron it is: its runs are theirs
+    owner: str = "local"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,6 +198,7 @@ class CronCreate:
         return cls(
             str(data["cron_id"]), data.get("thread_id"), str(data["schedule"]), str(data["message"]),
             dict(data.get("metadata") or {}), float(data["created_at"]), str(data["job_id"]),
+            str(data.get("owner") or "local"),
         )
 
 
@@ -228,7 +231,7 @@ async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDel
 
 CRON_COLUMNS = (
     "id, thread_id, schedule, message, metadata, created_at, updated_at, next_tick,"
-    " fired, skipped, last_tick, last_outcome, last_run_id"
+    " fired, skipped, last_tick, last_outcome, last_run_id, owner"
 )
 
 
@@ -247,11 +250,12 @@ class CronRow:
     last_tick: int | None
     last_outcome: str | None
     last_run_id: str | None
+    owner: str = "local"
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> CronRow:
         return cls(
             str(row[0]), row[1], str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
             int(row[7]), int(row[8]), int(row[9]), None if row[10] is None else int(row[10]),
-            row[11], row[12],
+            row[11], row[12], str(row[13]),
         )

@@ -90,6 +90,10 @@ class RunJob:
     #: accepted with ``multitask_strategy`` ``enqueue``: it may be waiting behind the conversation's
     #: active run, and then claims the conversation when the worker takes it (worker/run/turns.py)
     may_wait: bool = False
+    #: whose conversation it is (a new one: whoever asked), and who asked for this run (an
+    #: operator may ask on a user's conversation); DESIGN.md "People and what they may touch"
+    owner: str = "local"
+    started_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -103,6 +107,8 @@ class RunJob:
             del data["checkpoint_id"]
         if not self.may_wait:
             del data["may_wait"]
+        if self.started_by is None or self.started_by == self.owner:
+            data.pop("started_by")
         return data
 
     @classmethod
@@ -119,6 +125,8 @@ class RunJob:
             traceparent=str(data["traceparent"]) if data.get("traceparent") else None,
             checkpoint_id=data.get("checkpoint_id"),
             may_wait=bool(data.get("may_wait", False)),
+            owner=str(data.get("owner", "local")),
+            started_by=data.get("started_by"),
         )
 
 

@@ -122,6 +122,8 @@ async def submit(
         "title": title,
         "enqueued_at": f"{job.enqueued_at:.6f}",
         "new_conversation": "1" if job.new_conversation else "0",
+        "owner": job.owner,
+        "started_by": job.started_by or job.owner,
     }
     flat = [x for kv in fields.items() for x in kv]
     answer = ""

@@ -15,7 +15,7 @@ from typing import Any
 #: The runs table's columns in :class:`RunRow`'s order: ``SELECT {RUN_COLUMNS} FROM runs``.
 RUN_COLUMNS = (
     "id, conversation_id, kind, status, error_code, error_message, enqueued_at, started_at,"
-    " finished_at, step_count, breakdown"
+    " finished_at, step_count, breakdown, owner, started_by, cancelled_by"
 )
 
 TITLE_CHARS = 80
@@ -35,6 +35,10 @@ class RunRow:
     step_count: int
     #: where the run spent its time, when the worker that ended it timed it
     breakdown: Breakdown | None = None
+    #: whose it is (its conversation's owner), who started it, who cancelled it
+    owner: str = "local"
+    started_by: str | None = None
+    cancelled_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> RunRow:
@@ -42,7 +46,8 @@ class RunRow:
         return cls(
             id=row[0], conversation_id=row[1], kind=row[2], status=row[3], error_code=row[4],
             error_message=row[5], enqueued_at=row[6], started_at=row[7], finished_at=row[8],
-            step_count=int(row[9] or 0), breakdown=Breakdown.from_json(row[10]),
+            step_count=int(row[9] or 0), breakdown=Breakdown.from_json(row[10]), owner=row[11],
+            started_by=row[12], cancelled_by=row[13],
         )
 
 

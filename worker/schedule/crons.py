@@ -117,9 +117,9 @@ async def create(db: Database, redis: Redis, job: CronCreate) -> str:
         async with db.transaction() as tx:
             await tx.execute(
                 "INSERT INTO crons (id, thread_id, schedule, message, metadata, created_at, updated_at,"
-                " next_tick) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                " next_tick, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
                 (job.cron_id, job.thread_id, job.schedule, job.message, json.dumps(job.metadata),
-                 created, created, first),
+                 created, created, first, job.owner),
             )
         outcome = "done"
         log.info("cron.created", cron_id=job.cron_id, thread_id=job.thread_id, schedule=job.schedule,
@@ -291,7 +291,7 @@ class CronTicker:
             await pipe.execute()
         job = RunJob(
             run_id=run_id, conversation_id=thread_id, kind=JobKind.RUN, message=cron.message,
-            enqueued_at=time.time(), new_conversation=new, checkpoint_id=head,
+            enqueued_at=time.time(), new_conversation=new, checkpoint_id=head, owner=cron.owner,
         )
         taken_by = await submit_run(self.redis, job, title=title)
         # Held by this very run: an earlier attempt at this tick submitted it and did not commit.

@@ -1,0 +1,37 @@
+"""What the caller may see, as the storage layer applies it: the one place that compares owners.
+
+Every read of a user's data filters by the caller bound for the request (api/auth/identity.py):
+the API's store adds :func:`owned` to its SQL, and what only Redis knows (a queued run, a
+thread created empty) is kept with its owner and passed through :func:`visible`. Handlers never
+compare owners themselves. What a caller may not see is as absent as what does not exist: 404,
+never 403, so its existence is not revealed.
+"""
+
+from __future__ import annotations
+
+from api.auth.identity import caller
+
+
+def owned(column: str = "owner") -> tuple[str, tuple[str, ...]]:
+    """A SQL condition on ``column`` keeping only the caller's rows (``1 = 1`` for an operator),
+    and its parameters."""
+    who = caller()
+    if who.operator:
+        return "1 = 1", ()
+    return f"{column} = ?", (who.name,)
+
+
+def visible(owner: str | None) -> bool:
+    """May the caller see what ``owner`` owns? (None: an owner not recorded: operators only.)"""
+    who = caller()
+    return who.operator or (owner is not None and owner == who.name)
+
+
+def sees_everything() -> bool:
+    """True for an operator (and the local user): no filter applies."""
+    return caller().operator
+
+
+def owner_for_new() -> str:
+    """Who owns what the caller makes now (a conversation, a thread, a cron): the caller."""
+    return caller().name
