@@ -1,0 +1,213 @@
+"""Ownership on every route (DESIGN.md "People and what they may touch"), generated from the app's
+own OpenAPI document: a route added tomorrow is in it, and fails here if it forgets the check.
+
+Alice makes one of everything a user owns (a conversation and its run, a thread and its run, a
+thread created empty, a cron, an answered Idempotency-Key). Then, for every route of the
+document, Bob asks about Alice's ids and about ids that exist nowhere: the two answers must be
+the same (404, or the same refusal of the same bad request), so nothing of Alice's is revealed
+to him, by status or by error code. Lists, searches and counts must not mention Alice's ids at
+all; an operator route is 403 for Bob. Alice, asking the same reads, finds her own (so the test
+cannot pass by finding nothing). Real processes, real Redis, on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.ollama import FakeOllama
+from tests.support.client import read_sse
+from tests.support.env import SophosEnv
+from tests.support.procs import ServiceProcess
+
+pytestmark = pytest.mark.backends
+
+#: bodies that pass validation, so a refusal is about the resource, not the request
+BODIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/api/chat"): {"message": "hello again", "conversation": "{conversation_id}"},
+    ("POST", "/api/conversations/{conversation_id}/branch"): {
+        "message": "00000000-0000-4000-8000-000000000000"},
+    ("PATCH", "/api/conversations/{conversation_id}"): {"title": "renamed by someone"},
+    ("PATCH", "/threads/{thread_id}"): {"metadata": {"touched": True}},
+    ("POST", "/threads/{thread_id}/history"): {"limit": 10},
+    ("POST", "/threads/{thread_id}/state/checkpoint"): {"checkpoint": {"checkpoint_id": "{checkpoint_id}"}},
+    ("POST", "/threads/{thread_id}/runs"): {"assistant_id": "agent", "input": {"messages": [
+        {"role": "user", "content": "hi"}]}},
+    ("POST", "/threads/{thread_id}/runs/stream"): {"assistant_id": "agent", "input": {"messages": [
+        {"role": "user", "content": "hi"}]}},
+    ("POST", "/threads/{thread_id}/runs/wait"): {"assistant_id": "agent", "input": {"messages": [
+        {"role": "user", "content": "hi"}]}},
+    ("POST", "/threads/{thread_id}/runs/crons"): {
+        "assistant_id": "agent", "schedule": "0 0 1 1 *",
+        "input": {"messages": [{"role": "user", "content": "hi"}]}},
+    ("POST", "/threads"): {"thread_id": "{thread_id}", "if_exists": "do_nothing"},
+    ("POST", "/threads/search"): {"limit": 100},
+    ("POST", "/runs/crons/search"): {"limit": 100},
+    ("POST", "/assistants/search"): {},
+    ("POST", "/runs/crons"): {"assistant_id": "agent", "schedule": "0 0 1 1 *",
+                              "input": {"messages": [{"role": "user", "content": "hi"}]}},
+}
+#: ids a route takes outside its path
+QUERIES: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", "/api/chat"): {"conversation": "{conversation_id}"},
+    ("GET", "/api/runs"): {"conversation": "{conversation_id}"},
+}
+#: routes that are everyone's to read (no user's resource behind them)
+PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami"}
+OPERATOR_ONLY = {"/metrics"}
+#: routes that create what they name: a free id is the caller's to take
+CREATES = {("POST", "/threads")}
+
+
+def users(env: SophosEnv, *args: str) -> str:
+    made = subprocess.run([sys.executable, "-m", "sophos_cli", "users", *args], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+    return made.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Caller:
+    url: str
+    key: str
+
+    def ask(self, method: str, path: str, *, params: dict[str, str] | None = None,
+            body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> httpx.Response:
+        sent = {"authorization": f"Bearer {self.key}", **(headers or {})}
+        with httpx.stream(method, f"{self.url}{path}", params=params, json=body, headers=sent,
+                          timeout=30) as answer:
+            # A stream of a finished run ends by itself; a refusal is one short body.
+            answer.read()
+            return answer
+
+
+def answer_of(response: httpx.Response) -> tuple[int, str | None]:
+    try:
+        error = response.json().get("error", {}).get("code")
+    except (ValueError, AttributeError):
+        error = None
+    return response.status_code, error
+
+
+def fill(template: Any, ids: dict[str, str]) -> Any:
+    if isinstance(template, str):
+        return re.sub(r"\{(\w+)\}", lambda m: ids.get(m.group(1), m.group(0)), template)
+    if isinstance(template, dict):
+        return {k: fill(v, ids) for k, v in template.items()}
+    if isinstance(template, list):
+        return [fill(v, ids) for v in template]
+    return template
+
+
+def routes(url: str, key: str) -> list[tuple[str, str]]:
+    document = httpx.get(f"{url}/schema/openapi.json", headers={"authorization": f"Bearer {key}"}).json()
+    found = [(m.upper(), p) for p, ops in document["paths"].items() for m in ops
+             if m in ("get", "post", "put", "patch", "delete")]
+    assert len(found) > 40, found  # the whole app, native and Agent Protocol
+    return found
+
+
+def test_another_users_resources_are_absent_on_every_route(
+    sophos_env: SophosEnv, model: FakeOllama, start_worker: Callable[..., ServiceProcess],
+    start_api: Callable[..., ServiceProcess],
+) -> None:
+    alice_key = users(sophos_env, "add", "alice")
+    bob_key = users(sophos_env, "add", "bob")
+    root_key = users(sophos_env, "add", "root", "--operator")
+    start_worker(sophos_env)
+    url = start_api(sophos_env).url
+    alice, bob, root = Caller(url, alice_key), Caller(url, bob_key), Caller(url, root_key)
+
+    # Alice makes one of everything.
+    accepted = alice.ask("POST", "/api/chat", body={"message": "alice's secret plans"},
+                         headers={"Idempotency-Key": "shared-key"}).json()
+    conversation_id, run_id = accepted["conversation"], accepted["run"]
+    assert read_sse(url, conversation_id, token=alice_key)[-1].event == "end"
+    made = alice.ask("POST", "/threads", body={"metadata": {"owner": "bob", "mine": 1}})
+    thread_id = made.json()["thread_id"]
+    waited = alice.ask("POST", f"/threads/{thread_id}/runs/wait", body=BODIES[
+        ("POST", "/threads/{thread_id}/runs/wait")])
+    assert waited.status_code == 200, waited.text
+    thread_runs = alice.ask("GET", f"/threads/{thread_id}/runs").json()
+    thread_run_id = thread_runs[0]["run_id"]
+    empty_id = alice.ask("POST", "/threads", body={}).json()["thread_id"]
+    cron = alice.ask("POST", f"/threads/{thread_id}/runs/crons", body=BODIES[
+        ("POST", "/threads/{thread_id}/runs/crons")])
+    assert cron.status_code == 200, cron.text
+    cron_id = cron.json()["cron_id"]
+    state = alice.ask("GET", f"/threads/{thread_id}/state").json()
+    checkpoint_id = state["checkpoint"]["checkpoint_id"]
+    # The server says whose a thread is; a client cannot say otherwise.
+    assert alice.ask("GET", f"/threads/{thread_id}").json()["metadata"] == {"owner": "alice", "mine": 1}
+
+    secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, "alice's secret"}
+    theirs = {"conversation_id": conversation_id, "thread_id": thread_id, "run_id": run_id,
+              "cron_id": cron_id, "checkpoint_id": checkpoint_id}
+
+    def nowhere() -> dict[str, str]:
+        fresh = ("conversation_id", "thread_id", "run_id", "cron_id")
+        return {**theirs, **{k: str(uuid.uuid4()) for k in fresh}}
+
+    checked = 0
+    for method, path in routes(url, root_key):
+        key = (method, path)
+        ids_in = set(re.findall(r"\{(\w+)\}", path)) | {
+            m for t in (BODIES.get(key), QUERIES.get(key)) if t for m in re.findall(r"\{(\w+)\}", str(t))
+        }
+        owned = ids_in - {"assistant_id", "checkpoint_id"}
+        mine = dict(theirs)
+        if path.startswith("/threads/{thread_id}/runs/{run_id}"):
+            mine["run_id"] = thread_run_id
+
+        def request(who: Caller, ids: dict[str, str], path: str = path, key: tuple[str, str] = key,
+                    method: str = method) -> httpx.Response:
+            return who.ask(method, fill(path, {**ids, "assistant_id": "agent"}),
+                           params=fill(QUERIES.get(key), ids), body=fill(BODIES.get(key), ids))
+
+        if path in OPERATOR_ONLY:
+            assert answer_of(request(bob, mine)) == (403, "FORBIDDEN"), key
+            assert request(root, mine).status_code == 200, key
+            continue
+        if not owned:
+            answer = request(bob, mine)
+            if path not in PUBLIC:
+                leaked = [s for s in secrets if s in answer.text]
+                assert not leaked, (key, leaked, answer.text[:300])
+            continue
+        answer = request(bob, mine)
+        seen = answer_of(answer)
+        if key in CREATES:
+            # An id nobody has is Bob's to take; Alice's is refused as absent (404, never 409).
+            assert seen == (404, "NOT_FOUND") and "alice" not in answer.text, (key, seen)
+            checked += 1
+            continue
+        unknown = answer_of(request(bob, nowhere()))
+        assert seen == unknown, (key, "Bob told Alice's apart from nothing", seen, unknown)
+        # A refusal, or a filter that found nothing of his (GET /api/runs?conversation=…).
+        assert seen[0] in (400, 404, 422) or not [s for s in secrets if s in answer.text], (key, seen)
+        if method == "GET":
+            assert request(alice, mine).status_code != 404, (key, "Alice could not find her own")
+        checked += 1
+    assert checked >= 20, checked
+
+    # The empty thread (kept only in Redis) and Alice's thread in Bob's eyes and in hers.
+    assert bob.ask("GET", f"/threads/{empty_id}").status_code == 404
+    assert alice.ask("GET", f"/threads/{empty_id}").status_code == 200
+    # A key is its user's: Bob's same Idempotency-Key is another key.
+    again = bob.ask("POST", "/api/chat", body={"message": "bob's own"},
+                    headers={"Idempotency-Key": "shared-key"})
+    assert again.status_code == 202 and again.json()["conversation"] != conversation_id, again.text
+    # An operator sees everything, with its owner.
+    listed = root.ask("GET", "/api/conversations").json()["conversations"]
+    assert {c["id"]: c["owner"] for c in listed}[conversation_id] == "alice"
+    assert root.ask("GET", f"/api/runs/{run_id}").json()["owner"] == "alice"
+    # Alice's own list has hers and not Bob's.
+    own = {c["id"] for c in alice.ask("GET", "/api/conversations").json()["conversations"]}
+    assert conversation_id in own and again.json()["conversation"] not in own
