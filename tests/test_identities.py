@@ -12,11 +12,14 @@ import base64
 import hashlib
 import hmac
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -115,6 +118,14 @@ def test_keys_are_in_force_once_a_user_exists_and_a_revoked_key_fails_on_every_a
     print(f"revocation seen by both APIs after {time.monotonic() - started:.3f} s")
     assert all(whoami(url, root).status_code == 200 for url in apis)
     assert "alice\tuser\trevoked" in users(sophos_env, "list").stdout
+    # Revoking every key does not open the API; a revoked user can be given a new key.
+    assert users(sophos_env, "revoke", "root").returncode == 0
+    wait_for(lambda: whoami(first.url, root).status_code == 401, timeout=5, message="root revoked")
+    assert whoami(first.url).status_code == 401
+    alice_again = add_user(sophos_env, "alice")
+    assert alice_again != alice
+    wait_for(lambda: whoami(first.url, alice_again).status_code == 200, timeout=5, message="a new key")
+    assert whoami(first.url, alice).status_code == 401
 
 
 def test_api_token_is_an_operator(sophos_env: SophosEnv, start_api: Callable[..., ServiceProcess]) -> None:
@@ -217,3 +228,60 @@ def test_rotated_keys_are_fetched_again_at_most_once_a_minute(oidc_api: str, iss
         stranger = SigningKey.make()
         assert whoami(oidc_api, issuer.token("carol", key=stranger)).status_code == 401
     assert issuer.jwks_fetches == fetched + 1
+
+
+def _old_postgres_database(url: str) -> str:
+    """A PostgreSQL database as the version before identities left it (migrations 1 to 9), with
+    one conversation and its run; its id."""
+    import psycopg
+
+    from shared.storage.schema import MIGRATIONS
+    from shared.storage.users import USERS_MIGRATION
+
+    conversation = str(uuid.uuid4())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE sophos_schema (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO sophos_schema VALUES (%s)", (USERS_MIGRATION - 1,))
+        for script in MIGRATIONS[: USERS_MIGRATION - 1]:
+            conn.execute(script.encode())
+        conn.execute(
+            "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (%s, %s, %s, %s)",
+            (conversation, "kept from before", "2026-01-01T00:00:00.000Z", "2026-01-01T00:00:00.000Z"),
+        )
+        conn.execute(
+            "INSERT INTO runs (id, conversation_id, kind, status, started_at) VALUES (%s, %s, 'run', "
+            "'completed', '2026-01-01T00:00:00.000Z')", (str(uuid.uuid4()), conversation),
+        )
+    return conversation
+
+
+@pytest.mark.backends
+def test_an_old_database_upgrades_in_place_and_is_adopted(
+    sophos_env: SophosEnv, backend: str, start_worker: Callable[..., ServiceProcess],
+    start_api: Callable[..., ServiceProcess],
+) -> None:
+    if backend == "sqlite":
+        sophos_env.database_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(__file__).parent / "fixtures" / "pre-delta.db", sophos_env.database_path)
+        kept = {"5f6e3afd-03b9-447f-adcb-1e591fd30ac5", "1e4f709c-3108-40f0-b536-047fee9b64d0",
+                "e89c4b57-a81c-4fbd-8793-dcce4c97da7c"}
+    else:
+        kept = {_old_postgres_database(sophos_env["DATABASE_URL"])}
+    alice, bob = add_user(sophos_env, "alice"), add_user(sophos_env, "bob")
+    root = add_user(sophos_env, "root", "--operator")
+    start_worker(sophos_env.with_(AUTH_ADOPT_OWNER="alice"))
+    url = start_api(sophos_env).url
+
+    def listed(key: str) -> dict[str, str]:
+        page = httpx.get(f"{url}/api/conversations", headers={"authorization": f"Bearer {key}"}, timeout=10)
+        return {c["id"]: c.get("owner", "") for c in page.json()["conversations"]}
+
+    assert set(listed(alice)) == kept
+    assert listed(bob) == {}
+    assert listed(root) == dict.fromkeys(kept, "alice")
+    one = next(iter(kept))
+    headers = {"authorization": f"Bearer {bob}"}
+    assert httpx.get(f"{url}/api/conversations/{one}", headers=headers, timeout=10).status_code == 404
+    mine = httpx.get(f"{url}/api/conversations/{one}", headers={"authorization": f"Bearer {alice}"},
+                     timeout=10)
+    assert mine.status_code == 200 and mine.json()["conversation"]["owner"] == "alice"
