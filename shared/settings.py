@@ -286,8 +286,6 @@ class Settings:
     # Who owns what was stored before identities (an old database upgraded in place); None:
     # the local user.
     auth_adopt_owner: str | None = None
-    # Runs queued or running per user at once; the next is 429 (fair shares). 0: no limit.
-    user_max_active_runs: int = 8
     # Web origins (scheme://host[:port]) whose pages may call the API from a browser: they
     # get CORS headers and pass the browser guard (api/auth/bearer.py). Empty: same origin only.
     cors_origins: tuple[str, ...] = ()
@@ -398,7 +396,6 @@ class Settings:
             auth_oidc_operator_claim=oidc.operator_claim,
             auth_oidc_operator_value=oidc.operator_value,
             auth_adopt_owner=_user_name(env, "AUTH_ADOPT_OWNER"),
-            user_max_active_runs=_int(env, "USER_MAX_ACTIVE_RUNS", d.user_max_active_runs),
             webhook_allow_http=_bool(env, "WEBHOOK_ALLOW_HTTP", d.webhook_allow_http),
             webhook_allow_private=_bool(env, "WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private),
             webhook_attempts=_int(env, "WEBHOOK_ATTEMPTS", d.webhook_attempts, minimum=1),

@@ -65,3 +65,23 @@ def test_the_repr_hides_the_token_and_the_passwords() -> None:
     for secret in ("tok-123", "pw-1", "pw-2", "pw-3"):
         assert secret not in shown
     assert "api_token='***'" in shown and settings.api_token == "tok-123"
+
+
+@pytest.mark.parametrize(("env", "variable"), [
+    ({"AUTH_OIDC_ISSUER": "http://login.example.com", "AUTH_OIDC_AUDIENCE": "a"}, "AUTH_OIDC_ISSUER"),
+    ({"AUTH_OIDC_ISSUER": "ftp://login.example.com", "AUTH_OIDC_AUDIENCE": "a"}, "AUTH_OIDC_ISSUER"),
+    ({"AUTH_OIDC_ISSUER": "https://login.example.com"}, "AUTH_OIDC_AUDIENCE"),
+    ({"AUTH_OIDC_OPERATOR_CLAIM": "groups"}, "AUTH_OIDC_OPERATOR_VALUE"),
+    ({"AUTH_OIDC_OPERATOR_VALUE": "ops"}, "AUTH_OIDC_OPERATOR_CLAIM"),
+    ({"AUTH_ADOPT_OWNER": "two words"}, "AUTH_ADOPT_OWNER"),
+])
+def test_identity_settings_are_checked_together(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(env)
+    assert caught.value.variable == variable
+
+
+def test_an_issuer_on_loopback_may_be_http_and_configures_identities() -> None:
+    settings = Settings.from_env({"AUTH_OIDC_ISSUER": "http://127.0.0.1:9000/", "AUTH_OIDC_AUDIENCE": "a"})
+    assert settings.auth_oidc_issuer == "http://127.0.0.1:9000" and settings.auth_oidc_user_claim == "sub"
+    assert settings.auth_configured and not Settings.from_env({}).auth_configured
