@@ -114,9 +114,10 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     # A thread created empty: idle, no values, its metadata kept.
     thread = await client.threads.create(metadata={"user": "ada"})
     thread_id = thread["thread_id"]
-    assert thread["status"] == "idle" and thread["metadata"] == {"user": "ada"}
+    assert thread["status"] == "idle" and thread["metadata"] == {"user": "ada", "owner": "local"}
     got = await client.threads.get(thread_id)
-    assert got["status"] == "idle" and got["values"] == {} and got["metadata"] == {"user": "ada"}
+    assert got["status"] == "idle" and got["values"] == {}
+    assert got["metadata"] == {"user": "ada", "owner": "local"}
     state = await client.threads.get_state(thread_id)
     assert state["values"] == {} and state["next"] == [] and state["tasks"] == []
 
@@ -124,7 +125,7 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     with pytest.raises(ConflictError):
         await client.threads.create(thread_id=thread_id)
     same = await client.threads.create(thread_id=thread_id, if_exists="do_nothing", metadata={"user": "bob"})
-    assert same["metadata"] == {"user": "ada"}
+    assert same["metadata"] == {"user": "ada", "owner": "local"}
     chosen = str(uuid.uuid4())
     assert (await client.threads.create(thread_id=chosen))["thread_id"] == chosen
 
@@ -136,7 +137,7 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert conversation is not None
     assert [m["content"] for m in conversation["messages"]] == ["hi", "Hello Ada."]
     got = await client.threads.get(thread_id)
-    assert got["status"] == "idle" and got["metadata"] == {"user": "ada"}
+    assert got["status"] == "idle" and got["metadata"] == {"user": "ada", "owner": "local"}
     assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
 
     # Search: both kinds of thread, newest first, by metadata, by status, by ids (the stack is
@@ -365,7 +366,8 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
 
     # Nothing was damaged: the thread is as created, and takes a run.
     thread = await client.threads.get(thread_id)
-    assert thread["status"] == "idle" and thread["metadata"] == {"keep": True} and thread["values"] == {}
+    assert thread["status"] == "idle" and thread["values"] == {}
+    assert thread["metadata"] == {"keep": True, "owner": "local"}
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
     async with httpx.AsyncClient(base_url=base) as http:
@@ -540,14 +542,16 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
 
     # Update merges metadata; a conversation started on /api/chat takes metadata too.
     updated = await client.threads.update(thread_id, metadata={"topic": "echo"})
-    assert updated["metadata"] == {"user": "grace", "topic": "echo"}
-    assert (await client.threads.get(thread_id))["metadata"] == {"user": "grace", "topic": "echo"}
+    assert updated["metadata"] == {"user": "grace", "topic": "echo", "owner": "local"}
+    stored = (await client.threads.get(thread_id))["metadata"]
+    assert stored == {"user": "grace", "topic": "echo", "owner": "local"}
     found = await client.threads.search(metadata={"topic": "echo"})
     assert [t["thread_id"] for t in found] == [thread_id]
     model.script(Text("Native."))
     native, native_run = chat(str(client.http.client.base_url), "from /api/chat")
     assert text_of((await client.runs.join(native, native_run))["messages"][-1]) == "Native."
-    assert (await client.threads.update(native, metadata={"via": "api"}))["metadata"] == {"via": "api"}
+    updated_native = await client.threads.update(native, metadata={"via": "api"})
+    assert updated_native["metadata"] == {"via": "api", "owner": "local"}
     assert [t["thread_id"] for t in await client.threads.search(metadata={"via": "api"})] == [native]
     with pytest.raises(NotFoundError):
         await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
@@ -657,4 +661,4 @@ async def test_the_javascript_sdk_streams_and_rejoins_a_run(stack: SophosEnv, mo
     assert None not in ids and len(set(ids)) == len(ids)
     assert out["rejoined"] == [{"event": p["event"], "id": p["id"]} for p in streamed[1:]]  # "-1": all
     assert out["state"]["values"] == streamed[-2]["data"] and out["run"]["status"] == "success"
-    assert out["thread"]["metadata"] == {"via": "js"}
+    assert out["thread"]["metadata"] == {"via": "js", "owner": "local"}

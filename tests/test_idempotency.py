@@ -61,7 +61,7 @@ def test_retries_and_simultaneous_requests_start_one_run(
         refused = post(api.url, bad, "hello")
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "BAD_REQUEST", bad
     with redis_sync.Redis.from_url(env.redis_url) as client:
-        assert 0 < client.ttl(idempotency_key("key-0")) <= IDEMPOTENCY_TTL_SECONDS
+        assert 0 < client.ttl(idempotency_key("key-0", "local")) <= IDEMPOTENCY_TTL_SECONDS
 
     # 20 simultaneous resumes with one key: one run, all told about it.
     model.script(Drop())  # fails again: still resumable afterwards

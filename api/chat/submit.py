@@ -85,7 +85,7 @@ def idempotency_of(key: str | None, request: ChatRequest, conversation_id: str |
         fields.append(["fork", request.replaces, request.regenerate])
     asked = json.dumps(fields, ensure_ascii=False)
     # A key is its user's: another user's same key is another key (and reveals nothing).
-    return Idempotency(f"{caller().name}\x00{key}", hashlib.sha256(asked.encode()).hexdigest())
+    return Idempotency(key, hashlib.sha256(asked.encode()).hexdigest(), owner=caller().name)
 
 
 def _answer(first: FirstAnswer, idempotency: Idempotency) -> ChatAccepted:

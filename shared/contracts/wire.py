@@ -299,9 +299,11 @@ def run_key(run_id: str) -> str:
 IDEMPOTENCY_TTL_SECONDS = 24 * 3600
 
 
-def idempotency_key(key: str) -> str:
-    """String: the first answer to a ``POST /api/chat`` with this ``Idempotency-Key``."""
-    return f"sophos:idem:{key}"
+def idempotency_key(key: str, owner: str = "local") -> str:
+    """String: the first answer to ``owner``'s ``POST /api/chat`` with this ``Idempotency-Key``
+    (a key is its user's: another user's same key is another key). A NUL, which neither a user
+    name nor a key can hold, keeps ``a:b`` + ``c`` apart from ``a`` + ``b:c``."""
+    return f"sophos:idem:{owner}\x00{key}"
 
 
 def conversation_deleted_key(conversation_id: str) -> str:

@@ -64,6 +64,8 @@ class Idempotency:
 
     key: str
     fingerprint: str
+    #: whose key it is
+    owner: str = "local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ class Submission:
 
 async def first_answer(redis: Redis, idempotency: Idempotency) -> FirstAnswer | None:
     """The answer already given to a request with this idempotency key, if any."""
-    raw = await redis.get(idempotency_key(idempotency.key))
+    raw = await redis.get(idempotency_key(idempotency.key, idempotency.owner))
     return FirstAnswer.parse(raw) if raw is not None else None
 
 
@@ -139,7 +141,8 @@ async def submit(
             run_key(job.run_id),
             WAKE_LIST,
             # Without a key the script never touches KEYS[6]; it is named all the same.
-            idempotency_key(idempotency.key if idempotency is not None else ""),
+            idempotency_key(idempotency.key, idempotency.owner)
+            if idempotency is not None else idempotency_key(""),
             waiting_key(job.conversation_id),
         ],
         args=[
