@@ -74,7 +74,6 @@ from shared.redis.queue import submit_run
 from shared.storage import Database, Tx
 from shared.storage.rows import title_of
 from shared.storage.schema import iso_from_timestamp, now_iso
-from worker.run.service import RunService
 from worker.run.subscription import listen
 
 log = structlog.get_logger(__name__)
@@ -156,16 +155,14 @@ async def cron_create_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
     """arq's entry point: decode, bind log context, store."""
     job = CronCreate.from_dict(payload)
     with structlog.contextvars.bound_contextvars(job_id=job.job_id):
-        service: RunService = ctx["service"]
-        return await create(service.store.db, service.redis, job)
+        return await create(ctx["store"].db, ctx["redis"], job)
 
 
 async def cron_delete_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
     """arq's entry point: decode, bind log context, delete."""
     job = CronDelete.from_dict(payload)
     with structlog.contextvars.bound_contextvars(job_id=job.job_id):
-        service: RunService = ctx["service"]
-        return await delete(service.store.db, service.redis, job)
+        return await delete(ctx["store"].db, ctx["redis"], job)
 
 
 # --- the ticks --------------------------------------------------------------------
