@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from arq.connections import RedisSettings
 
     from shared.speedups import Speedups
-    from worker.run.live import LiveRuns
+    from worker.run.stopping import LiveRuns
     from worker.wakeup import WakeableWorker
 
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from shared.storage import is_database_unavailable
-from worker.run.live import LiveRuns
+from worker.run.stopping import LiveRuns
 from worker.store import RunRow, RunStore
 
 log = structlog.get_logger(__name__)

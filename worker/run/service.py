@@ -33,7 +33,7 @@ Where to look, following one run (:meth:`RunService.execute` reads as these step
 * a tool call is recorded: the ledger (worker/tools/ledger.py), from the graph's tools node;
 * an event leaves the worker: worker/run/stream.py, through worker/run/events.py;
 * it ends: :meth:`~RunService._end`, through the one ending (worker/run/ending.py);
-* a cancel, a drain, a lost lease reach it: worker/run/live.py.
+* a cancel, a drain, a lost lease reach it: ``LiveRuns`` (worker/run/stopping.py).
 """
 
 from __future__ import annotations
@@ -68,10 +68,9 @@ from worker.metrics import collecting
 from worker.run.ending import Outcome, RunEnding, Thread
 from worker.run.events import EventPublisher
 from worker.run.inputs import NotResumable, graph_input
-from worker.run.live import LiveRuns
 from worker.run.outcomes import UnrecordedOutcomes
 from worker.run.progress import RunTracker
-from worker.run.stopping import LiveRun, Recorded, close_thread
+from worker.run.stopping import LiveRun, LiveRuns, Recorded, close_thread
 from worker.run.stream import FinalState, RunStream, trace_cut
 from worker.store import RunStore, is_database_unavailable
 from worker.tools.ledger import CallRef, Ledger
