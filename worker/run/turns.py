@@ -27,6 +27,7 @@ from arq import Retry
 
 from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunErrorCode, RunJob, RunStatus, waiting_key
 from shared.redis.scripts import scripts
+from shared.storage.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, Thread
 from worker.run.service import RunService
 
@@ -71,8 +72,8 @@ async def _recheck(service: RunService, job: RunJob) -> Outcome | None:
     if job.kind not in (JobKind.RUN, JobKind.RESUME):
         return None  # only messages and resumes are enqueued (api/protocol/runs.py)
     try:
-        head = await service.store.branch_head(job.conversation_id)
-        state = await service.graph.aget_state(service.thread_config(job.conversation_id, head))
+        config = await thread_config(service.store.db.fetchall, job.conversation_id)
+        state = await service.graph.aget_state(config)
     except Exception as exc:
         # Unreadable now: the run's own checks (worker/run/service.py) read the thread again.
         log.warning("run.turn_recheck_failed", error=f"{type(exc).__name__}: {exc}")

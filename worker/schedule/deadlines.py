@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from shared.contracts.wire import Decision, DecisionAction, JobKind, RunJob, RunStatus
 from shared.redis.queue import submit
+from shared.storage.branch import thread_config
 from shared.storage.schema import iso_from_timestamp
 from shared.storage.thread import interrupt_requests
 from worker.run.service import RunService
@@ -97,5 +98,6 @@ class ApprovalDeadlines:
         return submitted
 
     async def _pending(self, conversation_id: str) -> list[dict[str, Any]]:
-        state = await self.service.graph.aget_state(self.service.thread_config(conversation_id))
+        config = await thread_config(self.service.store.db.fetchall, conversation_id)
+        state = await self.service.graph.aget_state(config)
         return interrupt_requests(state) or []
