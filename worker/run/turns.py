@@ -25,11 +25,19 @@ import time
 import structlog
 from arq import Retry
 
-from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunErrorCode, RunJob, RunStatus, waiting_key
+from shared.contracts.wire import (
+    ACTIVE_RUNS,
+    JobKind,
+    RunErrorCode,
+    RunJob,
+    RunStatus,
+    taken_key,
+    waiting_key,
+)
 from shared.redis.scripts import scripts
 from shared.storage.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, Thread
-from worker.run.service import RunService
+from worker.run.service import TAKEN_SECONDS, RunService
 
 log = structlog.get_logger(__name__)
 
@@ -45,8 +53,11 @@ async def take_turn(service: RunService, job: RunJob) -> RunJob | None:
     ended here. Raises arq's ``Retry`` while another run holds the conversation or comes first."""
     if not job.may_wait:
         return job  # accepted with the claim: no round trip on the path of every other run
+    # On PostgreSQL the claim names its taker in the same script (``taken_key``): a worker that
+    # dies right after it leaves a claim a live worker's sweep frees (worker/upkeep/sweep.py).
     reply = await scripts(service.redis).claim_turn(
-        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id)], args=[job.conversation_id, job.run_id],
+        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id), taken_key(job.run_id)],
+        args=[job.conversation_id, job.run_id, service.store.owner or "", TAKEN_SECONDS],
     )
     kind, *rest = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
     if kind in ("held", "none"):
