@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Annotated, Any, NoReturn, TypedDict
 
 from langchain_core.messages import AnyMessage
-from langchain_core.runnables import RunnableConfig
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
@@ -98,11 +97,3 @@ def resume_value(state: Any, decisions: list[dict[str, Any]]) -> dict[str, list[
         interrupt_id: [by_call[str(r["id"])] for r in requests if str(r["id"]) in by_call]
         for interrupt_id, requests in pending_interrupts(state)
     }
-
-
-def thread_config(conversation_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
-    """The worker's config of a thread: at its latest checkpoint, or at ``checkpoint_id`` (a
-    branch's head, or where an edit forks it)."""
-    if checkpoint_id is None:
-        return {"configurable": {"thread_id": conversation_id}}
-    return {"configurable": {"thread_id": conversation_id, "checkpoint_id": checkpoint_id}}

@@ -46,7 +46,7 @@ from shared.contracts.wire import (
 )
 from shared.redis.queue import queued_job
 from shared.storage import checkpoints
-from shared.storage.thread import thread_config
+from shared.storage.branch import thread_at
 from worker.run.ending import Outcome, RunEnding
 from worker.store import RunRow, RunStore, is_database_unavailable
 from worker.upkeep.sweep import ClaimSweep
@@ -103,9 +103,9 @@ async def reconcile(
 
 
 async def _reconcile(redis: Redis, ending: RunEnding, saver: BaseCheckpointSaver[Any], run: RunRow) -> str:
-    recorded = await input_recorded(saver, thread_config(run.conversation_id), run.id)
-    # A thread that cannot be read (a crafted or damaged checkpoint) must not keep the
-    # worker from starting: the run ends all the same, without counts.
+    recorded = await input_recorded(saver, thread_at(run.conversation_id), run.id)  # any branch
+    # The branch the conversation follows. A thread that cannot be read (a crafted or damaged
+    # checkpoint) must not keep the worker from starting: the run ends all the same, without counts.
     thread = await ending.read_thread(run.conversation_id, run.id)
     if recorded is False and run.kind == JobKind.RUN.value:
         message = NOT_RECORDED

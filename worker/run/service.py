@@ -55,13 +55,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import JobKind, RunErrorCode, RunJob, RunStatus, taken_key
+from shared.contracts.wire import TAKEN_SECONDS, JobKind, RunErrorCode, RunJob, RunStatus, taken_key
 from shared.redis.queue import release_conversation
 from shared.settings import Settings
+from shared.storage.branch import thread_at
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.leases import CURRENT_LEASE, Lease, LeaseLost
 from shared.storage.rows import RunRow
-from shared.storage.thread import thread_config
 from worker.agent.model import is_model_unavailable
 from worker.agent.model_check import unavailable_message
 from worker.metrics import collecting
@@ -78,8 +78,6 @@ from worker.tools.ledger import CallRef, Ledger
 log = structlog.get_logger(__name__)
 
 
-#: How long the record of who took a run is kept: past any wait for its row.
-TAKEN_SECONDS = 3600
 #: Why a run still in progress when the worker had to stop was ended.
 ABANDONED = (
     "the worker shut down and the step in flight did not stop within SHUTDOWN_TIMEOUT; "
@@ -282,7 +280,7 @@ class RunService:
     async def _stream(self, run: Run) -> FinalState:
         """The graph's stream, each step checkpointed before the next begins, told as events."""
         job = run.job
-        at = thread_config(job.conversation_id, job.checkpoint_id)
+        at = thread_at(job.conversation_id, job.checkpoint_id)
         if job.kind is JobKind.SWITCH:
             # The row names the branch now (worker/store.py start_run); the ending records its shape.
             branch = await self.graph.aget_state(at)
@@ -369,7 +367,7 @@ class RunService:
 
     async def _wrote(self, job: RunJob) -> bool:
         """Whether the thread's latest checkpoint is one ``job``'s run wrote."""
-        latest = await self.graph.aget_state(thread_config(job.conversation_id))
+        latest = await self.graph.aget_state(thread_at(job.conversation_id))
         return (latest.metadata or {}).get("run_id") == job.run_id
 
     def _recorded(self, conversation_id: str) -> Recorded:

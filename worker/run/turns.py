@@ -28,9 +28,18 @@ from arq import Retry
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunErrorCode, RunJob, RunStatus, waiting_key
+from shared.contracts.wire import (
+    ACTIVE_RUNS,
+    TAKEN_SECONDS,
+    JobKind,
+    RunErrorCode,
+    RunJob,
+    RunStatus,
+    taken_key,
+    waiting_key,
+)
 from shared.redis.scripts import scripts
-from shared.storage.thread import thread_config
+from shared.storage.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.store import RunStore
 
@@ -51,8 +60,11 @@ async def take_turn(
     ended here. Raises arq's ``Retry`` while another run holds the conversation or comes first."""
     if not job.may_wait:
         return job  # accepted with the claim: no round trip on the path of every other run
+    # On PostgreSQL the claim names its taker in the same script (``taken_key``): a worker that
+    # dies right after it leaves a claim a live worker's sweep frees (worker/upkeep/sweep.py).
     reply = await scripts(redis).claim_turn(
-        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id)], args=[job.conversation_id, job.run_id],
+        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id), taken_key(job.run_id)],
+        args=[job.conversation_id, job.run_id, store.owner or "", TAKEN_SECONDS],
     )
     kind, *rest = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
     if kind in ("held", "none"):
@@ -80,8 +92,8 @@ async def _recheck(
     if job.kind not in (JobKind.RUN, JobKind.RESUME):
         return None  # only messages and resumes are enqueued (api/protocol/runs.py)
     try:
-        head = await store.branch_head(job.conversation_id)
-        state = await graph.aget_state(thread_config(job.conversation_id, head))
+        config = await thread_config(store.db.fetchall, job.conversation_id)
+        state = await graph.aget_state(config)
     except Exception as exc:
         # Unreadable now: the run's own checks (worker/run/service.py) read the thread again.
         log.warning("run.turn_recheck_failed", error=f"{type(exc).__name__}: {exc}")

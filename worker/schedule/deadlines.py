@@ -30,8 +30,9 @@ from redis.asyncio import Redis
 from shared.contracts.wire import Decision, DecisionAction, JobKind, RunJob, RunStatus
 from shared.redis.queue import submit
 from shared.storage import Database
+from shared.storage.branch import thread_config
 from shared.storage.schema import iso_from_timestamp
-from shared.storage.thread import interrupt_requests, thread_config
+from shared.storage.thread import interrupt_requests
 
 log = structlog.get_logger(__name__)
 
@@ -101,5 +102,6 @@ class ApprovalDeadlines:
         return submitted
 
     async def _pending(self, conversation_id: str) -> list[dict[str, Any]]:
-        state = await self.graph.aget_state(thread_config(conversation_id))
+        config = await thread_config(self.db.fetchall, conversation_id)
+        state = await self.graph.aget_state(config)
         return interrupt_requests(state) or []

@@ -32,7 +32,6 @@ import httpx
 import structlog
 from arq.constants import in_progress_key_prefix
 from arq.worker import Retry
-from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
@@ -42,6 +41,7 @@ from shared.contracts.wire import RunStatus, protocol_run_key, run_key
 from shared.pinned import PinnedTransport
 from shared.redis.metrics import METRICS_KEY, WEBHOOK_DELIVERIES, counter_field
 from shared.settings import Settings
+from shared.storage.branch import thread_config
 from shared.storage.schema import iso_from_timestamp, now_iso
 from worker.store import RunStore
 
@@ -134,8 +134,10 @@ class WebhookDelivery:
         return body
 
     async def _values(self, conversation_id: str) -> dict[str, Any]:
-        config: RunnableConfig = {"configurable": {"thread_id": conversation_id}}
+        """The ``values`` of the branch the conversation follows (after a rollback or a switch, the
+        thread's newest checkpoints are the branch it left)."""
         try:
+            config = await thread_config(self.store.db.fetchall, conversation_id)
             return values_of(await self.graph.aget_state(config))
         except Exception as exc:  # a thread it cannot read: the run is told all the same
             log.warning("webhook.values_unreadable", error=f"{type(exc).__name__}: {exc}")
