@@ -29,6 +29,7 @@ from shared.contracts.wire import (
     arq_in_progress_key,
     arq_job_key,
     delete_claim,
+    taken_key,
     waiting_key,
 )
 from shared.redis.queue import Submission, release_conversation, submit, submit_delete
@@ -362,7 +363,8 @@ async def test_a_waiting_run_holds_the_conversation_until_its_turn(redis: Redis)
 
     async def turn(run: RunJob) -> list[str]:
         return list(await scripts(redis).claim_turn(
-            keys=[ACTIVE_RUNS, waiting_key(conversation)], args=[conversation, run.run_id]
+            keys=[ACTIVE_RUNS, waiting_key(conversation), taken_key(run.run_id)],
+            args=[conversation, run.run_id, "", 60],
         ))
 
     first, waiting, later = job(), job(may_wait=True), job(may_wait=True)

@@ -31,7 +31,8 @@ async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
     ):
         service: RunService = ctx["service"]
-        turn = await take_turn(service, job)  # arq's Retry while another run holds the thread
+        # arq's Retry while another run holds the thread
+        turn = await take_turn(service.redis, service.store, service.graph, service.ending, job)
         if turn is None:
             return RunStatus.FAILED.value  # refused when its turn came: ended there
         with tracing.run(turn) as span:
@@ -45,6 +46,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     stack = AsyncExitStack()
     ctx["stack"] = stack
     service = ctx["service"] = await stack.enter_async_context(worker_resources(settings, ctx["redis"]))
+    # What the other jobs use: the database, the checkpointer (and ctx["redis"], arq's own).
+    ctx["store"], ctx["saver"] = service.store, service.saver
     ctx["webhooks"] = WebhookDelivery(service.settings, service.redis, service.store, service.graph)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 
 import pytest
 
+from api.auth.identity import LOCAL, bind, unbind
 from api.chat.schemas import ChatRequest
 from api.chat.submit import idempotency_of
 from api.http.ids import parse_id
@@ -15,6 +17,15 @@ from api.runs.views import CURSOR_MAX_CHARS, decode_cursor, encode_cursor
 from shared.errors import BadRequest
 
 RUN = "0b6c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"
+
+
+@pytest.fixture(autouse=True)
+def local_caller() -> Iterator[None]:
+    """An Idempotency-Key is its caller's (api/auth/identity.py): these parse as the local user's."""
+    token = bind(LOCAL)
+    yield
+    unbind(token)
+
 AT = "2026-01-02T03:04:05.678901+00:00"
 
 
@@ -92,3 +103,20 @@ def test_times_are_iso_and_durations_never_negative() -> None:
     assert millis_between(AT, "2026-01-02T03:04:06.678901+00:00") == 1000
     assert millis_between("2026-01-02T03:04:06+00:00", AT) == 0  # clocks apart: never below 0
     assert millis_between(AT, None) is None and millis_between("junk", AT) is None
+
+
+def test_an_idempotency_key_is_its_callers() -> None:
+    from api.auth.identity import Caller
+    from shared.contracts.wire import idempotency_key
+
+    asked = ChatRequest(message="hi")
+    mine = idempotency_of("k", asked, None)
+    token = bind(Caller("bob", operator=False, how="key"))
+    try:
+        bobs = idempotency_of("k", asked, None)
+    finally:
+        unbind(token)
+    assert mine is not None and bobs is not None and mine.fingerprint == bobs.fingerprint
+    assert idempotency_key(mine.key, mine.owner) != idempotency_key(bobs.key, bobs.owner)
+    # A NUL keeps a name with a colon apart from a key with one.
+    assert idempotency_key("b:c", "a") != idempotency_key("c", "a:b")

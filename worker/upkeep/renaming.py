@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.contracts.wire import RenameJob, renamed_key
-from worker.run.service import RunService
+from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
 
@@ -21,17 +21,17 @@ log = structlog.get_logger(__name__)
 OUTCOME_TTL_SECONDS = 60
 
 
-async def rename(service: RunService, job: RenameJob) -> str:
+async def rename(store: RunStore, redis: Redis, job: RenameJob) -> str:
     outcome = "failed: the worker stopped"
     try:
-        found = await service.store.rename_conversation(job.conversation_id, job.title)
+        found = await store.rename_conversation(job.conversation_id, job.title)
         outcome = "renamed" if found else "gone"
         log.info("conversation.renamed" if found else "conversation.rename_gone")
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("conversation.rename_failed")
     finally:
-        await _notify(service.redis, job, outcome)
+        await _notify(redis, job, outcome)
     return outcome
 
 
@@ -50,5 +50,4 @@ async def rename_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
     """arq's entry point: decode, bind log context, rename."""
     job = RenameJob.from_dict(payload)
     with structlog.contextvars.bound_contextvars(conversation_id=job.conversation_id, job_id=job.job_id):
-        service: RunService = ctx["service"]
-        return await rename(service, job)
+        return await rename(ctx["store"], ctx["redis"], job)
