@@ -72,7 +72,7 @@ def last_user_message(request: dict[str, Any]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the tests that share them, on a Redis of their own. The fake tools
     server's ``add`` asks for approval."""
-    with approval_stack(tmp_path_factory.mktemp("enqueue"), fake_ollama.url) as env:
+    with approval_stack(tmp_path_factory.mktemp("enqueue"), fake_ollama) as env:
         yield env
 
 

@@ -33,7 +33,7 @@ from shared.storage.schema import iso_from_timestamp
 from shared.storage.sqlite import SqliteDatabase
 from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.client import chat, wait_for_async
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, require_approval
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
 from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create
@@ -349,9 +349,7 @@ async def test_two_workers_racing_for_the_same_ticks_fire_each_once(postgres_url
 async def test_a_tick_on_a_thread_waiting_for_a_decision_or_gone_is_skipped(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
 ) -> None:
-    config: dict[str, Any] = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    sophos_env.write_mcp_config(config)
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     api = start_api(sophos_env)
     model.script_for("add them", ToolCalls([("tools__add", {"a": 2, "b": 3})]))

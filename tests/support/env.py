@@ -100,6 +100,14 @@ def with_fetch(env: SophosEnv) -> SophosEnv:
     return env
 
 
+def require_approval(env: SophosEnv, tools: Any, *, safe_to_repeat: bool = True) -> None:
+    """Rewrite ``env``'s mcp.json: the fake tools server's ``tools`` (``True`` or a list of names)
+    ask for ``requireApproval``; ``safe_to_repeat=False``: its calls are taken as calls that act."""
+    config = mcp_servers(env.tools_log, env.root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = tools
+    env.write_mcp_config(config if safe_to_repeat else not_safe_to_repeat(config))
+
+
 def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the fake tools server's tools taken as not safe to repeat
     (``"safeToRepeat": false`` overrides their ``readOnlyHint``): a call of one that may have run
