@@ -63,6 +63,7 @@ FAST_ELSEWHERE: dict[str, frozenset[str]] = {
     "test_fakes.py": frozenset({"test_split_tokens_keeps_the_text"}),
     "test_launcher.py": frozenset({
         "test_backoff_doubles_to_thirty_seconds_and_starts_over_after_a_stable_run",
+        "test_the_launcher_reads_its_settings_through_settings",
     }),
     "test_redis_protocol.py": frozenset({"test_the_scripts_end_a_run_only_through_the_one_lua_ending"}),
     "test_security.py": frozenset({"test_every_dependency_is_pinned_by_the_lock"}),
