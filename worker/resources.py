@@ -24,11 +24,11 @@ from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
+from worker import faults
 from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model
 from worker.agent.model_calls import ModelCalls
 from worker.agent.model_check import report_model
-from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
 from worker.metrics import TimedCheckpoints
 from worker.run.leases import Leases
 from worker.run.recovery import recover
@@ -98,15 +98,11 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
-        kill = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
+        fault = faults.load(settings)  # tests only (worker/faults.py)
         # Every checkpoint write of a run is timed (worker/metrics.py), and traced when tracing is
         # on (shared/tracing.py); a fault, when asked, comes first.
-        hooks = [*([kill] if kill is not None else []), TimedCheckpoints, *tracing.checkpoint_hooks()]
-        if kill is not None:
-            log.warning(
-                "faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint,
-                kill_before_checkpoint=settings.fault_kill_before_checkpoint,
-            )
+        kill = [fault.checkpoint] if fault.checkpoint is not None else []
+        hooks = [*kill, TimedCheckpoints, *tracing.checkpoint_hooks()]
         # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
         saver = await stack.enter_async_context(
             open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
@@ -125,10 +121,7 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await toolbox.open()
 
         # The application tables' connection, not the saver's (worker/store.py says why).
-        ledger = Ledger(
-            store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome),
-            hold=hold_call(settings.fault_hold_call),
-        )
+        ledger = Ledger(store.db, after_outcome=fault.after_outcome, hold=fault.hold)
         graph = build_graph(
             model=build_model(settings),
             tools=toolbox.current,

@@ -1,4 +1,5 @@
-"""Test-only fault injection, off unless a SOPHOS_FAULT_* variable is set.
+"""The worker's fault hooks: test code, loaded by the worker's hook point (worker/faults.py)
+only when a SOPHOS_FAULT_* setting asks for a fault.
 
 Some crash windows are too narrow to hit with a signal from outside (after the
 final checkpoint, before the outcome is recorded; after the run row, before
@@ -30,7 +31,21 @@ from typing import Any
 
 import structlog
 
+from shared.settings import Settings
+from worker.faults import Faults
+
 log = structlog.get_logger(__name__)
+
+
+def faults(settings: Settings) -> Faults:
+    """The hooks the settings ask for (worker/faults.py ``load`` calls this)."""
+    return Faults(
+        checkpoint=kill_at_checkpoint(
+            settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint
+        ),
+        after_outcome=kill_after_outcome(settings.fault_kill_after_outcome),
+        hold=hold_call(settings.fault_hold_call),
+    )
 
 
 class _KillAtCheckpoint:
