@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import DefaultParser
 from redis.utils import HIREDIS_AVAILABLE
 
+from shared.compat import redis_parsers
 from shared.contracts import wire as contracts
 from shared.settings import Settings, SettingsError
 
@@ -68,9 +69,8 @@ class Speedups:
 
     def parser_class(self) -> type[Any]:
         """redis-py's parser class for the choice (``parser_class`` of a connection pool)."""
-        from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
-
-        return _AsyncHiredisParser if self.redis_parser == "hiredis" else _AsyncRESP2Parser
+        hiredis, python = redis_parsers()
+        return hiredis if self.redis_parser == "hiredis" else python
 
     def apply_json_codec(self) -> None:
         contracts.use_json_codec(self.json_codec)
@@ -92,12 +92,11 @@ async def use_parser(redis: Redis, parser_class: type[Any]) -> None:
 
 def in_use(redis: Redis) -> dict[str, str]:
     """What this process runs on, read from its loop, pool and codec (for its start-up log)."""
-    from redis._parsers import _AsyncHiredisParser
-
+    hiredis, _ = redis_parsers()
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
     parser = redis.connection_pool.connection_kwargs.get("parser_class", DefaultParser)
     return {
         "event_loop": "uvloop" if loop == "uvloop" else "asyncio",
-        "redis_parser": "hiredis" if issubclass(parser, _AsyncHiredisParser) else "python",
+        "redis_parser": "hiredis" if issubclass(parser, hiredis) else "python",
         "json_codec": contracts.json_codec(),
     }

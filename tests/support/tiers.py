@@ -42,11 +42,6 @@ FAST_DIR = ROOT / "tests" / "fast"
 #: join the fast tier (tests/conftest.py marks them). A new pure test goes to tests/fast/, or is
 #: marked ``@pytest.mark.fast`` in its file.
 FAST_ELSEWHERE: dict[str, frozenset[str]] = {
-    "test_arq_contract.py": frozenset({
-        "test_arq_is_the_pinned_version",
-        "test_the_arq_code_wakeup_mirrors_is_unchanged",
-        "test_the_names_the_copy_uses_are_there",
-    }),
     "test_cors.py": frozenset({"test_origins_are_checked_and_normalized"}),
     "test_damaged_startup.py": frozenset({"test_whether_a_run_was_checkpointed_is_told_without_decoding"}),
     "test_deploy.py": frozenset({
