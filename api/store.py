@@ -19,7 +19,7 @@ from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
 from shared.contracts.crons import CRON_COLUMNS, CronRow
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.settings import Settings
 from shared.storage import CheckpointDecodeError

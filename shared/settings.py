@@ -328,7 +328,7 @@ class Settings:
     # pay (README, Configuration), msgspec did not, so json is the default codec.
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
-    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts/wire.py)
+    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts/codec.py)
     api_http: str = "h11"  # auto, httptools or h11: the API's HTTP/1.1 parser (api/http/parser.py)
     # Traces exported over OTLP (shared/tracing.py): on when OTEL_EXPORTER_OTLP_ENDPOINT or
     # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and neither OTEL_SDK_DISABLED nor

@@ -8,7 +8,7 @@ the process at start-up with the variable named, like any other bad setting.
 
 None of them changes what crosses Redis or HTTP: an event loop, a reply parser and an HTTP
 parser bounded alike (api/http/parser.py) are invisible on the wire, and the codec's output parses
-the same as ``json``'s (see :func:`shared.contracts.wire.use_json_codec`). Bench figure 12
+the same as ``json``'s (see :func:`shared.contracts.codec.use_json_codec`). Bench figure 12
 measures each on and off.
 """
 
@@ -25,7 +25,7 @@ from redis.asyncio.connection import DefaultParser
 from redis.utils import HIREDIS_AVAILABLE
 
 from shared.compat import redis_parsers
-from shared.contracts import wire as contracts
+from shared.contracts import codec
 from shared.settings import Settings, SettingsError
 
 
@@ -73,7 +73,7 @@ class Speedups:
         return hiredis if self.redis_parser == "hiredis" else python
 
     def apply_json_codec(self) -> None:
-        contracts.use_json_codec(self.json_codec)
+        codec.use_json_codec(self.json_codec)
 
 
 async def use_parser(redis: Redis, parser_class: type[Any]) -> None:
@@ -98,5 +98,5 @@ def in_use(redis: Redis) -> dict[str, str]:
     return {
         "event_loop": "uvloop" if loop == "uvloop" else "asyncio",
         "redis_parser": "hiredis" if issubclass(parser, hiredis) else "python",
-        "json_codec": contracts.json_codec(),
+        "json_codec": codec.json_codec(),
     }

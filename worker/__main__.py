@@ -77,8 +77,9 @@ def main() -> int:
 async def serve(settings: Settings, speedups: Speedups) -> None:
     from arq.connections import RedisSettings
 
-    from shared.contracts.wire import QUEUE_NAME, dumps, loads
+    from shared.contracts.codec import dumps, loads
     from shared.redis.connection import RETRY_ON, retry_policy
+    from shared.redis.keys import QUEUE_NAME
     from worker.wakeup import WakeableWorker
 
     def redis_settings(url: str) -> RedisSettings:

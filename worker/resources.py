@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 from shared.redis.connection import connection_kwargs
+from shared.redis.keys import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 from shared.redis.liveness import connection_name, new_worker_id
 from shared.redis.scripts import scripts
 from shared.settings import Settings

@@ -26,7 +26,7 @@ from arq.utils import timestamp_ms
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import WAKE_LIST
+from shared.redis.keys import WAKE_LIST
 from shared.redis.scripts import scripts
 from shared.speedups import use_parser
 from worker.compat import HookedWorker

@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from shared.compat import messages_delta_reducer
-from shared.contracts.wire import AGENT, APPROVAL, TOOLS
+from shared.contracts.runs import AGENT, APPROVAL, TOOLS
 
 #: A full copy of the message list every this many updates of it (LangGraph's
 #: default, written out so that a change is deliberate): between two copies a

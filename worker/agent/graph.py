@@ -42,7 +42,9 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
-from shared.contracts.wire import AGENT, APPROVAL, APPROVALS_MARK, TOOLS, Decision, DecisionAction
+from shared.contracts.codec import decode
+from shared.contracts.jobs import Decision, DecisionAction
+from shared.contracts.runs import AGENT, APPROVAL, APPROVALS_MARK, TOOLS
 from shared.redis.metrics import MODEL_CALL
 from shared.storage.thread import AgentState
 from worker.agent.model_calls import ModelCalls
@@ -159,7 +161,7 @@ def build_graph(
             for c in message.tool_calls if needs_approval(c["name"])
         ]
         answer = interrupt({"requests": requests})
-        decisions = {d.id: d for d in map(Decision.from_dict, answer)}
+        decisions = {d.id: d for d in (decode(Decision, d) for d in answer)}
         calls: list[Any] = []
         record: dict[str, Any] = {}
         rejections: list[AnyMessage] = []

@@ -44,14 +44,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import (
-    JobKind,
-    RunErrorCode,
-    RunJob,
-    RunStatus,
-    taken_key,
-    text_of,
-)
+from shared.contracts.events import text_of
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import taken_key
 from shared.redis.queue import release_conversation
 from shared.settings import Settings
 from shared.storage.checkpoints import end_failed_checkpoint_write

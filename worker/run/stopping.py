@@ -49,7 +49,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 
-from shared.contracts.wire import STOPPED_MARK
+from shared.contracts.runs import STOPPED_MARK
 from worker.agent.graph import AGENT, TOOLS
 
 log = structlog.get_logger(__name__)

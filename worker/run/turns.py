@@ -25,7 +25,9 @@ import time
 import structlog
 from arq import Retry
 
-from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunErrorCode, RunJob, RunStatus, waiting_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import ACTIVE_RUNS, waiting_key
 from shared.redis.scripts import scripts
 from worker.run.ending import APPROVAL_PENDING, Outcome, Thread
 from worker.run.service import RunService

@@ -26,7 +26,9 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from shared.contracts.wire import Decision, DecisionAction, JobKind, RunJob, RunStatus
+from shared.contracts.codec import encode
+from shared.contracts.jobs import Decision, DecisionAction, JobKind, RunJob
+from shared.contracts.runs import RunStatus
 from shared.redis.queue import submit
 from shared.storage.schema import iso_from_timestamp
 from shared.storage.thread import interrupt_requests
@@ -79,7 +81,7 @@ class ApprovalDeadlines:
                 continue
             message = timeout_message(self.timeout)
             decisions = tuple(
-                Decision(id=str(r["id"]), action=DecisionAction.REJECT, message=message).to_dict()
+                encode(Decision(id=str(r["id"]), action=DecisionAction.REJECT, message=message))
                 for r in requests
             )
             job = RunJob(
