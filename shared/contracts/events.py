@@ -1,4 +1,5 @@
-"""The events that end a run's stream, as frozen structs: one shape for every producer.
+"""A run's events: their types, the text a ``token`` carries, and the events that end a run's
+stream, as frozen structs: one shape for every producer.
 
 A run's stream ends with ``end`` (it stopped as it should: completed, cancelled as
 asked, or waiting for a decision) or ``chat-error`` (anything else); a run that
