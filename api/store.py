@@ -23,6 +23,7 @@ from shared.contracts.runs import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.settings import Settings
 from shared.storage import CheckpointDecodeError
+from shared.storage.branch import thread_config
 from shared.storage.engines import open_reader
 from shared.storage.reading import Reader, ThreadSource
 from shared.storage.rows import RUN_COLUMNS, RunRow
@@ -96,15 +97,6 @@ def _conversation(row: Sequence[Any]) -> ConversationRow:
         last_error_message=row[9], branch_head=row[10], forked=bool(row[11]),
     )
 
-
-
-
-def thread_config(conversation_id: str, head: str | None = None) -> RunnableConfig:
-    """The thread at the head of the branch the conversation follows (None: its latest checkpoint)."""
-    configurable = {"thread_id": conversation_id, "checkpoint_ns": ""}
-    if head is not None:
-        configurable["checkpoint_id"] = head
-    return {"configurable": configurable}
 
 
 class Store:
@@ -278,11 +270,10 @@ class Store:
         if conversation_id == self._hang_read:
             read = functools.partial(_hang, read)
         # The branch the conversation follows (api/chat/branches.py): a read sees that branch.
-        rows = await self._fetch("SELECT branch_head FROM conversations WHERE id = ?", (conversation_id,))
-        head = str(rows[0][0]) if rows and rows[0][0] else None
+        config = await thread_config(self._fetch, conversation_id)
         try:
             return await self.readers.run(
-                _read_thread, self.db.threads, conversation_id, read, head,
+                _read_thread, self.db.threads, conversation_id, read, config,
                 what=f"conversation {conversation_id}",
             )
         except DatabaseUnavailable as exc:
@@ -308,7 +299,7 @@ def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: Runnab
 
 
 def _read_thread(
-    source: ThreadSource, conversation_id: str, read: ThreadRead[T], head: str | None = None
+    source: ThreadSource, conversation_id: str, read: ThreadRead[T], config: RunnableConfig
 ) -> T:
     """In a reader process: ``read`` on the conversation's thread. What fails here, short of
     the database itself (DATABASE_UNAVAILABLE), is the thread's data: this process has its own
@@ -316,7 +307,6 @@ def _read_thread(
     from shared.storage.thread import reader_graph
 
     try:
-        config = thread_config(conversation_id, head)
         return source.read(lambda saver: read(reader_graph(saver), config))
     except (DatabaseUnavailable, ConversationUnreadable):
         raise

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from shared.contracts.jobs import DeleteJob, JobKind, RunJob, delete_claim
-from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, arq_job_key, waiting_key
+from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, arq_job_key, taken_key, waiting_key
 from shared.redis.queue import Submission, release_conversation, submit, submit_delete
 from shared.redis.scripts import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
@@ -354,7 +354,8 @@ async def test_a_waiting_run_holds_the_conversation_until_its_turn(redis: Redis)
 
     async def turn(run: RunJob) -> list[str]:
         return list(await scripts(redis).claim_turn(
-            keys=[ACTIVE_RUNS, waiting_key(conversation)], args=[conversation, run.run_id]
+            keys=[ACTIVE_RUNS, waiting_key(conversation), taken_key(run.run_id)],
+            args=[conversation, run.run_id, "", 60],
         ))
 
     first, waiting, later = job(), job(may_wait=True), job(may_wait=True)

@@ -7,7 +7,9 @@ seconds field (``*/2 * * * * *``), so the tests wait seconds for conditions, nev
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -28,13 +30,14 @@ from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from shared.redis.queue import submit_run
 from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate
+from shared.storage.schema import iso_from_timestamp
 from shared.storage.sqlite import SqliteDatabase
 from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
-from worker.schedule.crons import LONGEST_SLEEP_SECONDS, CronTicker, create
+from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create
 
 EVERY_2S = "*/2 * * * * *"
 SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'
@@ -485,4 +488,89 @@ async def test_a_cron_stored_by_any_worker_wakes_every_ticker_at_once(tmp_path: 
     finally:
         for ticker in tickers:
             await ticker.stop()
+        await db.close()
+
+
+async def test_a_redis_stalled_at_a_tick_leaves_the_database_writable(
+    tmp_path: Path, start_redis: Callable[..., Any]
+) -> None:
+    """A Redis that stops answering (SIGSTOP) while a tick is fired: the tick waits for it, but
+    holds no transaction meanwhile, so another writer (a run's checkpoints, the ledger) commits.
+    Before: the tick's transaction was open across its Redis round trips, and every other write
+    failed with "database is locked" for as long as Redis stalled."""
+    server = start_redis(appendonly=False)
+    path = tmp_path / "sophos.db"
+    db = await SqliteDatabase.open(path)
+    stalled = Redis.from_url(server.url)
+    # Observed, not faked: the real client, which says when the tick first asks Redis for anything.
+    talking = asyncio.Event()
+    get_connection = stalled.connection_pool.get_connection
+
+    async def observed(*args: Any, **kwargs: Any) -> Any:
+        talking.set()
+        return await get_connection(*args, **kwargs)
+
+    stalled.connection_pool.get_connection = observed
+
+    def another_write() -> None:
+        conn = sqlite3.connect(path, timeout=2)
+        try:
+            with conn:
+                conn.execute("INSERT INTO crons (id, thread_id, schedule, message, metadata, created_at,"
+                             " updated_at, next_tick) VALUES ('other', NULL, ?, 'hi', '{}', 'now', 'now', ?)",
+                             (EVERY_2S, int(time.time()) + 3600))
+        finally:
+            conn.close()
+
+    try:
+        now = time.time()
+        cron_id, tick = await due_cron(db, now)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            firing = asyncio.create_task(CronTicker(db, stalled).once(now))
+            await asyncio.wait_for(talking.wait(), 10)
+            await asyncio.to_thread(another_write)  # "database is locked" within 2 s, before
+            assert not firing.done()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await firing == 1
+        rows = await db.fetchall("SELECT fired, last_run_id FROM crons WHERE id = ?", (cron_id,))
+        assert rows == [(1, tick_run_id(cron_id, tick))]
+        assert await stalled.zscore(QUEUE_NAME, tick_run_id(cron_id, tick)) is not None
+    finally:
+        await stalled.aclose()
+        await db.close()
+
+
+async def test_a_tick_claimed_by_a_worker_that_died_before_submitting_it_is_submitted_once(
+    tmp_path: Path, redis: Redis
+) -> None:
+    """A tick is claimed (moved on, committed) before its run is submitted: a worker that dies in
+    between leaves it ``submitting``, and a pass submits it UNSUBMITTED_SECONDS later, as the same
+    run, recorded once; the cron's next tick fires after it."""
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    try:
+        now = time.time()
+        cron_id, tick = await due_cron(db, now)
+        # What the dead worker committed: the tick claimed, the next one not yet due.
+        claimed_at = iso_from_timestamp(now - UNSUBMITTED_SECONDS - 5)
+        async with db.transaction() as tx:
+            await tx.execute(
+                "UPDATE crons SET next_tick = ?, last_tick = ?, last_outcome = 'submitting', last_run_id = ?,"
+                " updated_at = ? WHERE id = ?",
+                (tick + 2, tick, tick_run_id(cron_id, tick), claimed_at, cron_id),
+            )
+        ticker = CronTicker(db, redis)
+        assert await ticker.once(now - 1) == 1  # the next tick not due yet: the claimed one only
+        assert await ticker.once(now - 1) == 0
+        rows = await db.fetchall(
+            "SELECT next_tick, fired, last_tick, last_outcome, last_run_id FROM crons WHERE id = ?",
+            (cron_id,),
+        )
+        assert rows == [(tick + 2, 1, tick, "fired", tick_run_id(cron_id, tick))]
+        assert await redis.zrange(QUEUE_NAME, 0, -1) == [tick_run_id(cron_id, tick)]
+        assert await ticker.once(tick + 2) == 1
+        assert await redis.zcard(QUEUE_NAME) == 2
+    finally:
         await db.close()

@@ -12,6 +12,7 @@ import signal
 import time
 import uuid
 
+import httpx
 from redis.asyncio import Redis
 
 from shared.contracts.jobs import JobKind, RunJob
@@ -108,6 +109,53 @@ async def test_the_worker_refuses_a_message_over_a_pending_interrupt(
     assert accepted.status_code == 202, accepted.text
     wait_for(lambda: read_sse(sophos_env.api_url, conversation)[-1].data["status"] == "completed", 30)
     assert [c["args"] for c in tool_calls(sophos_env.tools_log, "add")] == [{"a": 5, "b": 6}]
+
+
+
+async def test_a_switch_cancelled_before_it_started_records_the_branch_it_follows(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """A ``switch`` run (back to an older branch) cancelled after its worker took it: the
+    conversation follows that branch from the run's start, and its ending reads that branch.
+
+    Before: the ending read the thread's newest checkpoint, the branch left behind, and
+    recorded its message count (6) beside the 4 messages the conversation shows.
+    """
+    url = sophos_env.api_url
+    worker = start_worker(sophos_env)
+    start_api(sophos_env)
+    model.script(Text("A1"), Text("A2"), Text("B2"), Text("B3"))
+
+    def said(conversation: str | None, message: str, **extra: str) -> str:
+        response = httpx.post(f"{url}/api/chat", json={
+            **({"conversation": conversation} if conversation else {}), "message": message, **extra,
+        }, timeout=30, trust_env=False)
+        assert response.status_code == 202, response.text
+        conversation = str(response.json()["conversation"])
+        assert read_sse(url, conversation)[-1].data["status"] == "completed"
+        return conversation
+
+    conversation = said(None, "one")
+    said(conversation, "two")
+    shown = get_json(url, f"/api/conversations/{conversation}")["messages"]
+    two = next(m for m in shown if m["content"] == "two")
+    said(conversation, "two, edited", replaces=two["id"])  # a new branch, the thread's newest
+    said(conversation, "three")
+    assert get_json(url, f"/api/conversations/{conversation}")["conversation"]["messageCount"] == 6
+
+    worker.signal(signal.SIGSTOP)  # it takes the switch only after the cancel
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+            response = await http.post(f"/api/conversations/{conversation}/branch",
+                                       json={"message": two["id"]})
+        assert response.status_code == 202, response.text
+        await redis.set(cancel_key(response.json()["run"]), "{}")
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert read_sse(url, conversation)[-1].data["status"] == "cancelled"
+    detail = get_json(url, f"/api/conversations/{conversation}")
+    assert [m["content"] for m in detail["messages"]] == ["one", "A1", "two", "A2"]
+    assert detail["conversation"]["messageCount"] == 4
 
 
 def test_sigterm_past_shutdown_timeout_ends_the_run_before_the_worker_exits(

@@ -9,15 +9,35 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from redis.asyncio import Redis
 
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, waiting_key
+from shared.redis.liveness import new_worker_id
+from shared.settings import Settings
+from shared.storage.engines import open_checkpointer, open_database
+from shared.storage.thread import reader_graph
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
+from tests.support.client import (
+    chat,
+    get_json,
+    post_chat,
+    post_chat_async,
+    read_sse,
+    tool_calls,
+    wait_for,
+    wait_for_async,
+)
 from tests.support.env import SophosEnv
 from tests.support.procs import ServiceProcess
+from worker.run.service import RunService
+from worker.run.turns import take_turn
+from worker.store import RunStore
 
 LEASE = 3.0
 
@@ -166,3 +186,47 @@ def test_a_worker_starting_leaves_a_live_workers_runs_alone(
     events = read_sse(api.url, conversation)
     assert events[-1].event == "end" and events.text == "still here "
     assert run in started_runs(live) and run not in started_runs(newcomer)
+
+
+async def test_a_worker_dying_just_after_it_takes_a_waiting_runs_turn_leaves_the_conversation_free_soon(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """A run accepted behind another (``enqueue``) claims the conversation when a worker takes its
+    turn (worker/run/turns.py). The worker dies right after that claim, before anything else: the
+    claim named its taker, so a live worker's sweep frees the conversation within seconds and the
+    run ends ``failed``. Before: the taker was recorded only later, so nothing told the sweep whose
+    the claim was, and arq's in-progress marker kept the conversation refusing messages for a day.
+
+    The dying worker is this test: the worker's own :func:`take_turn` on the same database and
+    Redis, under a worker id that has no heartbeat, and then nothing more."""
+    start_worker(sophos_env)
+    start_api(sophos_env)
+    url = sophos_env.api_url
+    model.script(Text("hello"), Text("free again"))
+    conversation, _ = chat(url, "hi")
+    assert read_sse(url, conversation)[-1].data["status"] == "completed"
+
+    # The waiting run's job, taken by the dying worker's arq (its in-progress marker, a day long).
+    job = RunJob(
+        run_id=str(uuid.uuid4()), conversation_id=conversation, kind=JobKind.RUN, message="behind",
+        enqueued_at=time.time(), may_wait=True,
+    )
+    await redis.rpush(waiting_key(conversation), job.run_id)
+    await redis.set(arq_in_progress_key(job.run_id), "1", px=86_400_000)
+    settings = Settings.from_env(sophos_env)
+    store = RunStore(await open_database(settings, max_size=2), owner=new_worker_id())
+    try:
+        async with open_checkpointer(settings, size=1) as saver:
+            service = RunService(settings, redis, store, reader_graph(saver))
+            assert await take_turn(service, job) is not None
+    finally:
+        await store.close()
+    assert await redis.hget(ACTIVE_RUNS, conversation) == job.run_id  # type: ignore[misc]
+
+    async def accepted() -> bool:
+        return (await post_chat_async(url, "again", conversation)).status_code == 202
+
+    await wait_for_async(accepted, timeout=20, message="the conversation taking a message again")
+    run = get_json(url, f"/api/runs/{job.run_id}")
+    assert run["status"] == "failed" and run["error"]["code"] == "INTERRUPTED", run
+    assert read_sse(url, conversation)[-1].data["status"] == "completed"

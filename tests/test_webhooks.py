@@ -334,3 +334,35 @@ async def test_the_delivery_is_enqueued_once_whoever_enqueues_it(redis: Redis) -
     await redis.zrem(QUEUE_NAME, job_id)
     await enqueue_delivery(redis, run_id, conversation_id)
     assert await redis.zcard(QUEUE_NAME) == 0 and not await redis.exists(arq_job_key(job_id))
+
+
+async def test_a_webhook_after_a_rollback_carries_the_branch_the_thread_follows(
+    client: LangGraphClient, model: FakeOllama, receiver: Receiver
+) -> None:
+    """After ``runs.cancel(action="rollback")`` the thread follows the branch the cancelled run
+    started from (its newest checkpoints are the abandoned run's): a webhook sent then carries
+    that branch's messages, not the abandoned ones."""
+    thread_id = (await client.threads.create())["thread_id"]
+    abandoned, busy = Hang(text="Working on it"), Hang(text="busy ")
+    model.script(Text("First."), abandoned, busy)
+    await client.runs.wait(thread_id, "agent", input=said("one"))
+    run = await client.runs.create(thread_id, "agent", input=said("slowly"))
+    await abandoned.wait_started_async(20)
+    await client.runs.cancel(thread_id, run["run_id"], action="rollback")
+    assert [m["content"] for m in (await client.threads.get_state(thread_id))["values"]["messages"]] == [
+        "one", "First.",
+    ]
+    # A run with a webhook, cancelled while it waits in the queue behind another thread's run
+    # (one run at a time): its webhook is sent with the thread as it stands.
+    other = (await client.threads.create())["thread_id"]
+    holding = await client.runs.create(other, "agent", input=said("hold the worker"))
+    await busy.wait_started_async(20)
+    path = a_path()
+    queued = await client.runs.create(thread_id, "agent", input=said("later"), webhook=receiver.url(path))
+    assert queued["status"] == "pending"
+    await client.runs.cancel(thread_id, queued["run_id"])
+    busy.release()
+    await client.runs.join(other, holding["run_id"])
+    body = await received_one(receiver, path)
+    assert body["run_id"] == queued["run_id"] and body["status"] == "interrupted"
+    assert [m["content"] for m in body["values"]["messages"]] == ["one", "First."]

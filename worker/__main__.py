@@ -14,14 +14,18 @@ import asyncio
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import structlog
 
 from shared.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
+    from arq.connections import RedisSettings
+
     from shared.speedups import Speedups
+    from worker.run.stopping import LiveRuns
+    from worker.wakeup import WakeableWorker
 
 
 #: How long ending the runs a drain could not stop may take (a database write and a Redis script each).
@@ -75,28 +79,29 @@ def main() -> int:
 
 
 async def serve(settings: Settings, speedups: Speedups) -> None:
-    from arq.connections import RedisSettings
+    """Take jobs until SIGTERM or SIGINT, then drain (module docstring)."""
+    ctx: dict[str, object] = {"settings": settings}
+    worker = _arq_worker(settings, speedups, ctx)
+    _stop_on_signals(worker, ctx, settings)
+    try:
+        await worker.async_run()
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await worker.close()
+        structlog.get_logger("worker").info("worker.stopped")
 
+
+def _arq_worker(settings: Settings, speedups: Speedups, ctx: dict[str, object]) -> WakeableWorker:
     from shared.contracts.codec import dumps, loads
-    from shared.redis.connection import RETRY_ON, retry_policy
     from shared.redis.keys import QUEUE_NAME
+    from worker.jobs import functions, on_shutdown, on_startup
     from worker.wakeup import WakeableWorker
 
-    def redis_settings(url: str) -> RedisSettings:
-        base = RedisSettings.from_dsn(url)
-        base.retry = retry_policy()
-        base.retry_on_error = list(RETRY_ON)
-        base.conn_retries = 30  # at start-up, wait for Redis rather than exit
-        return base
-
-    from worker.jobs import functions, on_shutdown, on_startup
-
-    log = structlog.get_logger("worker")
-    ctx: dict[str, object] = {"settings": settings}
-    worker = WakeableWorker(
+    return WakeableWorker(
         functions=functions(settings),
         queue_name=QUEUE_NAME,
-        redis_settings=redis_settings(settings.redis_url),
+        redis_settings=_redis_settings(settings.redis_url),
         on_startup=on_startup,
         on_shutdown=on_shutdown,
         handle_signals=False,
@@ -111,27 +116,24 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
         ctx=ctx,
         parser_class=speedups.parser_class(),
     )
+
+
+def _redis_settings(url: str) -> RedisSettings:
+    from arq.connections import RedisSettings
+
+    from shared.redis.connection import RETRY_ON, retry_policy
+
+    base = RedisSettings.from_dsn(url)
+    base.retry = retry_policy()
+    base.retry_on_error = list(RETRY_ON)
+    base.conn_retries = 30  # at start-up, wait for Redis rather than exit
+    return base
+
+
+def _stop_on_signals(worker: WakeableWorker, ctx: dict[str, object], settings: Settings) -> None:
+    """SIGTERM or SIGINT, the first one heard: stop taking jobs, then drain."""
     loop = asyncio.get_running_loop()
     stopping = False
-
-    async def drain_then_stop(sig: signal.Signals) -> None:
-        service = ctx.get("service")
-        draining = service.drain() if service is not None else 0  # type: ignore[attr-defined]
-        log.info("worker.stopping", signal=sig.name, draining_runs=draining)
-        pending = [t for t in worker.tasks.values() if not t.done()]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=settings.shutdown_timeout)
-            if late:
-                log.warning("worker.drain_timeout", runs=len(late))
-                if service is not None:
-                    # Ended here, before arq cancels the jobs and the stores close under them.
-                    try:
-                        async with asyncio.timeout(_ABANDON_SECONDS):
-                            abandoned = await service.abandon()  # type: ignore[attr-defined]
-                        log.warning("worker.runs_abandoned", runs=abandoned)
-                    except TimeoutError:
-                        log.error("worker.abandon_timeout", timeout=_ABANDON_SECONDS)
-        worker.handle_sig(sig)
 
     def on_signal(sig: signal.Signals) -> None:
         nonlocal stopping
@@ -139,18 +141,34 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
             return
         stopping = True
         worker.allow_pick_jobs = False
-        ctx["stop_task"] = loop.create_task(drain_then_stop(sig))
+        ctx["stop_task"] = loop.create_task(_drain_then_stop(worker, ctx, settings, sig))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        await worker.async_run()
-    except asyncio.CancelledError:
-        pass
-    finally:
-        await worker.close()
-        log.info("worker.stopped")
 
+
+async def _drain_then_stop(
+    worker: WakeableWorker, ctx: dict[str, object], settings: Settings, sig: signal.Signals,
+) -> None:
+    log = structlog.get_logger("worker")
+    # The runs in progress, once the worker's resources are open (worker/jobs.py on_startup).
+    live = cast("LiveRuns | None", getattr(ctx.get("service"), "live", None))
+    draining = live.drain() if live is not None else 0
+    log.info("worker.stopping", signal=sig.name, draining_runs=draining)
+    pending = [t for t in worker.tasks.values() if not t.done()]
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=settings.shutdown_timeout)
+        if late:
+            log.warning("worker.drain_timeout", runs=len(late))
+            if live is not None:
+                # Ended here, before arq cancels the jobs and the stores close under them.
+                try:
+                    async with asyncio.timeout(_ABANDON_SECONDS):
+                        abandoned = await live.abandon()
+                    log.warning("worker.runs_abandoned", runs=abandoned)
+                except TimeoutError:
+                    log.error("worker.abandon_timeout", timeout=_ABANDON_SECONDS)
+    worker.handle_sig(sig)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,7 +32,8 @@ async def execute_run(ctx: dict[str, Any], job: RunJob) -> str:
     """Bind the trace context, take the run's turn (worker/run/turns.py), hand over to the run
     service."""
     service: RunService = ctx["service"]
-    turn = await take_turn(service, job)  # arq's Retry while another run holds the thread
+    # arq's Retry while another run holds the thread
+    turn = await take_turn(service.redis, service.store, service.graph, service.ending, job)
     if turn is None:
         return RunStatus.FAILED.value  # refused when its turn came: ended there
     with tracing.run(turn) as span:
@@ -46,6 +47,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     stack = AsyncExitStack()
     ctx["stack"] = stack
     service = ctx["service"] = await stack.enter_async_context(worker_resources(settings, ctx["redis"]))
+    # What the other jobs use: the database, the checkpointer (and ctx["redis"], arq's own).
+    ctx["store"], ctx["saver"] = service.store, service.saver
     ctx["webhooks"] = WebhookDelivery(service.settings, service.redis, service.store, service.graph)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -10,9 +11,12 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from typing import Any
 
 import structlog
 from langchain_core.tools import BaseTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -29,9 +33,11 @@ from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model
 from worker.agent.model_calls import ModelCalls
 from worker.agent.model_check import report_model
+from worker.faults import Faults
 from worker.metrics import TimedCheckpoints
 from worker.run.leases import Leases
-from worker.run.recovery import recover
+from worker.run.outcomes import UnrecordedOutcomes
+from worker.run.recovery import reconcile, recover
 from worker.run.service import RunService
 from worker.schedule.crons import CronTicker
 from worker.schedule.deadlines import ApprovalDeadlines
@@ -93,99 +99,140 @@ async def _heartbeat(
 
 @asynccontextmanager
 async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[RunService]:
-    """Open the database, checkpointer, MCP sessions and graph; recover; sweep claims; beat."""
+    """Open the database, checkpointer, MCP sessions and graph; recover; sweep claims; beat.
+
+    Each step is a function below; the stack closes what they opened in reverse order.
+    """
     async with AsyncExitStack() as stack:
         await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
         fault = faults.load(settings)  # tests only (worker/faults.py)
-        # Every checkpoint write of a run is timed (worker/metrics.py), and traced when tracing is
-        # on (shared/tracing.py); a fault, when asked, comes first.
-        kill = [fault.checkpoint] if fault.checkpoint is not None else []
-        hooks = [*kill, TimedCheckpoints, *tracing.checkpoint_hooks()]
-        # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
-        saver = await stack.enter_async_context(
-            open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
-        )
-
-        variables = {
-            **os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable,
-        }
-        settings.memory_file_path.parent.mkdir(parents=True, exist_ok=True)
-        toolbox = McpToolbox.from_config(
-            load_config(settings.mcp_config_path, variables),
-            start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
-            repeat=load_repeat(settings.mcp_config_path),
-        )
-        stack.push_async_callback(toolbox.close)
-        await toolbox.open()
-
-        # The application tables' connection, not the saver's (worker/store.py says why).
-        ledger = Ledger(store.db, after_outcome=fault.after_outcome, hold=fault.hold)
-        graph = build_graph(
-            model=build_model(settings),
-            tools=toolbox.current,
-            system_prompt=read_system_prompt(settings.system_prompt_path),
-            checkpointer=saver,
-            needs_approval=load_approvals(settings.mcp_config_path),
-            ledger=ledger,
-            model_calls=ModelCalls(redis),
-        )
+        saver = await _open_saver(stack, settings, fault)
+        toolbox = await _open_tools(stack, settings)
+        graph, ledger = _agent(settings, redis, store, saver, toolbox, fault)
         service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
-        also: list[Callable[[], Awaitable[object]]] = []
-        if settings.approval_timeout is not None:
-            also.append(ApprovalDeadlines(service, redis, settings.approval_timeout).once)
-        if settings.conversation_retention_days is not None:
-            also.append(Retention(service, redis, settings.conversation_retention_days).once)
-        sweep = ClaimSweep(
-            redis, store,
-            executing=lambda: set(service.live), event_retention=settings.event_retention, also=also,
-        )
-        recovered = await recover(service, saver, sweep)
-        # Stopped before the store closes (the stack unwinds in reverse).
-        sweep.start()
-        stack.push_async_callback(sweep.stop)
-        ticker = CronTicker(store.db, redis)
-        ticker.start()
-        stack.push_async_callback(ticker.stop)
-        if store.db.leases:
-            leases = Leases(service, saver)
-            leases.start()
-            stack.push_async_callback(leases.stop)
+        recovered = await _recover_and_watch(stack, settings, redis, service, saver)
         log.info(
             "worker.ready", recovered_runs=recovered, tools=len(toolbox.tools),
             concurrency=settings.worker_concurrency, database=settings.database_name,
             lease_owner=store.owner, **in_use(redis),
         )
-
         stack.push_async_callback(service.unrecorded.close)
-        await stack.enter_async_context(service.cancel_signals())
-        # The lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
-        worker_id = store.owner or new_worker_id()
-        # Beats go over a connection of their own, named, so readers see at once that this process
-        # is gone (shared/redis/liveness.py): Redis drops it when the process dies.
-        beating = Redis.from_url(
-            settings.redis_url, client_name=connection_name(worker_id), **connection_kwargs()
-        )
-        stack.push_async_callback(beating.aclose)
-        beat = asyncio.create_task(
-            _heartbeat(
-                beating, worker_id, time.time(), settings, toolbox.status, toolbox.current,
-                lambda: len(service.unrecorded),
-            ),
-            name="heartbeat",
-        )
-
-        async def stop_beating() -> None:
-            beat.cancel()
-            with suppress(asyncio.CancelledError):
-                await beat  # no beat of ours may land after the keys are gone
-            with suppress(RedisError):
-                # Only our own heartbeat: the other workers stay alive to every reader.
-                await scripts(redis).stop_beating(
-                    keys=[worker_heartbeat_key(worker_id), WORKERS, WORKER_HEARTBEAT],
-                    args=[worker_id, worker_heartbeat_key("")],
-                )
-
-        stack.push_async_callback(stop_beating)
+        await stack.enter_async_context(service.live.cancel_signals(redis))
+        await _beat(stack, settings, redis, store.owner or new_worker_id(), toolbox, service.unrecorded)
         yield service
+
+
+async def _open_saver(stack: AsyncExitStack, settings: Settings, fault: Faults) -> BaseCheckpointSaver[Any]:
+    """The checkpointer: where every step of a run is checkpointed."""
+    # Every checkpoint write of a run is timed (worker/metrics.py), and traced when tracing is
+    # on (shared/tracing.py); a fault, when asked, comes first.
+    kill = [fault.checkpoint] if fault.checkpoint is not None else []
+    hooks = [*kill, TimedCheckpoints, *tracing.checkpoint_hooks()]
+    # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
+    return await stack.enter_async_context(
+        open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
+    )
+
+
+async def _open_tools(stack: AsyncExitStack, settings: Settings) -> McpToolbox:
+    """The MCP sessions, open for the worker's life."""
+    variables = {
+        **os.environ, "MEMORY_FILE_PATH": str(settings.memory_file_path), "PYTHON": sys.executable,
+    }
+    settings.memory_file_path.parent.mkdir(parents=True, exist_ok=True)
+    toolbox = McpToolbox.from_config(
+        load_config(settings.mcp_config_path, variables),
+        start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
+        repeat=load_repeat(settings.mcp_config_path),
+    )
+    stack.push_async_callback(toolbox.close)
+    await toolbox.open()
+    return toolbox
+
+
+def _agent(
+    settings: Settings, redis: Redis, store: RunStore, saver: BaseCheckpointSaver[Any], toolbox: McpToolbox,
+    fault: Faults,
+) -> tuple[CompiledStateGraph[Any, Any, Any, Any], Ledger]:
+    """The agent's graph, and the ledger where each of its tool calls is recorded."""
+    # The application tables' connection, not the saver's (worker/store.py says why).
+    ledger = Ledger(store.db, after_outcome=fault.after_outcome, hold=fault.hold)
+    graph = build_graph(
+        model=build_model(settings),
+        tools=toolbox.current,
+        system_prompt=read_system_prompt(settings.system_prompt_path),
+        checkpointer=saver,
+        needs_approval=load_approvals(settings.mcp_config_path),
+        ledger=ledger,
+        model_calls=ModelCalls(redis),
+    )
+    return graph, ledger
+
+
+async def _recover_and_watch(
+    stack: AsyncExitStack, settings: Settings, redis: Redis, service: RunService,
+    saver: BaseCheckpointSaver[Any],
+) -> int:
+    """End what a dead worker left (worker/run/recovery.py), then start the loops that keep
+    watching: the sweep (with the approval deadlines and the retention), the crons' ticker and, on
+    PostgreSQL, the leases. How many runs were recovered."""
+    store, ending = service.store, service.ending
+    also: list[Callable[[], Awaitable[object]]] = []
+    if settings.approval_timeout is not None:
+        also.append(ApprovalDeadlines(store.db, service.graph, redis, settings.approval_timeout).once)
+    if settings.conversation_retention_days is not None:
+        also.append(Retention(store.db, redis, settings.conversation_retention_days).once)
+    sweep = ClaimSweep(
+        redis, store,
+        executing=lambda: set(service.live), event_retention=settings.event_retention, also=also,
+    )
+    recovered = await recover(redis, store, ending, saver, sweep)
+    # Stopped before the store closes (the stack unwinds in reverse).
+    sweep.start()
+    stack.push_async_callback(sweep.stop)
+    ticker = CronTicker(store.db, redis)
+    ticker.start()
+    stack.push_async_callback(ticker.stop)
+    if store.db.leases:
+        leases = Leases(store, service.live, functools.partial(reconcile, redis, store, ending, saver))
+        leases.start()
+        stack.push_async_callback(leases.stop)
+    return recovered
+
+
+async def _beat(
+    stack: AsyncExitStack, settings: Settings, redis: Redis, worker_id: str, toolbox: McpToolbox,
+    unrecorded: UnrecordedOutcomes,
+) -> None:
+    """Beat for the worker's life, and stop beating (our keys gone) when it closes.
+
+    ``worker_id``: the lease owner on PostgreSQL; on SQLite (one worker) an id made the same way.
+    """
+    # Beats go over a connection of their own, named, so readers see at once that this process
+    # is gone (shared/redis/liveness.py): Redis drops it when the process dies.
+    beating = Redis.from_url(
+        settings.redis_url, client_name=connection_name(worker_id), **connection_kwargs()
+    )
+    stack.push_async_callback(beating.aclose)
+    beat = asyncio.create_task(
+        _heartbeat(
+            beating, worker_id, time.time(), settings, toolbox.status, toolbox.current,
+            lambda: len(unrecorded),
+        ),
+        name="heartbeat",
+    )
+
+    async def stop_beating() -> None:
+        beat.cancel()
+        with suppress(asyncio.CancelledError):
+            await beat  # no beat of ours may land after the keys are gone
+        with suppress(RedisError):
+            # Only our own heartbeat: the other workers stay alive to every reader.
+            await scripts(redis).stop_beating(
+                keys=[worker_heartbeat_key(worker_id), WORKERS, WORKER_HEARTBEAT],
+                args=[worker_id, worker_heartbeat_key("")],
+            )
+
+    stack.push_async_callback(stop_beating)

@@ -18,6 +18,7 @@ from shared.contracts.runs import RunStatus
 from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
+from shared.storage.branch import branch_head
 from shared.storage.engines import open_database
 from shared.storage.leases import NOW, LeaseLost
 from shared.storage.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
@@ -105,10 +106,7 @@ class RunStore:
     async def branch_head(self, conversation_id: str) -> str | None:
         """The head of the branch the conversation follows, when not its newest (None: the newest,
         or no conversation yet)."""
-        rows = await self.db.fetchall(
-            "SELECT branch_head FROM conversations WHERE id = ?", (conversation_id,)
-        )
-        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+        return await branch_head(self.db.fetchall, conversation_id)
 
     async def running_runs(self) -> list[RunRow]:
         rows = await self.db.fetchall(

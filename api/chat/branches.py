@@ -23,6 +23,7 @@ from api.conversations.ledger_view import LedgerRow
 from api.conversations.schemas import CheckpointLine, Message
 from api.conversations.transcript import lines_of, shown, thread_messages, to_message
 from shared.contracts.events import text_of
+from shared.storage import branch
 
 # LangGraph and langchain are imported by the functions that run in a reader process: the
 # API's main process, which only names them, never loads either (api/store.py).
@@ -98,10 +99,7 @@ class _Tree:
 
 def thread_at(config: RunnableConfig, checkpoint_id: str | None = None) -> RunnableConfig:
     """The whole thread (a read's config may name the branch head), or one of its checkpoints."""
-    configurable = {"thread_id": config["configurable"]["thread_id"], "checkpoint_ns": ""}
-    if checkpoint_id is not None:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
+    return branch.thread_at(str(config["configurable"]["thread_id"]), checkpoint_id)
 
 
 def _tree(graph: Graph, config: RunnableConfig) -> _Tree | None:

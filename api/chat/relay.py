@@ -10,7 +10,10 @@ entries the client has not seen were trimmed (``EVENT_MAX_PER_RUN``) or never
 reached Redis, a ``missed`` event says which ids are gone before the rest
 follows. When the run finished long enough ago for its stream to expire
 (``EVENT_RETENTION``), the client gets ``missed`` and the terminal event rebuilt
-from the ``runs`` row (or, for a run cancelled while queued, its Redis record).
+from the run's recorded ending (shared/redis/ended.py: its row, or for a run that
+ended without one, what Redis recorded). A run of which nothing is known any more
+(no row, no record, no events) is 404; one followed while that becomes so has its
+stream closed after ``ENDING_PUBLISHED_WITHIN`` (a reconnect then gets the 404).
 A client that has already seen the terminal event gets 204 No Content, which
 tells an ``EventSource`` to stop reconnecting.
 """
@@ -33,14 +36,14 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.chat.feed import Entry, Feeds, entry_number
-from api.http.timefmt import iso_from_timestamp, parse_iso
+from api.http.timefmt import parse_iso
 from api.runs import live
-from api.runs.status import finished, run_error
+from api.runs.status import run_error
 from api.store import RunRow, Store
 from shared.contracts.codec import dumps
 from shared.contracts.events import ENDING_PUBLISHED_WITHIN, EventType, body, event_type, terminal_event
-from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, SophosError
+from shared.redis.ended import Recorded, recorded
 from shared.redis.keys import events_key
 
 log = structlog.get_logger(__name__)
@@ -94,10 +97,6 @@ def terminal_from_row(run: RunRow, event_id: int) -> bytes:
     ).encode()
 
 
-def _finished(run: RunRow) -> bool:
-    return finished(run.status)
-
-
 def _finished_for(run: RunRow) -> float:
     """Seconds since the run's outcome was recorded, by the row's clock (inf if unknown)."""
     at = parse_iso(run.finished_at)
@@ -123,23 +122,18 @@ async def current_run(store: Store, redis: Redis, conversation_id: str) -> str:
     return last
 
 
-async def _accepted_before(store: Store, run_id: str, cancelled: live.QueuedRun) -> bool:
+async def _accepted_before(store: Store, run_id: str, cancelled: RunRow) -> bool:
     """Whether the recorded run ``run_id`` was accepted before ``cancelled`` was."""
     run = await store.run(run_id)
     accepted = parse_iso((run.enqueued_at or run.started_at) if run is not None else None)
-    return accepted is None or accepted.timestamp() < cancelled.enqueued_at
+    cancelled_accepted = parse_iso(cancelled.enqueued_at)
+    return accepted is None or cancelled_accepted is None or accepted < cancelled_accepted
 
 
 async def run_of_conversation(store: Store, redis: Redis, conversation_id: str, run_id: str) -> str:
     """``run_id``, if it is a run of this conversation (queued, running or finished)."""
-    row = await store.run(run_id)
-    found: str | None
-    if row is not None:
-        found = row.conversation_id
-    else:
-        queued = (await live.described_runs(redis, [run_id])).get(run_id)
-        found = queued.conversation_id if queued is not None else None
-    if found != conversation_id:
+    found = await recorded(redis, run_id, store.run)
+    if found is None or found.row.conversation_id != conversation_id:
         raise NotFound(f"run {run_id} of conversation {conversation_id} not found")
     return run_id
 
@@ -147,6 +141,14 @@ async def run_of_conversation(store: Store, redis: Redis, conversation_id: str, 
 class Ending(enum.Enum):
     #: the client has seen the terminal event: nothing more to say (204)
     SEEN = "seen"
+
+
+class Unread(enum.Enum):
+    #: the run's record could not be read (the database or Redis away): nothing is concluded
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 
 @dataclass(slots=True)
@@ -162,6 +164,8 @@ class Relay:
     ping_ms: int
     #: set when the server begins to shut down
     draining: threading.Event
+    #: set when the stream was given up because nothing is known of the run any more
+    unknown: bool = False
 
     @property
     def key(self) -> str:
@@ -173,6 +177,7 @@ class Relay:
         :data:`Ending.SEEN` when the client has already seen the stream's terminal
         entry; the rebuilt ending (``missed``, then the terminal event) when the
         run finished and its stream expired; otherwise None: relay the stream.
+        Raises NotFound when nothing is known of the run any more.
         """
         newest = await self.redis.xrevrange(self.key, count=1)
         if newest:
@@ -180,36 +185,23 @@ class Relay:
             if entry_number(entry_id) <= self.after and fields.get("type") in _TERMINAL:
                 return Ending.SEEN
             return None
-        run = await self._recorded()
-        if run is None or not _finished(run) or _finished_for(run) < ENDING_PUBLISHED_WITHIN:
+        found = await recorded(self.redis, self.run_id, self.store.run)
+        if found is None:
+            raise NotFound(f"run {self.run_id} not found")
+        if not found.ended or _finished_for(found.row) < ENDING_PUBLISHED_WITHIN:
             # Not finished, or finished so lately that its events may still be on their way
-            # (worker/run/ending.py records the outcome first): follow the stream.
+            # (the ending records the outcome first, worker/run/ending.py): follow the stream.
             return None
         log.info("relay.expired", after=self.after)
-        return missed(self.after + 1, None, self.after) + terminal_from_row(run, self.after + 1)
+        return missed(self.after + 1, None, self.after) + terminal_from_row(found.row, self.after + 1)
 
-    async def _recorded(self) -> RunRow | None:
-        """The run's row; for a run cancelled while queued (never in SQLite), one built from Redis."""
-        run = await self.store.run(self.run_id)
-        if run is not None:
-            return run
-        queued = (await live.described_runs(self.redis, [self.run_id])).get(self.run_id)
-        if queued is None or queued.cancelled_at is None:
-            return None
-        return RunRow(
-            id=queued.id, conversation_id=queued.conversation_id, kind=queued.kind,
-            status=RunStatus.CANCELLED.value, error_code=None, error_message=None,
-            enqueued_at=iso_from_timestamp(queued.enqueued_at), started_at=None,
-            finished_at=iso_from_timestamp(queued.cancelled_at), step_count=0,
-        )
-
-    async def _finished_meanwhile(self) -> RunRow | None:
+    async def _look(self) -> Recorded | Unread | None:
+        """What is recorded of the run now: :data:`UNREAD` when it could not be read."""
         try:
-            run = await self._recorded()
+            return await recorded(self.redis, self.run_id, self.store.run)
         except (SophosError, RedisError) as exc:
             log.warning("relay.run_lookup_failed", error=str(exc))
-            return None
-        return run if run is not None and _finished(run) else None
+            return UNREAD
 
     async def events(self) -> AsyncIterator[bytes]:
         """Yield the run's events after ``after`` (as SSE bytes), pings while idle, then
@@ -225,6 +217,8 @@ class Relay:
         idle_after_finish = False
         #: when this relay first found the run's row finished (monotonic)
         seen_finished: float | None = None
+        #: since when nothing has been known of the run (monotonic)
+        unknown_since: float | None = None
         last_write = time.monotonic()
         ping_s = self.ping_ms / 1000
         log.info("relay.opened", after=self.after)
@@ -263,12 +257,23 @@ class Relay:
                     await feed.wait(pos, min(_WAIT_MAX_SECONDS, ping_s - idle))
                     continue
                 # Idle for a ping interval. A run can end without a terminal entry
-                # when Redis lost it or was away for longer than the worker kept trying:
-                # once its row says finished, a whole interval brought nothing and the
-                # worker's bound for publishing after recording has passed, rebuild the ending.
-                run = await self._finished_meanwhile()
+                # when Redis lost it or was away for longer than the worker kept trying, or
+                # its stream expired before this relay looked: once its record says finished,
+                # a whole interval brought nothing and the worker's bound for publishing after
+                # recording has passed, rebuild the ending. A run of which nothing is known
+                # any more (no row, no record, no events) is given up after that bound too.
+                found = await self._look()
+                now = time.monotonic()
+                if found is None:
+                    unknown_since = now if unknown_since is None else unknown_since
+                    if now - unknown_since >= ENDING_PUBLISHED_WITHIN:
+                        log.warning("relay.run_unknown", last_event_id=pos)
+                        self.unknown = True
+                        return
+                else:
+                    unknown_since = None
+                run = found.row if isinstance(found, Recorded) and found.ended else None
                 if run is not None:
-                    now = time.monotonic()
                     seen_finished = now if seen_finished is None else seen_finished
                     waited = max(_finished_for(run), now - seen_finished)
                     if idle_after_finish and waited >= ENDING_PUBLISHED_WITHIN:

@@ -24,6 +24,7 @@ import math
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import parse_qs
 
 import structlog
 from limits import RateLimitItemPerMinute
@@ -94,11 +95,32 @@ async def limit_submissions(connection: ASGIConnection[Any, Any, Any, Any], _: B
     await limit.hit(connection.app.state.resources.redis, client_address(connection))
 
 
+#: ``opt`` of a route that follows a run as a stream does (a relay of its events until its end)
+#: without answering as one: the Agent Protocol's join and wait. True, or the name of the query
+#: flag that makes it wait (``cancel?wait=1``).
+FOLLOWS_A_RUN = "follows_a_run"
+_TRUE = frozenset({"1", "true", "True"})
+
+
+def follows_a_run(scope: Scope) -> bool:
+    """The request holds a relay of a run for as long as it lasts: an event stream, or a route
+    marked :data:`FOLLOWS_A_RUN` (then counted alike, for it holds as much)."""
+    handler = scope.get("route_handler")
+    if getattr(handler, "media_type", None) == EVENT_STREAM:
+        return True
+    follows = (getattr(handler, "opt", None) or {}).get(FOLLOWS_A_RUN)
+    if isinstance(follows, str):
+        flags = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        return any(value in _TRUE for value in flags.get(follows, []))
+    return bool(follows)
+
+
 class StreamLimit:
     """At most ``per_client`` open event streams per client address, in this process.
 
-    ``middleware`` counts a request to an event-stream route (``text/event-stream``)
-    from its start until its response is over, the client gone included.
+    ``middleware`` counts a request to an event-stream route (``text/event-stream``), or to a
+    route that follows a run as one does (:func:`follows_a_run`), from its start until its
+    response is over, the client gone included.
     """
 
     def __init__(self, per_client: int) -> None:
@@ -107,12 +129,7 @@ class StreamLimit:
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         async def count_streams(scope: Scope, receive: Receive, send: Send) -> None:
-            handler = scope.get("route_handler")
-            if (
-                self.per_client <= 0
-                or scope["type"] != "http"
-                or getattr(handler, "media_type", None) != EVENT_STREAM
-            ):
+            if self.per_client <= 0 or scope["type"] != "http" or not follows_a_run(scope):
                 await app(scope, receive, send)
                 return
             client = client_address(scope)

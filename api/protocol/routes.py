@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any
 
+import anyio
 import msgspec
 import structlog
 from litestar import Controller, Response, delete, get, patch, post
@@ -16,6 +17,8 @@ from litestar.response import Stream
 
 from api.chat.routes import SSE_HEADERS, SSE_MEDIA_TYPE
 from api.conversations.views import Conversations
+from api.http.disconnect import cancel_on_disconnect
+from api.http.limits import FOLLOWS_A_RUN
 from api.http.openapi import errors
 from api.ops import metrics
 from api.protocol.assistant import graph as agent_graph
@@ -292,13 +295,15 @@ class RunsController(Controller):
         )
 
     @post("/wait", status_code=200, summary="Create a run and answer with the thread's values when it ends",
-          responses=errors(401, 404, 409, 422, 429, 503))
+          responses=errors(401, 404, 409, 422, 429, 503), opt={FOLLOWS_A_RUN: True},
+          middleware=[cancel_on_disconnect])
     async def create_and_wait(
         self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources,
         threads: Threads,
     ) -> Response[Any]:
         tid = thread_id_of(thread_id)
-        run, _ = await protocol_runs.create(tid, data)
+        with anyio.CancelScope(shield=True):  # a client that leaves stops the wait, not the creation
+            run, _ = await protocol_runs.create(tid, data)
         body = await _outcome(resources, threads, tid, run["run_id"], errors_as_body=True)
         return Response(body, headers=_locations(tid, run["run_id"], "join"))
 
@@ -316,7 +321,8 @@ class RunsController(Controller):
         return await protocol_runs.get(thread_id_of(thread_id), run_id)
 
     @post("/{run_id:str}/cancel", status_code=202, summary="Cancel a run (queued or running)",
-          responses=errors(401, 404, 409, 422))
+          responses=errors(401, 404, 409, 422, 429), opt={FOLLOWS_A_RUN: "wait"},
+          middleware=[cancel_on_disconnect])
     async def cancel(
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
         threads: Threads,
@@ -327,14 +333,16 @@ class RunsController(Controller):
         ))] = "interrupt",
     ) -> Response[None]:
         tid = thread_id_of(thread_id)
-        await protocol_runs.cancel(tid, run_id, action)
+        with anyio.CancelScope(shield=True):  # a client that leaves stops the wait, not the cancel
+            await protocol_runs.cancel(tid, run_id, action)
         if not wait:
             return Response(None, status_code=202)
         await _outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
         return Response(None, status_code=204)
 
     @get("/{run_id:str}/join", summary="Wait for a run to end; the thread's values",
-         responses=errors(401, 404, 422))
+         responses=errors(401, 404, 422, 429), opt={FOLLOWS_A_RUN: True},
+         middleware=[cancel_on_disconnect])
     async def join(
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
         threads: Threads,
@@ -345,7 +353,7 @@ class RunsController(Controller):
 
     @get("/{run_id:str}/stream", media_type=SSE_MEDIA_TYPE,
          summary="Join a run's stream (Last-Event-ID: -1 or none replays it from its start)",
-         responses=errors(401, 404, 422))
+         responses=errors(401, 404, 422, 429))
     async def join_stream(
         self, thread_id: ThreadId, run_id: RunIdParam, protocol_runs: ProtocolRuns, resources: Resources,
         last_event_id: LastEventId = None,

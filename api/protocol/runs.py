@@ -34,7 +34,7 @@ from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
 from api.runs.schemas import RunInfo
-from api.runs.views import Runs, from_queued, live
+from api.runs.views import Runs, live
 from shared.contracts.events import text_of
 from shared.contracts.jobs import JobKind
 from shared.contracts.protocol import ASSISTANT_ID as ASSISTANT_ID
@@ -319,15 +319,8 @@ class ProtocolRuns:
         return run_shape(await self._info(run_id), await self.options(run_id))
 
     async def _info(self, run_id: str) -> RunInfo:
-        try:
-            return await self.runs.get(run_id)
-        except NotFound:
-            # Taken from the queue by the worker and not yet recorded (``Runs.get`` knows
-            # neither state): still described in Redis, so still to start.
-            described = (await live.described_runs(self.redis, [run_id])).get(run_id)
-            if described is None:
-                raise
-            return from_queued(described, 0)
+        # Queued, taken and not yet recorded, running, or ended with or without a row (Runs.get).
+        return await self.runs.get(run_id)
 
     async def list(
         self, thread_id: str, *, limit: int, offset: int, status: str | None

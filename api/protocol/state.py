@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from api.protocol.interrupts import hitl_value
 from shared.contracts.protocol import plain as _plain
 from shared.contracts.protocol import values_of as values_of
+from shared.storage.branch import thread_at
 
 # Imported by the functions, which run in a reader process: the API's main process, which only
 # names them, never loads LangGraph (api/store.py).
@@ -81,13 +82,10 @@ def thread_history(
     checkpoints, newest first, each as a ``ThreadState``: every branch's (api/protocol/forks.py),
     also when the read's config names the head of the branch the conversation follows."""
     thread_id = str(config["configurable"]["thread_id"])
-    before_config: RunnableConfig | None = None
-    if before is not None:
-        before_config = {
-            "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": before}
-        }
-    whole: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-    history = graph.get_state_history(whole, filter=metadata or None, before=before_config, limit=limit)
+    before_config = thread_at(thread_id, before) if before is not None else None
+    history = graph.get_state_history(
+        thread_at(thread_id), filter=metadata or None, before=before_config, limit=limit
+    )
     return [state_of(thread_id, state) for state in history]
 
 
@@ -97,10 +95,7 @@ def thread_state_at(
     """In a reader process (a partial of this): the thread's state at one of its checkpoints;
     None when the thread has no such checkpoint."""
     thread_id = str(config["configurable"]["thread_id"])
-    at: RunnableConfig = {
-        "configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
-    }
-    state = graph.get_state(at)
+    state = graph.get_state(thread_at(thread_id, checkpoint_id))
     if state.created_at is None:
         return None
     return state_of(thread_id, state)

@@ -25,7 +25,7 @@ from api.protocol.state import pending_of, thread_state, values_with_interrupts
 from api.protocol.translate import VALUES, Asked, Part, Translator, is_terminal, number
 from api.resources import Resources
 from api.runs.cancel import cancel_run
-from shared.errors import SophosError
+from shared.errors import NotFound, SophosError
 
 log = structlog.get_logger(__name__)
 
@@ -171,6 +171,9 @@ class ProtocolStream:
                 error = part.data
             elif part.event == "end":
                 status = part.data["status"]
+        if self.relay is not None and self.relay.unknown:
+            # Nothing is known of the run any more (the relay gave it up after a bounded wait).
+            raise NotFound(f"run {self.run_id} not found")
         return status, error
 
 

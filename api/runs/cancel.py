@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import structlog
 
 from api.runs.schemas import RunInfo
-from api.runs.views import Runs, live
+from api.runs.views import Runs
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
 from shared.errors import NotFound, RunFinished
+from shared.redis.ended import recorded
 from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCEL_CHANNEL,
@@ -115,17 +116,14 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
             log.info("run.cancelled", while_status="queued", waited_ms=info.waited_ms or 0)
         return Cancelled(info, done=True)
 
-    row = await runs.store.run(run_id)
-    if row is None and result == "absent":
-        # Refused by the database when the worker took it: finished, though it has no row.
-        refused = (await live.described_runs(redis, [run_id])).get(run_id)
-        if refused is not None and refused.failed_at is not None:
-            return _finished(await runs.get(run_id))
+    found = await recorded(redis, run_id, runs.store.run)
+    if found is not None and found.ended:
+        # Finished (with or without a row: a run dropped or refused when the worker took it).
+        structlog.contextvars.bind_contextvars(conversation_id=found.row.conversation_id)
+        return _finished(await runs.get(run_id))
+    if found is None or (not found.stored and result == "absent"):
         raise NotFound(f"run {run_id} not found")
-    if row is not None:
-        structlog.contextvars.bind_contextvars(conversation_id=row.conversation_id)
-        if RunStatus(row.status).finished:
-            return _finished(await runs.get(run_id))
+    structlog.contextvars.bind_contextvars(conversation_id=found.row.conversation_id)
 
     # Running, or taken by the worker and about to be recorded: ask the worker. The marker
     # first (a worker that was not listening finds it), then the signal it hears at once.

@@ -3,8 +3,9 @@
 A run is *queued* while it is in arq's queue and has no row in ``runs`` (the
 worker writes the row when it starts the run). Its ``run_key`` hash describes it.
 A run cancelled while queued never gets a row: its ``run_key`` hash, marked
-``status=cancelled``, is its record, listed through ``CANCELLED_RUNS``. While a
-run is running, ``progress_key`` holds its current step and node.
+``status=cancelled``, is its record (read by shared/redis/ended.py, the one reader of a
+recorded ending), listed through ``CANCELLED_RUNS``. While a run is running,
+``progress_key`` holds its current step and node.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from shared.contracts.jobs import is_delete_claim
+from shared.contracts.runs import RunStatus
+from shared.redis.ended import from_description
 from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
@@ -24,6 +27,7 @@ from shared.redis.keys import (
     run_key,
     waiting_key,
 )
+from shared.storage.rows import RunRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +38,6 @@ class QueuedRun:
     title: str
     enqueued_at: float
     new_conversation: bool
-    #: set when the run was cancelled while queued (seconds since the epoch)
-    cancelled_at: float | None = None
-    #: set when the worker took the run but could not record it (the database refused)
-    failed_at: float | None = None
-    error_code: str | None = None
-    error_message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +70,6 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
         title=fields.get("title") or "",
         enqueued_at=enqueued_at,
         new_conversation=fields.get("new_conversation") == "1",
-        cancelled_at=_float(fields.get("cancelled_at")) if fields.get("status") == "cancelled" else None,
-        failed_at=_float(fields.get("failed_at")) if fields.get("status") == "failed" else None,
-        error_code=fields.get("error_code") or None,
-        error_message=fields.get("error_message") or None,
     )
 
 
@@ -100,17 +94,22 @@ async def active_runs(redis: Redis) -> dict[str, str]:
 
 async def described_runs(redis: Redis, run_ids: list[str]) -> dict[str, QueuedRun]:
     """The ``run_key`` descriptions of these runs (kept for a day after enqueue)."""
-    if not run_ids:
-        return {}
-    async with redis.pipeline(transaction=False) as pipe:
-        for run_id in run_ids:
-            pipe.hgetall(run_key(run_id))
-        replies = await pipe.execute()
     found = {}
-    for run_id, fields in zip(run_ids, replies, strict=True):
+    for run_id, fields in zip(run_ids, await _descriptions(redis, run_ids), strict=True):
         if fields and (run := _queued_run(run_id, fields)) is not None:
             found[run_id] = run
     return found
+
+
+async def _descriptions(redis: Redis, run_ids: list[str]) -> list[dict[str, str]]:
+    """The ``run_key`` hashes of these runs, in one round trip."""
+    if not run_ids:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for run_id in run_ids:
+            pipe.hgetall(run_key(run_id))
+        replies: list[dict[str, str]] = await pipe.execute()
+    return replies
 
 
 async def behind_their_thread(redis: Redis, runs: list[tuple[str, str]]) -> set[str]:
@@ -136,13 +135,13 @@ async def behind_their_thread(redis: Redis, runs: list[tuple[str, str]]) -> set[
     return behind & wanted
 
 
-async def cancelled_while_queued(redis: Redis, conversation_id: str) -> QueuedRun | None:
+async def cancelled_while_queued(redis: Redis, conversation_id: str) -> RunRow | None:
     """The conversation's last run cancelled while queued, while its record is kept."""
     run_id: str | None = await redis.get(cancelled_run_key(conversation_id))
     if run_id is None:
         return None
-    run = (await described_runs(redis, [run_id])).get(run_id)
-    if run is None or run.cancelled_at is None or run.conversation_id != conversation_id:
+    run = from_description(run_id, await redis.hgetall(run_key(run_id)))  # type: ignore[misc]
+    if run is None or run.status != RunStatus.CANCELLED or run.conversation_id != conversation_id:
         return None
     return run
 
@@ -183,12 +182,13 @@ async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:
 
 async def cancelled_runs(
     redis: Redis, *, before_ms: float | None, conversation_id: str | None, limit: int
-) -> list[QueuedRun]:
-    """Runs cancelled while queued, newest enqueued first, from ``before_ms`` (inclusive) down.
+) -> list[RunRow]:
+    """Runs cancelled while queued, as their records say (rows they never had), newest enqueued
+    first, from ``before_ms`` (inclusive) down.
 
     Entries whose record has expired are dropped from the index on the way.
     """
-    found: list[QueuedRun] = []
+    found: list[RunRow] = []
     high: str = "+inf" if before_ms is None else repr(before_ms)
     batch = max(limit, 50)
     offset = 0
@@ -197,7 +197,10 @@ async def cancelled_runs(
         if not ids:
             break
         offset += len(ids)
-        described = await described_runs(redis, ids)
+        described = {
+            run_id: run for run_id, fields in zip(ids, await _descriptions(redis, ids), strict=True)
+            if fields and (run := from_description(run_id, fields)) is not None
+        }
         expired = [run_id for run_id in ids if run_id not in described]
         if expired:
             await redis.zrem(CANCELLED_RUNS, *expired)

@@ -4,7 +4,8 @@ The worker's ending (worker/run/ending.py) records each run's status from its th
 pending interrupt is ``waiting``, pending tasks are left for a resume. The API adds
 only what Redis knows and the database does not yet: a claimed conversation whose
 run is not recorded is ``queued``. Every route (lists, details, the chat checks, the
-relay's rebuilt ending, the runs listing) asks these functions.
+relay's rebuilt ending, the runs listing) asks these functions; whether a run ended, and
+how, row or no row, is read by shared/redis/ended.py.
 """
 
 from __future__ import annotations
@@ -21,14 +22,6 @@ def run_status(value: str | None) -> RunStatus:
         return RunStatus(value or RunStatus.COMPLETED)
     except ValueError:
         return RunStatus.COMPLETED
-
-
-def finished(status: str) -> bool:
-    """The run has its outcome (recorded, or in its Redis description)."""
-    return status in _FINISHED
-
-
-_FINISHED = frozenset(s.value for s in RunStatus if s.finished)
 
 
 def conversation_status(row: ConversationRow, claim: str | None, claim_row: RunRow | None) -> RunStatus:

@@ -5,7 +5,8 @@ Three sources make one listing, newest first by (enqueued_at, id):
 * runs still queued, read from arq's queue itself (what is listed is what will run),
   with their position and how long they have waited;
 * runs cancelled while queued, whose only record is their Redis description
-  (they never reached the worker, so they have no row; see api/runs/cancel.py);
+  (they never reached the worker, so they have no row; see api/runs/cancel.py), read as
+  every run's recorded ending is read (shared/redis/ended.py);
 * the ``runs`` table (running and finished runs), with the progress the worker
   reports for running ones: current node, step, elapsed time.
 
@@ -32,12 +33,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from api.http.ids import parse_id
 from api.http.timefmt import iso_from_timestamp, millis_between, parse_iso
 from api.runs import live
-from api.runs.schemas import RunBreakdown, RunError, RunInfo, RunList, WorkerInfo
-from api.runs.status import run_error
+from api.runs.schemas import RunBreakdown, RunInfo, RunList, WorkerInfo
+from api.runs.status import run_error, run_status
 from api.store import RunRow, Store
 from shared.contracts.jobs import JobKind
 from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, QueueUnavailable
+from shared.redis.ended import recorded
 from shared.redis.keys import QUEUE_NAME
 from shared.redis.liveness import Liveness, read_liveness
 from shared.settings import Settings
@@ -102,10 +104,8 @@ def _not_started(
     run: live.QueuedRun,
     status: RunStatus,
     *,
-    finished_at: float | None = None,
     position: int | UnsetType = UNSET,
     waited_ms: int | UnsetType = UNSET,
-    error: RunError | UnsetType = UNSET,
 ) -> RunInfo:
     """A run known only from its Redis description: the worker never started it, so it has
     no row, no start, no duration and no steps."""
@@ -116,12 +116,11 @@ def _not_started(
         status=status,
         enqueued_at=_iso(run.enqueued_at),
         started_at=None,
-        finished_at=_iso(finished_at),
+        finished_at=None,
         duration_ms=None,
         step_count=0,
         position=position,
         waited_ms=waited_ms,
-        error=error,
     )
 
 
@@ -134,20 +133,25 @@ def from_queued(run: live.QueuedRun, position: int, now: float | None = None) ->
     )
 
 
-def from_ended(run: live.QueuedRun) -> RunInfo:
-    """A run that ended without a row: cancelled while queued, or taken by the worker
-    and refused by the database (its Redis description then carries the error)."""
-    if run.failed_at is not None:
-        status, ended_at = RunStatus.FAILED, run.failed_at
-        error = run_error(RunStatus.FAILED, run.error_code, run.error_message) or UNSET
-    else:
-        status, ended_at, error = RunStatus.CANCELLED, run.cancelled_at or run.enqueued_at, UNSET
-    return _not_started(
-        run,
-        status,
-        finished_at=ended_at,
-        waited_ms=_millis(ended_at - run.enqueued_at) if run.enqueued_at else UNSET,
-        error=error,
+def from_ended(row: RunRow) -> RunInfo:
+    """A run that ended without a row, as its record in Redis says (shared/redis/ended.py):
+    cancelled while queued, dropped before it started, or refused when the worker took it.
+    It never started: no start, no duration, no steps; it waited until it ended."""
+    finished_at = row.finished_at or row.enqueued_at
+    error = run_error(row.status, row.error_code, row.error_message)
+    waited = millis_between(row.enqueued_at, finished_at)
+    return RunInfo(
+        id=row.id,
+        conversation=row.conversation_id,
+        kind=_kind(row.kind),
+        status=run_status(row.status),
+        enqueued_at=row.enqueued_at,
+        started_at=None,
+        finished_at=finished_at,
+        duration_ms=None,
+        step_count=0,
+        waited_ms=waited if waited is not None else UNSET,
+        error=error if error is not None else UNSET,
     )
 
 
@@ -285,24 +289,25 @@ class Runs:
         )
 
     async def get(self, run_id: str) -> RunInfo:
-        row = await self.store.run(run_id)
-        if row is not None:
-            return (await self.with_progress([row]))[0]
         try:
+            found = await recorded(self.redis, run_id, self.store.run)  # Redis only without a row
+            if found is None:
+                raise NotFound(f"run {run_id} not found")
+            if found.stored:
+                return (await self.with_progress([found.row]))[0]
+            if found.ended:
+                return from_ended(found.row)
             if await self.redis.zscore(QUEUE_NAME, run_id) is not None:
                 # Its position needs the runs ahead of it.
                 for run in await self.queued():
                     if run.id == run_id:
                         return run
-            described = await live.described_runs(self.redis, [run_id])
+            described = (await live.described_runs(self.redis, [run_id])).get(run_id)
         except REDIS_DOWN as exc:
             log.warning("runs.redis_unavailable", error=str(exc))
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc
-        ended = described.get(run_id)
-        if ended is not None and (ended.cancelled_at is not None or ended.failed_at is not None):
-            return from_ended(ended)
-        if ended is not None:
-            # Out of the queue, not recorded yet: a worker has taken it and is starting it (or
-            # died doing so, and the sweep will say). Still the first in line, not unknown.
-            return from_queued(ended, 0)
-        raise NotFound(f"run {run_id} not found")
+        if described is None:
+            raise NotFound(f"run {run_id} not found")
+        # Out of the queue, not recorded yet: a worker has taken it and is starting it (or died
+        # doing so, and the sweep will say). Still the first in line, not unknown.
+        return from_queued(described, 0)

@@ -86,6 +86,10 @@ def taken_key(run_id: str) -> str:
     return f"sophos:taken:{run_id}"
 
 
+#: How long the record of who took a run is kept: past any wait for its row.
+TAKEN_SECONDS = 3600
+
+
 def cancel_key(run_id: str) -> str:
     """Set by the API to ask the worker to stop a started run (read again after a crash)."""
     return f"sophos:cancel:{run_id}"

@@ -187,14 +187,23 @@ return false
 """
 
 # A waiting run's turn, when the worker takes its job (worker/run/turns.py).
-# KEYS: active hash, waiting list. ARGV: conversation, run.
+# KEYS: active hash, waiting list, taken key (``taken_key``). ARGV: conversation, run, taker (the
+# worker's id; '': one worker, nothing to record), taken ttl (s).
 # {'held'}: the run holds the conversation already (a second delivery); {'none'}: it is not
 # waiting (a run accepted with the claim); {'behind', holder}: another run holds the
 # conversation, or an earlier waiting run comes first; {'claimed'}: its turn, taken now (the
-# claim set, the run out of the waiting list).
+# claim set, the run out of the waiting list). A claim it holds names its taker in the same
+# step: a worker that dies the instant after leaves a claim the sweep can free (the taker's
+# heartbeat is gone), not one that only arq's day-long in-progress marker would end.
 CLAIM_TURN_LUA = LIVE_HEAD_LUA + """
+local function taken()
+  if ARGV[3] ~= '' then
+    redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4])
+  end
+end
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
 if holder == ARGV[2] then
+  taken()
   return {'held'}
 end
 local waiting = false
@@ -214,6 +223,7 @@ end
 if head ~= ARGV[2] then
   return {'behind', head}
 end
+taken()
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('LPOP', KEYS[2])
 return {'claimed'}

@@ -28,7 +28,7 @@ checkpointed before one task per call) runs every call still without a result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -111,34 +111,70 @@ def build_graph(
     apply to the next call) and its text is prepended to the messages sent to
     the model, never written to the thread.
     """
-    tools_now: Callable[[], Sequence[BaseTool]] = tools if callable(tools) else (lambda: tools)
-    model_name = getattr(model, "model", None) or type(model).__name__
-    # (the tools they were made for, the bound model, the tools node): replaced as one.
-    made: list[tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode]] = []
+    bound = _Bound(model, tools)
+    # Messages stored once per thread (DeltaChannel): see shared/storage/thread.py.
+    graph = StateGraph(AgentState)
+    # Each node's execution is a step's span when tracing is on (shared/tracing.py).
+    graph.add_node(AGENT, tracing.step(AGENT, _agent_node(bound, system_prompt, model_calls)))
+    graph.add_node(
+        APPROVAL, tracing.step(APPROVAL, _approval_node(needs_approval)), destinations=(TOOLS, AGENT),
+    )
+    # Its input is a Send's payload, or the state: no one type the stubs accept.
+    graph.add_node(TOOLS, tracing.step(TOOLS, _tools_node(bound, ledger)))
+    graph.add_edge(START, AGENT)
+    graph.add_conditional_edges(AGENT, _router(needs_approval), {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
+    graph.add_edge(TOOLS, AGENT)
+    return graph.compile(checkpointer=checkpointer)
 
-    def for_tools() -> tuple[Runnable[Any, Any], ToolNode]:
-        current = tools_now()
-        if not made or made[0][0] is not current:
-            bound = model.bind_tools(list(current)) if current else model
+
+class _Bound:
+    """The model bound to the tools now, and the tools node for them: made again only when the
+    tools function returns another object."""
+
+    def __init__(
+        self, model: BaseChatModel, tools: Sequence[BaseTool] | Callable[[], Sequence[BaseTool]],
+    ) -> None:
+        self.model = model
+        self.tools_now: Callable[[], Sequence[BaseTool]] = tools if callable(tools) else (lambda: tools)
+        self.model_name = getattr(model, "model", None) or type(model).__name__
+        # (the tools they were made for, the bound model, the tools node): replaced as one.
+        self._made: tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode] | None = None
+
+    def now(self) -> tuple[Runnable[Any, Any], ToolNode]:
+        current = self.tools_now()
+        if self._made is None or self._made[0] is not current:
+            bound = self.model.bind_tools(list(current)) if current else self.model
             # Errors of a tool go back to the model as a ToolMessage with status "error".
-            made[:] = [(current, bound, ToolNode(list(current), handle_tool_errors=True))]
-        return made[0][1], made[0][2]
+            self._made = (current, bound, ToolNode(list(current), handle_tool_errors=True))
+        return self._made[1], self._made[2]
+
+
+def _agent_node(
+    bound: _Bound, system_prompt: Callable[[], str], model_calls: ModelCalls | None,
+) -> Callable[[AgentState, RunnableConfig], Awaitable[dict[str, Any]]]:
+    """The model's turn: the system prompt and the thread's messages in, one answer out."""
 
     async def agent(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
         prompt = system_prompt()
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
-        bound, _ = for_tools()
+        model, _ = bound.now()
         if model_calls is not None:
             await model_calls.starting(config)
-        with timed(MODEL_CALL), tracing.model_call(model_name) as call:
+        with timed(MODEL_CALL), tracing.model_call(bound.model_name) as call:
             try:
-                response = await bound.ainvoke(messages, call.config(config))
+                response = await model.ainvoke(messages, call.config(config))
             except Exception:
                 if model_calls is not None:
                     await model_calls.failed(config)
                 raise
             call.answered(response)
         return {"messages": [response]}
+
+    return agent
+
+
+def _router(needs_approval: Callable[[str], bool]) -> Callable[[AgentState], Awaitable[str | list[Send]]]:
+    """After the model: the end, the approval, or one ``tools`` task per call."""
 
     # async: LangGraph runs a sync branch function of an async run in the default thread pool,
     # a thread hop per model turn for a few list lookups (17 % of the worker's samples were
@@ -151,6 +187,12 @@ def build_graph(
             return APPROVAL
         return _sends(message, [dict(c) for c in message.tool_calls])
 
+    return route
+
+
+def _approval_node(needs_approval: Callable[[str], bool]) -> Callable[[AgentState], Command[Any]]:
+    """The interrupt listing the turn's calls that need a decision, then the decisions as state."""
+
     def approval(state: AgentState) -> Command[Any]:
         # Runs again from here on resume: nothing before interrupt() may act on the world.
         message = _last_ai(state["messages"])
@@ -161,83 +203,94 @@ def build_graph(
             for c in message.tool_calls if needs_approval(c["name"])
         ]
         answer = interrupt({"requests": requests})
-        decisions = {d.id: d for d in (decode(Decision, d) for d in answer)}
-        calls: list[Any] = []
-        record: dict[str, Any] = {}
-        rejections: list[AnyMessage] = []
-        to_run: list[dict[str, Any]] = []
-        for call in message.tool_calls:
-            decision = decisions.get(str(call["id"]))
-            if decision is None:  # needs no approval: runs with the others
-                calls.append(call)
-                to_run.append(dict(call))
-                continue
-            record[str(call["id"])] = {"action": decision.action.value, "proposed": call["args"],
-                                       **({"message": decision.message} if decision.message else {})}
-            if decision.action is DecisionAction.REJECT:
-                calls.append(call)
-                rejections.append(ToolMessage(
-                    rejection_text(decision), name=call["name"], tool_call_id=call["id"], status="error",
-                ))
-            elif decision.action is DecisionAction.EDIT:
-                calls.append({**call, "args": decision.arguments or {}})
-                to_run.append(calls[-1])
-            else:
-                calls.append(call)
-                to_run.append(dict(call))
-        decided = message.model_copy(update={
-            "tool_calls": calls,
-            "response_metadata": {**message.response_metadata, APPROVALS_MARK: record},
-        })
+        decisions = (decode(Decision, raw) for raw in answer)
+        decided, rejections, to_run = _decide(message, {d.id: d for d in decisions})
         # Nothing left to run: the model hears the rejections at once.
         goto: str | list[Send] = _sends(decided, to_run) if to_run else AGENT
         return Command(update={"messages": [decided, *rejections]}, goto=goto)
 
-    async def run_call(call: dict[str, Any], message_id: str, config: RunnableConfig) -> ToolMessage:
-        """One call's result, through the ledger when there is one."""
-        _, tool_node = for_tools()
+    return approval
 
-        async def send(arguments: dict[str, Any]) -> ToolMessage:
-            # The prebuilt ToolNode for one call: its argument checks, and its errors as
-            # a ToolMessage with status "error" for the model.
-            output = await tool_node.ainvoke([{**call, "args": arguments, "type": "tool_call"}], config)
-            result = output["messages"][0] if isinstance(output, dict) else output[0]
-            if not isinstance(result, ToolMessage):
-                raise TypeError(f"tool {call['name']} answered {type(result).__name__}, not a message")
-            return result
 
-        if ledger is None:
-            return await send(call.get("args") or {})
-        conversation = str(config.get("configurable", {}).get("thread_id", ""))
-        run_id = str(config.get("metadata", {}).get("run_id", ""))
-        tool = tool_node.tools_by_name.get(call["name"])
-        return await ledger.run(
-            CallRef(conversation, message_id, str(call["id"])), run_id, call, send,
-            safe_to_repeat=tool is not None and safe_to_repeat(tool),
-        )
+def _decide(
+    message: AIMessage, decisions: dict[str, Decision],
+) -> tuple[AIMessage, list[AnyMessage], list[dict[str, Any]]]:
+    """The answer as decided (edited calls rewritten, the decisions and proposed arguments in its
+    metadata), a result for each rejected call, and the calls left to run."""
+    calls: list[Any] = []
+    record: dict[str, Any] = {}
+    rejections: list[AnyMessage] = []
+    to_run: list[dict[str, Any]] = []
+    for call in message.tool_calls:
+        decision = decisions.get(str(call["id"]))
+        if decision is None:  # needs no approval: runs with the others
+            calls.append(call)
+            to_run.append(dict(call))
+            continue
+        record[str(call["id"])] = {"action": decision.action.value, "proposed": call["args"],
+                                   **({"message": decision.message} if decision.message else {})}
+        if decision.action is DecisionAction.REJECT:
+            calls.append(call)
+            rejections.append(ToolMessage(
+                rejection_text(decision), name=call["name"], tool_call_id=call["id"], status="error",
+            ))
+        elif decision.action is DecisionAction.EDIT:
+            calls.append({**call, "args": decision.arguments or {}})
+            to_run.append(calls[-1])
+        else:
+            calls.append(call)
+            to_run.append(dict(call))
+    decided = message.model_copy(update={
+        "tool_calls": calls,
+        "response_metadata": {**message.response_metadata, APPROVALS_MARK: record},
+    })
+    return decided, rejections, to_run
+
+
+def _tools_node(
+    bound: _Bound, ledger: Ledger | None,
+) -> Callable[[Any, RunnableConfig], Awaitable[dict[str, Any]]]:
+    """One call (a ``Send``), or every call of the last answer still without a result."""
 
     async def run_tools(task: Any, config: RunnableConfig) -> dict[str, Any]:
         if isinstance(task, dict) and "tool_call" in task:  # a Send: one call
-            return {"messages": [await run_call(task["tool_call"], task["message_id"], config)]}
+            result = await _run_call(bound, ledger, task["tool_call"], task["message_id"], config)
+            return {"messages": [result]}
         # Started with the whole state (a thread checkpointed before one task per call):
         # every call of the last answer still without a result, one after another.
         messages = task["messages"]
         message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         message_id = (message.id if message is not None else None) or ""
-        results = [await run_call(c, message_id, config) for c in _unanswered(messages)]
+        results = [await _run_call(bound, ledger, c, message_id, config) for c in _unanswered(messages)]
         return {"messages": results}
 
-    # Messages stored once per thread (DeltaChannel): see shared/storage/thread.py.
-    graph = StateGraph(AgentState)
-    # Each node's execution is a step's span when tracing is on (shared/tracing.py).
-    graph.add_node(AGENT, tracing.step(AGENT, agent))
-    graph.add_node(APPROVAL, tracing.step(APPROVAL, approval), destinations=(TOOLS, AGENT))
-    # Its input is a Send's payload, or the state: no one type the stubs accept.
-    graph.add_node(TOOLS, tracing.step(TOOLS, run_tools))
-    graph.add_edge(START, AGENT)
-    graph.add_conditional_edges(AGENT, route, {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
-    graph.add_edge(TOOLS, AGENT)
-    return graph.compile(checkpointer=checkpointer)
+    return run_tools
+
+
+async def _run_call(
+    bound: _Bound, ledger: Ledger | None, call: dict[str, Any], message_id: str, config: RunnableConfig,
+) -> ToolMessage:
+    """One call's result, through the ledger when there is one: where a tool call is recorded."""
+    _, tool_node = bound.now()
+
+    async def send(arguments: dict[str, Any]) -> ToolMessage:
+        # The prebuilt ToolNode for one call: its argument checks, and its errors as
+        # a ToolMessage with status "error" for the model.
+        output = await tool_node.ainvoke([{**call, "args": arguments, "type": "tool_call"}], config)
+        result = output["messages"][0] if isinstance(output, dict) else output[0]
+        if not isinstance(result, ToolMessage):
+            raise TypeError(f"tool {call['name']} answered {type(result).__name__}, not a message")
+        return result
+
+    if ledger is None:
+        return await send(call.get("args") or {})
+    conversation = str(config.get("configurable", {}).get("thread_id", ""))
+    run_id = str(config.get("metadata", {}).get("run_id", ""))
+    tool = tool_node.tools_by_name.get(call["name"])
+    return await ledger.run(
+        CallRef(conversation, message_id, str(call["id"])), run_id, call, send,
+        safe_to_repeat=tool is not None and safe_to_repeat(tool),
+    )
 
 
 def read_system_prompt(path: Any) -> Callable[[], str]:

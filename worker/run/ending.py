@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
-from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import StateSnapshot
 from redis.asyncio import Redis
@@ -57,6 +56,7 @@ from shared.redis.metrics import (
 from shared.redis.queue import record_ended
 from shared.redis.scripts import scripts
 from shared.settings import Settings
+from shared.storage.branch import thread_config
 from shared.storage.rows import Breakdown
 from shared.storage.thread import interrupt_requests
 from worker.run.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
@@ -130,9 +130,10 @@ class RunEnding:
         self.unrecorded = unrecorded
 
     async def read_thread(self, conversation_id: str, run_id: str | None = None) -> Thread:
-        """The thread's shape; unknown (all None) when it cannot be read. Never raises."""
-        config: RunnableConfig = {"configurable": {"thread_id": conversation_id}}
+        """The shape of the branch the conversation follows; unknown (all None) when it cannot be
+        read. Never raises."""
         try:
+            config = await thread_config(self.store.db.fetchall, conversation_id)
             return thread_of(await self.graph.aget_state(config))
         except Exception as exc:
             # Database away, or a checkpoint it cannot read: the run ends all the same

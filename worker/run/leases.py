@@ -22,44 +22,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import structlog
-from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from shared.storage import is_database_unavailable
-from worker.run.recovery import reconcile
-from worker.run.service import RunService
+from worker.run.stopping import LiveRuns
+from worker.store import RunRow, RunStore
 
 log = structlog.get_logger(__name__)
 
 
 class Leases:
-    def __init__(self, service: RunService, saver: BaseCheckpointSaver[Any]) -> None:
-        self.service = service
-        self.saver = saver
-        self.interval = service.store.lease_seconds / 3
+    def __init__(
+        self, store: RunStore, live: LiveRuns, reconcile: Callable[[RunRow], Awaitable[None]],
+    ) -> None:
+        """``reconcile`` ends a run taken over (worker/run/recovery.py)."""
+        self.store = store
+        self.live = live
+        self.reconcile = reconcile
+        self.interval = store.lease_seconds / 3
         self._task: asyncio.Task[None] | None = None
 
     async def renew(self) -> set[str]:
         """Renew this worker's leases; cut the runs whose lease it lost. The runs it lost."""
-        executing = set(self.service.live)  # before the renew: a run listed later was leased after
-        held = await self.service.store.renew(executing)
-        lost = {run_id for run_id in executing - held if run_id in self.service.live}
+        executing = set(self.live)  # before the renew: a run listed later was leased after
+        held = await self.store.renew(executing)
+        lost = {run_id for run_id in executing - held if run_id in self.live}
         for run_id in lost:
             log.warning("run.lease_lost", run_id=run_id)
-            self.service.lose(run_id)
+            self.live.lose(run_id)
         return lost
 
     async def take_over(self) -> int:
         """Record ``interrupted`` each run whose lease lapsed; how many this worker took."""
         taken = 0
-        for run in await self.service.store.lapsed_runs():
-            if run.id in self.service.live or not await self.service.store.take_over(run.id):
+        for run in await self.store.lapsed_runs():
+            if run.id in self.live or not await self.store.take_over(run.id):
                 continue  # ours (about to be found lost), or another worker was first
             taken += 1
             try:
-                await reconcile(self.service, self.saver, run)
+                await self.reconcile(run)
             except Exception as exc:
                 if is_database_unavailable(exc):
                     raise  # the next pass tries again: the lease it took lapses like any other

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
@@ -44,9 +45,9 @@ from shared.redis.keys import (
 )
 from shared.redis.queue import queued_job
 from shared.storage import checkpoints
-from worker.run.ending import Outcome
-from worker.run.service import RunService
-from worker.store import RunRow, is_database_unavailable
+from shared.storage.branch import thread_at
+from worker.run.ending import Outcome, RunEnding
+from worker.store import RunRow, RunStore, is_database_unavailable
 from worker.upkeep.sweep import ClaimSweep
 
 log = structlog.get_logger(__name__)
@@ -57,17 +58,17 @@ COMPLETE = "the worker stopped after the run's last step; its answer is complete
 UNREADABLE = "the worker stopped during the run, and the conversation's saved state cannot be read"
 
 
-async def forget_job(service: RunService, run_id: str) -> None:
+async def forget_job(redis: Redis, run_id: str) -> None:
     """Remove a run's arq job so arq never re-runs it (it would after job_timeout + 10 s)."""
-    async with service.redis.pipeline(transaction=True) as pipe:
+    async with redis.pipeline(transaction=True) as pipe:
         pipe.zrem(QUEUE_NAME, run_id)
         pipe.delete(arq_job_key(run_id), arq_in_progress_key(run_id), arq_retry_key(run_id))
         await pipe.execute()
 
 
-async def _cancel_requested(service: RunService, run_id: str) -> bool:
+async def _cancel_requested(redis: Redis, run_id: str) -> bool:
     try:
-        return bool(await service.redis.exists(cancel_key(run_id)))
+        return bool(await redis.exists(cancel_key(run_id)))
     except RedisError as exc:
         log.warning("run.cancel_unreadable", run_id=run_id, error=str(exc))
         return False
@@ -83,26 +84,28 @@ async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig
         return None
 
 
-async def reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> None:
+async def reconcile(
+    redis: Redis, store: RunStore, ending: RunEnding, saver: BaseCheckpointSaver[Any], run: RunRow,
+) -> None:
     """End one orphaned run (worker/run/ending.py), then clear its job and what its worker left in Redis.
 
     With tracing, the ending is a span in the run's own trace (its job, still in arq's keeping,
     carries its traceparent): the trace of a run whose worker died shows how it ended.
     """
-    job = await queued_job(service.redis, run.id) if tracing.enabled() else None
+    job = await queued_job(redis, run.id) if tracing.enabled() else None
     with tracing.span("recover run", {
         "sophos.run.id": run.id, "sophos.conversation.id": run.conversation_id,
-        "sophos.recovery": "lease_lapsed" if service.store.owner is not None else "worker_restarted",
+        "sophos.recovery": "lease_lapsed" if store.owner is not None else "worker_restarted",
     }, parent=job.traceparent if job is not None else None) as span:
-        status = await _reconcile(service, saver, run)
+        status = await _reconcile(redis, ending, saver, run)
         span.set_attribute("sophos.run.status", status)
 
 
-async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: RunRow) -> str:
-    recorded = await input_recorded(saver, service.thread_config(run.conversation_id), run.id)
-    # A thread that cannot be read (a crafted or damaged checkpoint) must not keep the
-    # worker from starting: the run ends all the same, without counts.
-    thread = await service.ending.read_thread(run.conversation_id, run.id)
+async def _reconcile(redis: Redis, ending: RunEnding, saver: BaseCheckpointSaver[Any], run: RunRow) -> str:
+    recorded = await input_recorded(saver, thread_at(run.conversation_id), run.id)  # any branch
+    # The branch the conversation follows. A thread that cannot be read (a crafted or damaged
+    # checkpoint) must not keep the worker from starting: the run ends all the same, without counts.
+    thread = await ending.read_thread(run.conversation_id, run.id)
     if recorded is False and run.kind == JobKind.RUN.value:
         message = NOT_RECORDED
     elif thread.pending is None:
@@ -111,16 +114,16 @@ async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: 
         message = RESUMABLE
     else:
         message = COMPLETE
-    cancelled = await _cancel_requested(service, run.id)
+    cancelled = await _cancel_requested(redis, run.id)
     if cancelled:
         cause = Outcome(RunStatus.CANCELLED)
     else:
         cause = Outcome(RunStatus.INTERRUPTED, RunErrorCode.INTERRUPTED, message)
     # (A pending interrupt makes it `waiting` again: the decision is still to be made.)
-    outcome = await service.ending.end(run.id, run.conversation_id, cause, thread=thread)
-    await forget_job(service, run.id)
+    outcome = await ending.end(run.id, run.conversation_id, cause, thread=thread)
+    await forget_job(redis, run.id)
     # The dead worker's view of the run: its progress, and the cancel now honoured.
-    await service.redis.delete(cancel_key(run.id), progress_key(run.id))
+    await redis.delete(cancel_key(run.id), progress_key(run.id))
     log.warning(
         "run.cancelled_by_crash" if cancelled else "run.interrupted_by_crash",
         run_id=run.id, conversation_id=run.conversation_id, status=outcome.status.value,
@@ -129,9 +132,10 @@ async def _reconcile(service: RunService, saver: BaseCheckpointSaver[Any], run: 
     return outcome.status.value
 
 
-async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: ClaimSweep) -> int:
+async def recover(
+    redis: Redis, store: RunStore, ending: RunEnding, saver: BaseCheckpointSaver[Any], sweep: ClaimSweep,
+) -> int:
     """Mark orphaned runs ``interrupted`` (or ``cancelled``), clear their jobs, free their conversations."""
-    store = service.store
     if store.owner is None:
         orphans = await store.running_runs()  # SQLite: this worker holds the writer lock
     else:
@@ -139,7 +143,7 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: C
         orphans = [run for run in await store.lapsed_runs() if await store.take_over(run.id)]
     for run in orphans:
         try:
-            await reconcile(service, saver, run)
+            await reconcile(redis, store, ending, saver, run)
         except Exception as exc:
             if is_database_unavailable(exc):
                 raise  # nothing can be recorded: no run could be either
@@ -149,13 +153,13 @@ async def recover(service: RunService, saver: BaseCheckpointSaver[Any], sweep: C
     # Queued jobs: a marker left by the dead worker would hold them back until it
     # expires; jobs of runs that already started are done with (see above). Only with
     # one worker: on PostgreSQL a marker or a queued job may be a live worker's.
-    queued = await service.redis.zrange(QUEUE_NAME, 0, -1) if store.owner is None else []
+    queued = await redis.zrange(QUEUE_NAME, 0, -1) if store.owner is None else []
     for raw in queued:
         run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if await service.store.get_run(run_id) is not None:
-            await forget_job(service, run_id)
+        if await store.get_run(run_id) is not None:
+            await forget_job(redis, run_id)
         else:
-            await service.redis.delete(arq_in_progress_key(run_id))
+            await redis.delete(arq_in_progress_key(run_id))
 
     # Conversations claimed by a run that will not run: its outcome was recorded but
     # the worker died before freeing the conversation, or its job expired in the queue.

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import structlog
 from arq import Retry
+from langgraph.graph.state import CompiledStateGraph
+from redis.asyncio import Redis
 
 from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode, RunStatus
-from shared.redis.keys import ACTIVE_RUNS, waiting_key
+from shared.redis.keys import ACTIVE_RUNS, TAKEN_SECONDS, taken_key, waiting_key
 from shared.redis.scripts import scripts
-from worker.run.ending import APPROVAL_PENDING, Outcome, Thread
-from worker.run.service import RunService
+from shared.storage.branch import thread_config
+from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
+from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
 
@@ -41,13 +45,19 @@ TURN_RETRY_SECONDS = 0.5
 TURN_TRIES = 1_000_000
 
 
-async def take_turn(service: RunService, job: RunJob) -> RunJob | None:
+async def take_turn(
+    redis: Redis, store: RunStore, graph: CompiledStateGraph[Any, Any, Any, Any], ending: RunEnding,
+    job: RunJob,
+) -> RunJob | None:
     """``job`` to execute now (as its turn finds the thread), or None when it was refused and
     ended here. Raises arq's ``Retry`` while another run holds the conversation or comes first."""
     if not job.may_wait:
         return job  # accepted with the claim: no round trip on the path of every other run
-    reply = await scripts(service.redis).claim_turn(
-        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id)], args=[job.conversation_id, job.run_id],
+    # On PostgreSQL the claim names its taker in the same script (``taken_key``): a worker that
+    # dies right after it leaves a claim a live worker's sweep frees (worker/upkeep/sweep.py).
+    reply = await scripts(redis).claim_turn(
+        keys=[ACTIVE_RUNS, waiting_key(job.conversation_id), taken_key(job.run_id)],
+        args=[job.conversation_id, job.run_id, store.owner or "", TAKEN_SECONDS],
     )
     kind, *rest = (v.decode() if isinstance(v, bytes) else str(v) for v in reply)
     if kind in ("held", "none"):
@@ -56,25 +66,27 @@ async def take_turn(service: RunService, job: RunJob) -> RunJob | None:
         log.info("run.waiting_for_turn", behind=rest[0] if rest else None)
         raise Retry(defer=TURN_RETRY_SECONDS)
     log.info("run.turn_taken", waited_ms=round((time.time() - job.enqueued_at) * 1000))
-    refusal = await _recheck(service, job)
+    refusal = await _recheck(store, graph, job)
     if refusal is not None:
         log.info("run.refused_at_turn", error_code=refusal.code)
-        await service.ending.end(job.run_id, job.conversation_id, refusal, thread=Thread(), recorded=False)
+        await ending.end(job.run_id, job.conversation_id, refusal, thread=Thread(), recorded=False)
         return None
     # The conversation exists by now (or never will: then the thread is empty), and the branch it
     # follows is the one of its last run, not the one read at submission.
     return dataclasses.replace(
-        job, new_conversation=False, checkpoint_id=await service.store.branch_head(job.conversation_id),
+        job, new_conversation=False, checkpoint_id=await store.branch_head(job.conversation_id),
     )
 
 
-async def _recheck(service: RunService, job: RunJob) -> Outcome | None:
+async def _recheck(
+    store: RunStore, graph: CompiledStateGraph[Any, Any, Any, Any], job: RunJob,
+) -> Outcome | None:
     """Why the run cannot start on the thread as it now stands, if it cannot."""
     if job.kind not in (JobKind.RUN, JobKind.RESUME):
         return None  # only messages and resumes are enqueued (api/protocol/runs.py)
     try:
-        head = await service.store.branch_head(job.conversation_id)
-        state = await service.graph.aget_state(service.thread_config(job.conversation_id, head))
+        config = await thread_config(store.db.fetchall, job.conversation_id)
+        state = await graph.aget_state(config)
     except Exception as exc:
         # Unreadable now: the run's own checks (worker/run/service.py) read the thread again.
         log.warning("run.turn_recheck_failed", error=f"{type(exc).__name__}: {exc}")

@@ -1,15 +1,24 @@
 """Crons: storing and deleting them (jobs the API enqueues), and firing their ticks.
 
 **Exactly once per tick, across any number of workers.** Every worker's ticker looks for due
-crons (a pass); a tick is fired in one transaction: a conditional update moves the
-cron's ``next_tick`` on from the tick it read (``WHERE next_tick = <tick>``), which only one
-worker's update can do (PostgreSQL locks the row: a second worker's update waits for the first
-to commit, then matches nothing; SQLite has one writer); then the run is submitted, and what the
-tick did is recorded; then the transaction commits. A failure before the commit (Redis down, a
-crash) rolls the move back and the tick is fired again by the next pass, by whichever worker:
-its run's id comes from the cron and the tick (shared/contracts/crons.py), so a second submission of a run
-already accepted finds the thread held by that same run and counts as fired, and a run already
-recorded is never executed twice (``RunService.execute``).
+crons (a pass). A tick is fired in three steps, and no Redis round trip happens inside a
+transaction (a Redis that stalls would hold the database's write lock, and with it every run's
+checkpoint and ledger writes):
+
+1. *claimed*: a conditional update moves the cron's ``next_tick`` on from the tick it read
+   (``WHERE next_tick = <tick>``) and marks the tick ``submitting``, which only one worker's update
+   can do (PostgreSQL locks the row: a second worker's update waits for the first to commit, then
+   matches nothing; SQLite has one writer); committed at once;
+2. *submitted*: the run is submitted to Redis (or the tick found skipped);
+3. *recorded*: what the tick did (``fired``, ``skipped``) replaces ``submitting``.
+
+Redis failing at 2 puts the tick back as it was (due again: the next pass fires it). A worker
+that dies between 1 and 3 leaves the tick ``submitting``; a pass submits it again once it has
+been so for :data:`UNSUBMITTED_SECONDS`. Either way the run is the same: its id comes from the
+cron and the tick (shared/contracts/crons.py), so a second submission of a run already accepted
+finds the thread held by that same run and counts as fired, and a run already recorded is never
+executed twice (``RunService.execute``). A cron has one tick in flight at a time: its next tick
+fires once the one ``submitting`` is recorded.
 
 **The one-run rule.** A tick is submitted like any run (``shared.redis.queue.submit``: the atomic
 claim of the thread), checked as a message on ``POST /api/chat`` is. A thread held by another
@@ -70,11 +79,10 @@ from shared.redis.keys import (
 )
 from shared.redis.metrics import CRON_TICKS, METRICS_KEY, counter_field
 from shared.redis.queue import submit_run
-from shared.storage import Database, Tx
+from shared.storage import Database
 from shared.storage.rows import title_of
 from shared.storage.schema import iso_from_timestamp, now_iso
 from worker.entry import entry_point
-from worker.run.service import RunService
 from worker.run.subscription import listen
 
 log = structlog.get_logger(__name__)
@@ -91,6 +99,11 @@ CRONS_CHANNEL = "sophos:crons"
 BATCH = 50
 #: How long the outcome of a cron job is kept for the API request waiting on it.
 OUTCOME_TTL_SECONDS = 60
+#: ``last_outcome`` of a tick claimed (moved on, committed) and not yet submitted
+SUBMITTING = "submitting"
+#: How long a claimed tick may stay unsubmitted before another pass submits it: its worker died
+#: between the claim and the record, or stalled on Redis that long (then both submit the same run).
+UNSUBMITTED_SECONDS = 30.0
 
 
 # --- the jobs ---------------------------------------------------------------------
@@ -155,15 +168,13 @@ async def delete(db: Database, redis: Redis, job: CronDelete) -> str:
 @entry_point(CronCreate)
 async def cron_create_job(ctx: dict[str, Any], job: CronCreate) -> str:
     """arq's entry point: store."""
-    service: RunService = ctx["service"]
-    return await create(service.store.db, service.redis, job)
+    return await create(ctx["store"].db, ctx["redis"], job)
 
 
 @entry_point(CronDelete)
 async def cron_delete_job(ctx: dict[str, Any], job: CronDelete) -> str:
     """arq's entry point: delete."""
-    service: RunService = ctx["service"]
-    return await delete(service.store.db, service.redis, job)
+    return await delete(ctx["store"].db, ctx["redis"], job)
 
 
 # --- the ticks --------------------------------------------------------------------
@@ -200,21 +211,29 @@ class CronTicker:
         self._wake = asyncio.Event()
 
     async def once(self, now: float | None = None) -> int:
-        """Fire the ticks due at ``now``; how many this worker fired or skipped."""
+        """Fire the ticks due at ``now``, and those a worker claimed and never submitted; how many
+        this worker fired or skipped."""
         now = time.time() if now is None else now
         rows = await self.db.fetchall(
             f"SELECT {CRON_COLUMNS} FROM crons WHERE next_tick <= ? ORDER BY next_tick LIMIT ?",
             (int(now), BATCH),
         )
+        unsubmitted = await self.db.fetchall(
+            f"SELECT {CRON_COLUMNS} FROM crons WHERE last_outcome = ? AND updated_at < ? LIMIT ?",
+            (SUBMITTING, iso_from_timestamp(now - UNSUBMITTED_SECONDS), BATCH),
+        )
+        # A cron's unsubmitted tick goes first; its tick due now, at the next pass.
+        claimed = {row[0] for row in unsubmitted}
+        work = [*((r, True) for r in unsubmitted), *((r, False) for r in rows if r[0] not in claimed)]
         done = 0
-        for row in rows:
+        for row, again in work:
             cron = CronRow.from_row(row)
             with structlog.contextvars.bound_contextvars(cron_id=cron.id):
                 try:
-                    done += await self.fire(cron, now)
+                    done += await (self.submit_again(cron, now) if again else self.fire(cron, now))
                 except Exception as exc:
-                    # Rolled back: the tick is still due, and the next pass tries it again. One
-                    # cron's failure does not hold back the others'.
+                    # The tick is still due (or still to submit), and a later pass tries it again.
+                    # One cron's failure does not hold back the others'.
                     error = f"{type(exc).__name__}: {exc}"
                     log.warning("cron.fire_failed", tick=iso(cron.next_tick), error=error)
         return done
@@ -223,25 +242,70 @@ class CronTicker:
         """Fire the cron's tick ``cron.next_tick`` unless another worker did; True if this one did."""
         tick = cron.next_tick
         following = Schedule.parse(cron.schedule).next_after(max(now, tick))
-        outcome = "fired"
         run_id = tick_run_id(cron.id, tick)
-        thread_id: str | None
+        # The tick is this worker's once this commits: no Redis round trip inside a transaction
+        # (a Redis that stalls would hold the database's write lock, and every run's writes with it).
         async with self.db.transaction() as tx:
             moved = await tx.execute(
-                "UPDATE crons SET next_tick = ? WHERE id = ? AND next_tick = ?", (following, cron.id, tick)
+                "UPDATE crons SET next_tick = ?, last_tick = ?, last_outcome = ?, last_run_id = ?,"
+                " updated_at = ? WHERE id = ? AND next_tick = ?"
+                " AND (last_outcome IS NULL OR last_outcome <> ?)",
+                (following, tick, SUBMITTING, run_id, now_iso(), cron.id, tick, SUBMITTING),
             )
-            if moved == 0:
-                return False  # another worker fired it, or the cron was deleted
-            try:
-                thread_id = await self._submit(tx, cron, tick, run_id)
-            except _Skip as why:
-                outcome, thread_id = f"skipped: {why}", cron.thread_id
-            column = "fired" if outcome == "fired" else "skipped"
-            await tx.execute(
-                f"UPDATE crons SET {column} = {column} + 1, last_tick = ?, last_outcome = ?,"
-                " last_run_id = ?, updated_at = ? WHERE id = ?",
-                (tick, outcome, run_id if outcome == "fired" else None, now_iso(), cron.id),
+        if moved == 0:
+            # Another worker fired it, or the cron was deleted, or its tick before is still being
+            # submitted (one tick of a cron at a time: this one is fired once that one is recorded).
+            return False
+        try:
+            return await self._submit_and_record(cron, tick, run_id, now, following)
+        except Exception:
+            # Redis down (or the record refused): the tick is due again, as it was, for the next
+            # pass (its run, if it was submitted, is the same run then). Should this fail too, the
+            # tick stays claimed, and is submitted again UNSUBMITTED_SECONDS later.
+            async with self.db.transaction() as tx:
+                await tx.execute(
+                    "UPDATE crons SET next_tick = ?, last_tick = ?, last_outcome = ?, last_run_id = ?"
+                    " WHERE id = ? AND last_outcome = ? AND last_tick = ?",
+                    (tick, cron.last_tick, cron.last_outcome, cron.last_run_id, cron.id, SUBMITTING, tick),
+                )
+            raise
+
+    async def submit_again(self, cron: CronRow, now: float) -> bool:
+        """Submit the tick a worker claimed and did not submit (it died, or its database failed
+        after Redis did): the same run, so a submission that did go through is no second run."""
+        tick = cron.last_tick
+        if tick is None:
+            return False
+        async with self.db.transaction() as tx:  # one worker takes it over
+            taken = await tx.execute(
+                "UPDATE crons SET updated_at = ? WHERE id = ? AND last_outcome = ? AND last_tick = ?"
+                " AND updated_at = ?",
+                (now_iso(), cron.id, SUBMITTING, tick, cron.updated_at),
             )
+        if taken == 0:
+            return False
+        log.warning("cron.tick_submitted_again", tick=iso(tick))
+        return await self._submit_and_record(cron, tick, tick_run_id(cron.id, tick), now, cron.next_tick)
+
+    async def _submit_and_record(
+        self, cron: CronRow, tick: int, run_id: str, now: float, following: int
+    ) -> bool:
+        """Submit the claimed tick's run (after the claim's commit), then record what the tick did."""
+        outcome = "fired"
+        thread_id: str | None
+        try:
+            thread_id = await self._submit(cron, tick, run_id)
+        except _Skip as why:
+            outcome, thread_id = f"skipped: {why}", cron.thread_id
+        column = "fired" if outcome == "fired" else "skipped"
+        async with self.db.transaction() as tx:
+            recorded = await tx.execute(
+                f"UPDATE crons SET {column} = {column} + 1, last_outcome = ?, last_run_id = ?, updated_at = ?"
+                " WHERE id = ? AND last_outcome = ? AND last_tick = ?",
+                (outcome, run_id if outcome == "fired" else None, now_iso(), cron.id, SUBMITTING, tick),
+            )
+        if recorded == 0:
+            return False  # a worker that took it over recorded it (this one stalled that long)
         late = now - tick
         if outcome == "fired":
             log.info("cron.tick_fired", tick=iso(tick), run_id=run_id, thread_id=thread_id,
@@ -253,8 +317,8 @@ class CronTicker:
             await self.redis.hincrby(METRICS_KEY, counter_field(CRON_TICKS, outcome=column), 1)  # type: ignore[misc]
         return True
 
-    async def _submit(self, tx: Tx, cron: CronRow, tick: int, run_id: str) -> str:
-        """Submit the tick's run (in the tick's transaction); its thread. _Skip: the thread is busy."""
+    async def _submit(self, cron: CronRow, tick: int, run_id: str) -> str:
+        """Submit the tick's run; its thread. _Skip: the thread is busy."""
         thread_id = cron.thread_id or tick_thread_id(cron.id, tick)
         head: str | None = None
         new = True
@@ -266,7 +330,7 @@ class CronTicker:
             holder = await self.redis.hget(ACTIVE_RUNS, thread_id)  # type: ignore[misc]
             if holder is not None and _text(holder) != run_id:
                 raise _Skip(f"the thread is busy with run {_text(holder)}")
-            rows = await tx.fetchall(
+            rows = await self.db.fetchall(
                 "SELECT r.status, c.branch_head, c.title FROM conversations c"
                 " LEFT JOIN runs r ON r.id = c.last_run_id WHERE c.id = ?",
                 (thread_id,),
@@ -292,7 +356,7 @@ class CronTicker:
             enqueued_at=time.time(), new_conversation=new, checkpoint_id=head,
         )
         taken_by = await submit_run(self.redis, job, title=title)
-        # Held by this very run: an earlier attempt at this tick submitted it and did not commit.
+        # Held by this very run: an earlier attempt at this tick submitted it and did not record it.
         if taken_by is not None and taken_by != run_id:
             await self.redis.delete(key)
             raise _Skip(f"the thread is busy with run {taken_by}")

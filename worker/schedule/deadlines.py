@@ -24,15 +24,17 @@ import uuid
 from typing import Any
 
 import structlog
+from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
 from shared.contracts.codec import encode
 from shared.contracts.jobs import Decision, DecisionAction, JobKind, RunJob
 from shared.contracts.runs import RunStatus
 from shared.redis.queue import submit
+from shared.storage import Database
+from shared.storage.branch import thread_config
 from shared.storage.schema import iso_from_timestamp
 from shared.storage.thread import interrupt_requests
-from worker.run.service import RunService
 
 log = structlog.get_logger(__name__)
 
@@ -55,15 +57,18 @@ def timeout_message(seconds: float) -> str:
 
 
 class ApprovalDeadlines:
-    def __init__(self, service: RunService, redis: Redis, timeout: float) -> None:
-        self.service = service
+    def __init__(
+        self, db: Database, graph: CompiledStateGraph[Any, Any, Any, Any], redis: Redis, timeout: float,
+    ) -> None:
+        self.db = db
+        self.graph = graph
         self.redis = redis
         self.timeout = timeout
 
     async def once(self, now: float | None = None) -> int:
         """Reject the calls of every conversation waiting past the deadline; how many were submitted."""
         deadline = iso_from_timestamp((now if now is not None else time.time()) - self.timeout)
-        db = self.service.store.db
+        db = self.db
         rows = await db.fetchall(_OVERDUE_SQL, (RunStatus.WAITING.value, deadline, BATCH))
         overdue = [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
         submitted = 0
@@ -99,5 +104,6 @@ class ApprovalDeadlines:
         return submitted
 
     async def _pending(self, conversation_id: str) -> list[dict[str, Any]]:
-        state = await self.service.graph.aget_state(self.service.thread_config(conversation_id))
+        config = await thread_config(self.db.fetchall, conversation_id)
+        state = await self.graph.aget_state(config)
         return interrupt_requests(state) or []

@@ -32,7 +32,6 @@ import httpx
 import structlog
 from arq.constants import in_progress_key_prefix
 from arq.worker import Retry
-from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
@@ -40,10 +39,12 @@ from shared.contracts.protocol import RunRecord, sdk_run, values_of
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WebhookJob, WebhookPolicy, WebhookRefused, shown
 from shared.pinned import PinnedTransport
-from shared.redis.keys import protocol_run_key, run_key
+from shared.redis.ended import recorded
+from shared.redis.keys import protocol_run_key
 from shared.redis.metrics import METRICS_KEY, WEBHOOK_DELIVERIES, counter_field
 from shared.settings import Settings
-from shared.storage.schema import iso_from_timestamp, now_iso
+from shared.storage.branch import thread_config
+from shared.storage.schema import now_iso
 from worker.entry import entry_point
 from worker.store import RunStore
 
@@ -106,24 +107,15 @@ class WebhookDelivery:
 
     async def body(self, job: WebhookJob, record: RunRecord) -> dict[str, Any]:
         """The run as ``runs.get`` answers it, the thread's ``values`` and, when it failed, its error."""
-        row = await self.store.get_run(job.run_id)
+        # Its row, or for a run that ended without one (cancelled while queued, dropped, refused by
+        # the database), what Redis recorded; a record gone meanwhile reads as a failure.
+        found = await recorded(self.redis, job.run_id, self.store.get_run)
+        row = found.row if found is not None else None
+        status = found.status if found is not None else RunStatus.FAILED
+        times = (row.enqueued_at, row.started_at, row.finished_at) if row is not None else (None, None, None)
         error: dict[str, Any] | None = None
-        if row is not None:
-            status = RunStatus(row.status)
-            times = (row.enqueued_at, row.started_at, row.finished_at)
-            if row.error_code:
-                error = {"error": row.error_code, "message": row.error_message or ""}
-        else:  # ended without a row: cancelled while queued, dropped, or refused by the database
-            described = _text(await self.redis.hgetall(run_key(job.run_id)))  # type: ignore[misc]
-            status = RunStatus.CANCELLED if described.get("cancelled_at") else RunStatus.FAILED
-            ended = described.get("cancelled_at") or described.get("failed_at")
-            enqueued = described.get("enqueued_at")
-            times = (
-                iso_from_timestamp(float(enqueued)) if enqueued else None, None,
-                iso_from_timestamp(float(ended)) if ended else None,
-            )
-            if described.get("error_code"):
-                error = {"error": described["error_code"], "message": described.get("error_message", "")}
+        if row is not None and row.error_code:
+            error = {"error": row.error_code, "message": row.error_message or ""}
         body = sdk_run(
             run_id=job.run_id, thread_id=job.conversation_id, status=status, created_at=times[0],
             started_at=times[1], finished_at=times[2], metadata=record.metadata,
@@ -136,8 +128,10 @@ class WebhookDelivery:
         return body
 
     async def _values(self, conversation_id: str) -> dict[str, Any]:
-        config: RunnableConfig = {"configurable": {"thread_id": conversation_id}}
+        """The ``values`` of the branch the conversation follows (after a rollback or a switch, the
+        thread's newest checkpoints are the branch it left)."""
         try:
+            config = await thread_config(self.store.db.fetchall, conversation_id)
             return values_of(await self.graph.aget_state(config))
         except Exception as exc:  # a thread it cannot read: the run is told all the same
             log.warning("webhook.values_unreadable", error=f"{type(exc).__name__}: {exc}")

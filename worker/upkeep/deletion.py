@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -47,7 +48,7 @@ from shared.redis.keys import (
 from shared.redis.metrics import CONVERSATIONS_EXPIRED, METRICS_KEY, counter_field
 from shared.redis.scripts import scripts
 from worker.entry import entry_point
-from worker.run.service import RunService
+from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
 
@@ -57,11 +58,13 @@ RETENTION = "retention"
 OUTCOME_TTL_SECONDS = 60
 
 
-async def delete_conversation_data(service: RunService, conversation_id: str) -> int:
+async def delete_conversation_data(
+    saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, conversation_id: str,
+) -> int:
     """Delete the conversation's thread, rows and run records; return how many runs it had."""
-    await service.saver.adelete_thread(conversation_id)
-    run_ids = await service.store.delete_conversation(conversation_id)
-    await _forget_runs(service.redis, conversation_id, run_ids)
+    await saver.adelete_thread(conversation_id)
+    run_ids = await store.delete_conversation(conversation_id)
+    await _forget_runs(redis, conversation_id, run_ids)
     return len(run_ids)
 
 
@@ -107,19 +110,19 @@ async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -
         await pipe.execute()
 
 
-async def delete(service: RunService, job: DeleteJob) -> str:
+async def delete(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, job: DeleteJob) -> str:
     outcome = "failed: the worker stopped"
     try:
-        runs = await delete_conversation_data(service, job.conversation_id)
+        runs = await delete_conversation_data(saver, store, redis, job.conversation_id)
         outcome = "deleted"
         log.info("conversation.deleted", runs=runs, reason=job.reason)
         if job.reason == RETENTION:
-            await _count_expired(service.redis)
+            await _count_expired(redis)
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("conversation.delete_failed")
     finally:
-        await _notify(service.redis, job, outcome)
+        await _notify(redis, job, outcome)
     return outcome
 
 
@@ -147,5 +150,4 @@ async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:
 @entry_point(DeleteJob)
 async def delete_job(ctx: dict[str, Any], job: DeleteJob) -> str:
     """arq's entry point (its job id is the delete's claim)."""
-    service: RunService = ctx["service"]
-    return await delete(service, job)
+    return await delete(ctx["saver"], ctx["store"], ctx["redis"], job)

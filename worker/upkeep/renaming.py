@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from shared.contracts.jobs import RenameJob
 from shared.redis.keys import renamed_key
 from worker.entry import entry_point
-from worker.run.service import RunService
+from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
 
@@ -23,17 +23,17 @@ log = structlog.get_logger(__name__)
 OUTCOME_TTL_SECONDS = 60
 
 
-async def rename(service: RunService, job: RenameJob) -> str:
+async def rename(store: RunStore, redis: Redis, job: RenameJob) -> str:
     outcome = "failed: the worker stopped"
     try:
-        found = await service.store.rename_conversation(job.conversation_id, job.title)
+        found = await store.rename_conversation(job.conversation_id, job.title)
         outcome = "renamed" if found else "gone"
         log.info("conversation.renamed" if found else "conversation.rename_gone")
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("conversation.rename_failed")
     finally:
-        await _notify(service.redis, job, outcome)
+        await _notify(redis, job, outcome)
     return outcome
 
 
@@ -51,5 +51,4 @@ async def _notify(redis: Redis, job: RenameJob, outcome: str) -> None:
 @entry_point(RenameJob)
 async def rename_job(ctx: dict[str, Any], job: RenameJob) -> str:
     """arq's entry point."""
-    service: RunService = ctx["service"]
-    return await rename(service, job)
+    return await rename(ctx["store"], ctx["redis"], job)

@@ -30,8 +30,8 @@ from redis.asyncio import Redis
 from shared.contracts.jobs import DeleteJob, delete_claim
 from shared.redis.keys import ACTIVE_RUNS
 from shared.redis.queue import submit_delete
+from shared.storage import Database
 from shared.storage.schema import iso_from_timestamp
-from worker.run.service import RunService
 from worker.upkeep.deletion import RETENTION
 
 log = structlog.get_logger(__name__)
@@ -51,8 +51,8 @@ _START = ("", "")
 
 
 class Retention:
-    def __init__(self, service: RunService, redis: Redis, days: float) -> None:
-        self.service = service
+    def __init__(self, db: Database, redis: Redis, days: float) -> None:
+        self.db = db
         self.redis = redis
         self.days = days
         #: (updated_at, id) of the last conversation looked at this round
@@ -68,7 +68,7 @@ class Retention:
             return 0
         cutoff = iso_from_timestamp((now if now is not None else time.time()) - self.days * DAY_SECONDS)
         after_updated, after_id = self._after
-        rows = await self.service.store.db.fetchall(
+        rows = await self.db.fetchall(
             _IDLE_SQL, (cutoff, after_updated, after_updated, after_id, room)
         )
         idle = [(str(r[0]), str(r[1])) for r in rows]

@@ -1,0 +1,77 @@
+"""What a run gives the graph: a new message, a resume, or a decision on an approval.
+
+Checked against the thread here, by the only writer, just before the graph starts
+(worker/run/service.py): a second delivery, or a decision accepted twice, finds the
+thread as the first one left it and is refused, never acted on again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
+
+from shared import tracing
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode
+from shared.storage.thread import resume_value
+from worker.run.ending import APPROVAL_PENDING
+
+GraphInput = dict[str, Any] | Command[Any] | None
+
+
+class NotResumable(Exception):
+    """The job cannot continue the thread as it stands (nothing to resume, or a decision is pending)."""
+
+    def __init__(self, message: str, code: str = RunErrorCode.RUN_NOT_RESUMABLE.value) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def graph_input(
+    graph: CompiledStateGraph[Any, Any, Any, Any], job: RunJob, message: HumanMessage | None,
+    at: RunnableConfig,
+) -> GraphInput:
+    """The input of ``job``'s graph stream at ``at``; raises :class:`NotResumable` when the thread
+    cannot take it."""
+    if message is not None:
+        await _check_message(graph, job, at)
+        return {"messages": [message]}
+    return await _continuation(graph, job, at)
+
+
+async def _check_message(
+    graph: CompiledStateGraph[Any, Any, Any, Any], job: RunJob, at: RunnableConfig,
+) -> None:
+    # New input over a pending interrupt would silently discard it (LangGraph starts
+    # a new step): the decision comes first.
+    state = None if job.new_conversation else await graph.aget_state(at)
+    if state is not None and any(task.interrupts for task in state.tasks):
+        raise NotResumable(
+            "the conversation waits for a decision on its tool calls; your message was not "
+            "recorded: send the decisions first, then the message again",
+            APPROVAL_PENDING,
+        )
+
+
+async def _continuation(
+    graph: CompiledStateGraph[Any, Any, Any, Any], job: RunJob, at: RunnableConfig,
+) -> GraphInput:
+    """A resume (None: the pending step runs again) or a decision (``Command(resume=...)``)."""
+    state = await graph.aget_state(at)
+    tracing.link_to(state.metadata)  # the run whose thread this one continues
+    if not state.tasks:
+        raise NotResumable("the conversation has no unfinished step to resume")
+    waiting = any(task.interrupts for task in state.tasks)
+    if job.kind is JobKind.DECIDE:
+        # A second delivery, or a decision accepted twice, finds the interrupt answered and
+        # does nothing.
+        if not waiting:
+            raise NotResumable("the conversation has no approval pending")
+        return Command(resume=resume_value(state, list(job.decisions or ())))
+    if waiting:
+        raise NotResumable("the conversation waits for an approval; decide it instead")
+    return None
