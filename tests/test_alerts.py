@@ -30,7 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from shared.contracts.wire import JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for

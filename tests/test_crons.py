@@ -25,7 +25,8 @@ from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
 from shared.contracts.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from shared.redis.queue import submit_run
 from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate

@@ -15,7 +15,8 @@ import uuid
 import httpx
 from redis.asyncio import Redis
 
-from shared.contracts.wire import JobKind, RunJob, cancel_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import cancel_key
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for, wait_for_async

@@ -24,7 +24,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
 from tests.support.env import SophosEnv
 from tests.support.redis_server import RedisServer

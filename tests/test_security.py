@@ -31,7 +31,8 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from api.auth.bearer import exposure_problem, is_loopback
-from shared.contracts.wire import QUEUE_NAME, JobKind, RunJob, arq_job_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import QUEUE_NAME, arq_job_key
 from shared.redis.queue import submit_run
 from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls

@@ -14,19 +14,19 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from shared.contracts.wire import (
+from shared.contracts.jobs import is_delete_claim
+from shared.contracts.runs import RunStatus
+from shared.redis.ended import from_description
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    RunStatus,
     cancel_key,
     cancelled_run_key,
-    is_delete_claim,
     progress_key,
     run_key,
     waiting_key,
 )
-from shared.redis.ended import from_description
 from shared.storage.rows import RunRow
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 FAKES_DIR = Path(__file__).resolve().parent.parent / "fakes"
+#: the checkout: on the processes' path, so that a worker asked for a fault (SOPHOS_FAULT_*) can
+#: load its hooks from the tests (worker/faults.py, tests/support/fault_hooks.py)
+CHECKOUT = FAKES_DIR.parent.parent
 TOOLS_SERVER = FAKES_DIR / "tools_server.py"
 
 SYSTEM_PROMPT = "You are Sophos under test. Answer briefly."
@@ -202,6 +205,7 @@ def make_sophos_env(
             "SSE_PING_INTERVAL": "1",
             "SHUTDOWN_TIMEOUT": "10",
             "LANGGRAPH_STRICT_MSGPACK": "true",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), inherited.get("PYTHONPATH")) if p),
             # Logs reach the file before a SIGKILL; loopback never goes through a proxy.
             "PYTHONUNBUFFERED": "1",
             "NO_PROXY": "127.0.0.1,localhost",
