@@ -20,12 +20,13 @@ from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
 from shared.contracts.crons import CRON_COLUMNS, CronRow
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
 from shared.settings import Settings
+from shared.storage import CheckpointDecodeError
 from shared.storage.branch import thread_config
 from shared.storage.engines import open_reader
-from shared.storage.reading import CheckpointDecodeError, Reader, ThreadSource
+from shared.storage.reading import Reader, ThreadSource
 from shared.storage.rows import RUN_COLUMNS, RunRow
 from shared.storage.schema import MIGRATIONS
 

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from bench.client import Client, ServiceRun, chat_once
 from bench.floor import Floor, FloorRun
-from shared.contracts.wire import run_key
+from shared.redis.keys import run_key
 
 MESSAGE = "Echo the word durable with the tool, then answer."
 

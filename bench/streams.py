@@ -21,16 +21,9 @@ from redis.asyncio import Redis
 
 from bench.client import BenchError, Client, http_client, sse
 from bench.stack import rss_bytes
-from shared.contracts.wire import (
-    ACTIVE_RUNS,
-    QUEUE_NAME,
-    JobKind,
-    RunJob,
-    arq_job_key,
-    dumps,
-    events_key,
-    run_key,
-)
+from shared.contracts.codec import dumps
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME, arq_job_key, events_key, run_key
 from shared.redis.queue import submit_run
 
 END_WAIT_SECONDS = 30.0

@@ -50,47 +50,6 @@ def say(text: str) -> None:
     print(f"sophos: {text}", file=sys.stderr, flush=True)
 
 
-# --- settings ---------------------------------------------------------------------------
-
-
-def _number(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
-    raw = env.get(name) or ""
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(name, f"expected a number, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(name, f"must be at least {minimum:g}, got {raw}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchSettings:
-    """The launcher's own settings (the services read theirs, shared.settings, themselves)."""
-
-    #: start a Redis of our own (REDIS_URL unset), on this port (None: any free one), in this folder
-    own_redis: bool
-    redis_port: int | None
-    redis_dir: Path
-    #: seconds a child must stay up before its next death starts the delays over at 1 s
-    restart_reset: float
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> LaunchSettings:
-        port = env.get("SOPHOS_REDIS_PORT") or ""
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            raise SettingsError("SOPHOS_REDIS_PORT", f"expected a TCP port, got {port!r}")
-        redis_dir = Path(env.get("SOPHOS_REDIS_DIR") or ROOT / "data" / "redis")
-        return cls(
-            own_redis=not env.get("REDIS_URL"),
-            redis_port=int(port) if port else None,
-            redis_dir=redis_dir if redis_dir.is_absolute() else ROOT / redis_dir,
-            restart_reset=_number(env, "SOPHOS_RESTART_RESET", 60.0),
-        )
-
-
 # --- children ---------------------------------------------------------------------------
 
 
@@ -228,9 +187,11 @@ def report_model(settings: Settings) -> None:
 
 
 class Launcher:
-    def __init__(self, env: dict[str, str], launch: LaunchSettings) -> None:
+    def __init__(self, env: dict[str, str], settings: Settings) -> None:
+        #: what the children are started with (the launcher adds REDIS_URL and LOG_FORMAT)
         self.env = env
-        self.launch = launch
+        #: the launcher's own settings (``launch_*``, ``own_redis``); the children read theirs
+        self.launch = settings
         self.children: list[Child] = []
         self.signals = 0
         self.code = 0
@@ -245,15 +206,15 @@ class Launcher:
                 child.signal(signal.SIGKILL)
 
     def add(self, name: str, argv: Sequence[str], env: Mapping[str, str], quiet: bool = False) -> Child:
-        child = Child(name, argv, env, Backoff(reset=self.launch.restart_reset), quiet=quiet)
+        child = Child(name, argv, env, Backoff(reset=self.launch.launch_restart_reset), quiet=quiet)
         self.children.append(child)
         child.start()
         return child
 
     def start_redis(self) -> None:
-        data = self.launch.redis_dir
+        data = self.launch.launch_redis_dir
         data.mkdir(parents=True, exist_ok=True)
-        port = self.launch.redis_port or free_port()
+        port = self.launch.launch_redis_port or free_port()
         redis = self.add("redis", [
             redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port),
             "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
@@ -334,11 +295,11 @@ class Launcher:
 def main() -> int:
     env = dict(os.environ)
     try:
-        launch = LaunchSettings.from_env(env)
+        settings = Settings.from_env(env)
     except SettingsError as exc:
         say(str(exc))
         return EXIT_BAD_SETTINGS
-    return Launcher(env, launch).run()
+    return Launcher(env, settings).run()
 
 
 if __name__ == "__main__":

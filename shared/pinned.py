@@ -22,6 +22,8 @@ import anyio
 import httpcore
 import httpx
 
+from shared.compat import fetch_is_public_address
+
 
 def is_public_address(address: str) -> bool:
     """True for a globally routable unicast address: loopback, private (RFC 1918, unique local),
@@ -31,9 +33,7 @@ def is_public_address(address: str) -> bool:
     Imported on first use: the module costs about half a second, which the API pays only
     when it first checks a webhook (from a thread, :func:`resolve_checked`).
     """
-    from mcp_server_fetch.server import _is_public_address
-
-    return bool(_is_public_address(address))
+    return fetch_is_public_address(address)
 
 
 class AddressRefused(httpcore.ConnectError):

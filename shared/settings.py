@@ -144,7 +144,7 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return raw
 
 
-#: where a test can hold a tool call (worker/faults.py ``hold_call``)
+#: where a test can hold a tool call (tests/support/fault_hooks.py ``hold_call``)
 HOLD_POINTS = ("before_intent", "after_intent", "before_outcome")
 
 
@@ -215,6 +215,16 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _optional_port(env: Mapping[str, str], name: str) -> int | None:
+    """A TCP port, or None when unset or empty."""
+    raw = env.get(name) or ""
+    if not raw:
+        return None
+    if not (raw.isdigit() and 0 < int(raw) < 65536):
+        raise SettingsError(name, f"expected a TCP port, got {raw!r}")
+    return int(raw)
 
 
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
@@ -329,14 +339,22 @@ class Settings:
     # pay (README, Configuration), msgspec did not, so json is the default codec.
     event_loop: str = "auto"  # auto, uvloop or asyncio: the worker's and the API's event loop
     redis_parser: str = "auto"  # auto, hiredis or python: how redis-py parses replies
-    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts/wire.py)
+    json_codec: str = "json"  # auto, msgspec or json: jobs and events (shared/contracts/codec.py)
     api_http: str = "h11"  # auto, httptools or h11: the API's HTTP/1.1 parser (api/http/parser.py)
     # Traces exported over OTLP (shared/tracing.py): on when OTEL_EXPORTER_OTLP_ENDPOINT or
     # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (and neither OTEL_SDK_DISABLED nor
     # OTEL_TRACES_EXPORTER=none says otherwise); the SDK reads the other OTEL_* variables itself.
     tracing: bool = False
+    # The local launcher's own (``./sophos up``, scripts/launch.py; the services ignore them):
+    # without REDIS_URL (``own_redis``) it starts a Redis of its own on this port (None: a free
+    # one), its AOF in this folder; a child that stayed up ``launch_restart_reset`` seconds has
+    # its next restart wait 1 s again.
+    own_redis: bool = True
+    launch_redis_port: int | None = None
+    launch_redis_dir: Path = Path("data/redis")
+    launch_restart_reset: float = 60.0
     # Test-only fault hook, off by default: the worker SIGKILLs itself right after
-    # its Nth checkpoint write of a run (see worker/faults.py).
+    # its Nth checkpoint write of a run (worker/faults.py loads the hooks from tests/support/).
     fault_kill_after_checkpoint: int = 0
     # ... or right before its Nth checkpoint write (N=1: before the run's input is recorded).
     fault_kill_before_checkpoint: int = 0
@@ -420,6 +438,10 @@ class Settings:
             json_codec=_choice(env, "JSON_CODEC", d.json_codec, ("auto", "msgspec", "json")),
             api_http=_choice(env, "API_HTTP", d.api_http, ("auto", "httptools", "h11")),
             tracing=_otlp_traces(env),
+            own_redis=not env.get("REDIS_URL"),
+            launch_redis_port=_optional_port(env, "SOPHOS_REDIS_PORT"),
+            launch_redis_dir=_path(env, "SOPHOS_REDIS_DIR", "data/redis"),
+            launch_restart_reset=_float(env, "SOPHOS_RESTART_RESET", d.launch_restart_reset),
             fault_kill_after_checkpoint=_int(env, "SOPHOS_FAULT_KILL_AFTER_CHECKPOINT", 0),
             fault_kill_before_checkpoint=_int(env, "SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT", 0),
             fault_kill_after_outcome=_int(env, "SOPHOS_FAULT_KILL_AFTER_OUTCOME", 0),

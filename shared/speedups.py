@@ -8,7 +8,7 @@ the process at start-up with the variable named, like any other bad setting.
 
 None of them changes what crosses Redis or HTTP: an event loop, a reply parser and an HTTP
 parser bounded alike (api/http/parser.py) are invisible on the wire, and the codec's output parses
-the same as ``json``'s (see :func:`shared.contracts.wire.use_json_codec`). Bench figure 12
+the same as ``json``'s (see :func:`shared.contracts.codec.use_json_codec`). Bench figure 12
 measures each on and off.
 """
 
@@ -24,7 +24,8 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import DefaultParser
 from redis.utils import HIREDIS_AVAILABLE
 
-from shared.contracts import wire as contracts
+from shared.compat import redis_parsers
+from shared.contracts import codec
 from shared.settings import Settings, SettingsError
 
 
@@ -68,12 +69,11 @@ class Speedups:
 
     def parser_class(self) -> type[Any]:
         """redis-py's parser class for the choice (``parser_class`` of a connection pool)."""
-        from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
-
-        return _AsyncHiredisParser if self.redis_parser == "hiredis" else _AsyncRESP2Parser
+        hiredis, python = redis_parsers()
+        return hiredis if self.redis_parser == "hiredis" else python
 
     def apply_json_codec(self) -> None:
-        contracts.use_json_codec(self.json_codec)
+        codec.use_json_codec(self.json_codec)
 
 
 async def use_parser(redis: Redis, parser_class: type[Any]) -> None:
@@ -92,12 +92,11 @@ async def use_parser(redis: Redis, parser_class: type[Any]) -> None:
 
 def in_use(redis: Redis) -> dict[str, str]:
     """What this process runs on, read from its loop, pool and codec (for its start-up log)."""
-    from redis._parsers import _AsyncHiredisParser
-
+    hiredis, _ = redis_parsers()
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
     parser = redis.connection_pool.connection_kwargs.get("parser_class", DefaultParser)
     return {
         "event_loop": "uvloop" if loop == "uvloop" else "asyncio",
-        "redis_parser": "hiredis" if issubclass(parser, _AsyncHiredisParser) else "python",
-        "json_codec": contracts.json_codec(),
+        "redis_parser": "hiredis" if issubclass(parser, hiredis) else "python",
+        "json_codec": codec.json_codec(),
     }

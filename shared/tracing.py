@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shared.contracts.wire import RunJob
+    from shared.contracts.jobs import RunJob
     from shared.settings import Settings
 
 #: the tracer once :func:`setup` ran with tracing on; None: every helper does nothing

@@ -9,7 +9,8 @@ tests/fast/, and the pure tests of other files listed in :data:`FAST_ELSEWHERE`)
 first, in one process; the rest run after, spread over xdist workers. Every session
 fixture here is per worker (each xdist worker has its own Redis, fake model and
 PostgreSQL database prefix); a module whose tests share one server or browser is kept
-in one worker (:data:`ONE_WORKER_MODULES`).
+in one worker (:data:`ONE_WORKER_MODULES`). The web modules' browser fixtures (``playwright``,
+``browser``, ``offline``, ``service``) are tests/support/browser.py's, imported here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from tests.fakes.ollama import FakeOllama
+from tests.support.browser import browser, offline, playwright, service  # noqa: F401 - fixtures
 from tests.support.env import SophosEnv, make_sophos_env
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer

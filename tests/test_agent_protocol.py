@@ -60,7 +60,7 @@ def text_of(message: dict[str, Any]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the tests that share them, on a Redis of their own (the other tests
     flush theirs). The fake tools server's ``add`` asks for approval."""
-    with approval_stack(tmp_path_factory.mktemp("protocol"), fake_ollama.url) as env:
+    with approval_stack(tmp_path_factory.mktemp("protocol"), fake_ollama) as env:
         yield env
 
 

@@ -21,17 +21,8 @@ from langgraph_sdk.schema import Command
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from shared.contracts.wire import (
-    ACTIVE_RUNS,
-    DeleteJob,
-    JobKind,
-    RunJob,
-    arq_in_progress_key,
-    arq_job_key,
-    delete_claim,
-    taken_key,
-    waiting_key,
-)
+from shared.contracts.jobs import DeleteJob, JobKind, RunJob, delete_claim
+from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, arq_job_key, taken_key, waiting_key
 from shared.redis.queue import Submission, release_conversation, submit, submit_delete
 from shared.redis.scripts import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
@@ -72,7 +63,7 @@ def last_user_message(request: dict[str, Any]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the tests that share them, on a Redis of their own. The fake tools
     server's ``add`` asks for approval."""
-    with approval_stack(tmp_path_factory.mktemp("enqueue"), fake_ollama.url) as env:
+    with approval_stack(tmp_path_factory.mktemp("enqueue"), fake_ollama) as env:
         yield env
 
 

@@ -37,7 +37,7 @@ def texts(values: Any) -> list[str]:
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
     """One API and worker for the module, on a Redis of its own. The fake tools server's ``add``
     asks for approval."""
-    with approval_stack(tmp_path_factory.mktemp("protocol-forks"), fake_ollama.url) as env:
+    with approval_stack(tmp_path_factory.mktemp("protocol-forks"), fake_ollama) as env:
         yield env
 
 

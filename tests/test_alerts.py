@@ -30,11 +30,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from shared.contracts.wire import JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, require_approval
 from tests.support.faults import execute
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,11 +297,7 @@ def test_runs_failing(
 def test_approvals_waiting(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, tmp_path: Path
 ) -> None:
-    empty = sophos_env.root / "empty"
-    config: dict[str, Any] = json.loads(json.dumps(mcp_servers(sophos_env.tools_log, empty)))
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    empty.mkdir(exist_ok=True)
-    sophos_env.write_mcp_config(config)
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     api = start_api(sophos_env).url
     conversation, _ = chat(api, "hello")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import operator
 import os
 import signal
@@ -27,7 +26,7 @@ from api.http.readers import Readers
 from api.store import READER_PROCESSES
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for, wait_for_async
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, require_approval
 from tests.support.faults import DatabaseLock
 from tests.support.procs import ServiceProcess, descendant_pids, pid_alive
 
@@ -237,11 +236,7 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
     """Each answer arrives while the lock is still held and sooner than SQLite's busy timeout
     (what a read waiting on the writer would wait), from a reader started with the API: no
     request pays for starting one (that was the second a decision took)."""
-    empty = sophos_env.root / "empty"
-    config: dict[str, Any] = json.loads(json.dumps(mcp_servers(sophos_env.tools_log, empty)))
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    empty.mkdir(exist_ok=True)
-    sophos_env.write_mcp_config(config)
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("5"))
     conversation = _conversation(start_api(sophos_env).url or "", "add 2 and 3")

@@ -16,23 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
-
-
-def _require_approval(env: SophosEnv, tools: Any, *, safe_to_repeat: bool = True) -> None:
-    """``requireApproval`` on the fake tools server (``tools``: true or a list of names);
-    ``safe_to_repeat=False``: its calls are taken as calls that act (tests/support/env.py)."""
-    config: dict[str, Any] = json.loads(json.dumps(mcp_servers(env.tools_log, env.root / "empty")))
-    config["mcpServers"]["tools"]["requireApproval"] = tools
-    if not safe_to_repeat:
-        not_safe_to_repeat(config)
-    (env.root / "empty").mkdir(exist_ok=True)
-    env.write_mcp_config(config)
+from tests.support.env import SophosEnv, require_approval
 
 
 @pytest.fixture
 def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     start_api(sophos_env)
     return sophos_env
@@ -299,7 +288,7 @@ def test_the_same_decision_posted_twice_with_a_key_runs_the_tool_once(
 def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    _require_approval(sophos_env, True)
+    require_approval(sophos_env, True)
     worker = start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__echo", {"text": "after the crash"})]), Text("Echoed."))
@@ -326,7 +315,7 @@ def test_a_waiting_conversation_survives_sigkill_and_the_decision_works(
 def test_sigkill_during_the_approved_tool_asks_again_before_it_is_sent_again(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    _require_approval(sophos_env, ["slow"], safe_to_repeat=False)
+    require_approval(sophos_env, ["slow"], safe_to_repeat=False)
     worker = start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__slow", {"seconds": 1.5})]), Text("All done."))
@@ -369,7 +358,7 @@ def test_approval_timeout_rejects_overdue_calls_after_a_restart_and_leaves_the_o
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
     """The deadline counts from the waiting run's end as the database has it, across restarts."""
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     worker = start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 1, "b": 2})]))

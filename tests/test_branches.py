@@ -13,14 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as redis_sync
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers, not_safe_to_repeat
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
+from tests.support.env import SophosEnv
 from tests.support.redis_server import RedisServer
+from tests.support.stacks import module_stack
 from tests.test_cli import cli
 
 
@@ -29,21 +27,8 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, fake_ollama: FakeOllama
 ) -> Iterator[SophosEnv]:
     root = tmp_path_factory.mktemp("branches")
-    with redis_sync.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    fake_ollama.reset()
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    config: dict[str, Any] = not_safe_to_repeat(mcp_servers(env.tools_log, root / "empty-bin"))
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    env.write_mcp_config(config)
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    try:
-        group.start_worker(env)
-        group.start_api(env)
-        yield env
-    finally:
-        group.close()
-        fake_ollama.reset()
+    with module_stack(root, redis_server.url, fake_ollama, approval=["add"], safe_to_repeat=False) as stack:
+        yield stack.env
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.wire import cancel_key
+from shared.redis.keys import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, read_sse, read_sse_async, tool_calls, tool_log, wait_for
 from tests.support.env import SophosEnv

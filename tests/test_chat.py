@@ -11,7 +11,7 @@ from typing import ClassVar, cast
 import pytest
 import redis as redis_sync
 
-from shared.contracts.wire import events_key
+from shared.redis.keys import events_key
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SYSTEM_PROMPT, SophosEnv, with_fetch

@@ -24,8 +24,7 @@ import pytest
 
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv
-from tests.test_approvals import _require_approval
+from tests.support.env import SophosEnv, require_approval
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
@@ -183,7 +182,7 @@ def test_chat_reads_the_message_from_standard_input(api: SophosEnv, model: FakeO
 def test_chat_without_a_terminal_prints_the_waiting_calls_and_the_approve_command(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), ToolCalls([("tools__add", {"a": 4, "b": 4})]))

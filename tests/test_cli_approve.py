@@ -14,15 +14,15 @@ import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for
-from tests.support.env import SophosEnv
-from tests.test_approvals import _require_approval, wait_approval
+from tests.support.env import SophosEnv, require_approval
+from tests.test_approvals import wait_approval
 from tests.test_cli import CLIENT, Session, Terminal, cli, ok
 
 
 @pytest.fixture
 def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
     """Worker and API with ``add`` needing approval; the env has SOPHOS_URL for the CLI."""
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     start_api(sophos_env)
     return sophos_env.with_(SOPHOS_URL=sophos_env.api_url)

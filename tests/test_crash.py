@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for, wait_for_async

@@ -25,7 +25,8 @@ from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
 from shared.contracts.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME, JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from shared.redis.queue import submit_run
 from shared.storage import Database
 from shared.storage.postgres import PostgresDatabase, migrate
@@ -33,7 +34,7 @@ from shared.storage.schema import iso_from_timestamp
 from shared.storage.sqlite import SqliteDatabase
 from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.client import chat, wait_for_async
-from tests.support.env import SophosEnv, mcp_servers
+from tests.support.env import SophosEnv, require_approval
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
 from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create
@@ -349,9 +350,7 @@ async def test_two_workers_racing_for_the_same_ticks_fire_each_once(postgres_url
 async def test_a_tick_on_a_thread_waiting_for_a_decision_or_gone_is_skipped(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
 ) -> None:
-    config: dict[str, Any] = mcp_servers(sophos_env.tools_log, sophos_env.root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    sophos_env.write_mcp_config(config)
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     api = start_api(sophos_env)
     model.script_for("add them", ToolCalls([("tools__add", {"a": 2, "b": 3})]))

@@ -20,7 +20,7 @@ import redis as redis_sync
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from shared.contracts.wire import ACTIVE_RUNS, events_key
+from shared.redis.keys import ACTIVE_RUNS, events_key
 from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, mcp_servers

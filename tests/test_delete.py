@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import redis as redis_sync
 
-from shared.contracts.wire import ACTIVE_RUNS, events_key, model_call_key, run_key
+from shared.redis.keys import ACTIVE_RUNS, events_key, model_call_key, run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv

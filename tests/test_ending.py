@@ -15,12 +15,13 @@ import uuid
 import httpx
 from redis.asyncio import Redis
 
-from shared.contracts.wire import JobKind, RunJob, cancel_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import cancel_key
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for, wait_for_async
-from tests.support.env import SophosEnv
-from tests.test_approvals import _require_approval, decide, wait_approval
+from tests.support.env import SophosEnv, require_approval
+from tests.test_approvals import decide, wait_approval
 
 
 async def test_a_decision_run_cancelled_before_it_acted_leaves_the_approval_pending(
@@ -32,7 +33,7 @@ async def test_a_decision_run_cancelled_before_it_acted_leaves_the_approval_pend
     ``cancelled``, the conversation no longer ``waiting``, and every later decision got
     409 NO_APPROVAL_PENDING (and resume RUN_NOT_RESUMABLE): the approval was lost.
     """
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     worker = start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 1, "b": 2})]), Text("3."))
@@ -73,7 +74,7 @@ async def test_the_worker_refuses_a_message_over_a_pending_interrupt(
 
     Before: the new input started a new step over the interrupt, silently discarding it.
     """
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     start_worker(sophos_env)
     start_api(sophos_env)
     model.script(ToolCalls([("tools__add", {"a": 5, "b": 6})]), Text("11."), Text("over the approval"))

@@ -23,7 +23,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.wire import ACTIVE_RUNS, EventType, events_key
+from shared.contracts.events import EventType
+from shared.redis.keys import ACTIVE_RUNS, events_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
     SseEvent,

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from shared.contracts.wire import ACTIVE_RUNS
+from shared.redis.keys import ACTIVE_RUNS
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import SseEvent, SseParser, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers

@@ -24,12 +24,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
-from tests.support.env import SophosEnv, make_sophos_env
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
+from tests.support.env import SophosEnv
 from tests.support.redis_server import RedisServer
+from tests.support.stacks import module_stack
 
 MAX_MESSAGE_CHARS = 200
 MAX_BODY_BYTES = 64 * 1024
@@ -43,23 +42,12 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, fake_ollama: FakeOllama
 ) -> Iterator[SophosEnv]:
     """One worker and one API for the whole module (each generated case is one request)."""
-    root = tmp_path_factory.mktemp("fuzz")
-    with redis_sync.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    fake_ollama.reset()
-    env = make_sophos_env(
-        root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port(),
+    with module_stack(
+        tmp_path_factory.mktemp("fuzz"), redis_server.url, fake_ollama,
         RATE_LIMIT_PER_MINUTE="0", MAX_STREAMS_PER_CLIENT="0",
         MAX_MESSAGE_CHARS=str(MAX_MESSAGE_CHARS), MAX_BODY_BYTES=str(MAX_BODY_BYTES),
-    )
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    try:
-        group.start_worker(env)
-        group.start_api(env)
-        yield env
-    finally:
-        group.close()
-        fake_ollama.reset()
+    ) as stack:
+        yield stack.env
 
 
 def openapi_document() -> dict[str, Any]:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from shared.contracts.wire import IDEMPOTENCY_TTL_SECONDS, idempotency_key
+from shared.redis.keys import IDEMPOTENCY_TTL_SECONDS, idempotency_key
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Status, Text
 from tests.support.client import chat_body, get_json, read_sse
 from tests.support.env import SophosEnv

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.settings import Settings, SettingsError
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
@@ -324,6 +325,28 @@ def test_backoff_doubles_to_thirty_seconds_and_starts_over_after_a_stable_run(
     assert [backoff.next_delay(up_for=0.5) for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     assert backoff.next_delay(up_for=61.0) == 1
     assert backoff.next_delay(up_for=3.0) == 2
+
+
+def test_the_launcher_reads_its_settings_through_settings() -> None:
+    """``./sophos up``'s own variables are settings like any other (shared/settings.py): parsed,
+    checked and named the same way; the launcher reads the environment nowhere else."""
+    s = Settings.from_env({})
+    assert s.own_redis and s.launch_redis_port is None and s.launch_restart_reset == 60
+    assert s.launch_redis_dir == (Path.cwd() / "data" / "redis")
+    s = Settings.from_env({
+        "REDIS_URL": "redis://127.0.0.1:6390/0", "SOPHOS_REDIS_PORT": "6391", "SOPHOS_REDIS_DIR": "/srv/r",
+        "SOPHOS_RESTART_RESET": "5",
+    })
+    assert not s.own_redis and s.launch_redis_port == 6391 and s.launch_redis_dir == Path("/srv/r")
+    assert s.launch_restart_reset == 5
+    for variable, value in (("SOPHOS_REDIS_PORT", "70000"), ("SOPHOS_REDIS_PORT", "x"),
+                            ("SOPHOS_RESTART_RESET", "-1"), ("SOPHOS_RESTART_RESET", "soon")):
+        with pytest.raises(SettingsError) as caught:
+            Settings.from_env({variable: value})
+        assert caught.value.variable == variable
+    source = LAUNCHER.read_text()
+    assert source.count("os.environ") == 1 and "Settings.from_env(" in source
+    assert "env.get(" not in source  # no variable read by hand
 
 
 def test_its_own_redis_is_restarted_on_its_port_and_the_launcher_killed_takes_its_children_along(

@@ -13,7 +13,7 @@ import uuid
 
 import redis as redis_sync
 
-from shared.contracts.wire import QUEUE_NAME, arq_job_key
+from shared.redis.keys import QUEUE_NAME, arq_job_key
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.fakes.tools_server import STARTED_LINE
 from tests.support.client import post_chat, read_sse

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from shared.contracts.wire import cancel_key
+from shared.redis.keys import cancel_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
     chat,
@@ -583,7 +583,7 @@ async def test_a_run_out_of_the_queue_and_not_yet_recorded_is_first_in_line_not_
 ) -> None:
     """Between a worker taking a job (arq removes it from the queue) and recording its run, the
     run has no row and no queue entry: it is shown queued at position 0, not 404."""
-    from shared.contracts.wire import QUEUE_NAME
+    from shared.redis.keys import QUEUE_NAME
 
     api = start_api(sophos_env).url  # no worker: the run stays where the test puts it
     _, run = chat(api, "taken")

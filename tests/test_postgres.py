@@ -16,7 +16,8 @@ import psycopg
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.wire import ACTIVE_RUNS, JobKind, RunJob, arq_in_progress_key, waiting_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, waiting_key
 from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage.engines import open_checkpointer, open_database

@@ -19,7 +19,7 @@ import httpx
 from redis.asyncio import Redis
 
 from shared.contracts.events import ENDING_PUBLISHED_WITHIN
-from shared.contracts.wire import ACTIVE_RUNS, arq_job_key, events_key, run_key
+from shared.redis.keys import ACTIVE_RUNS, arq_job_key, events_key, run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import chat_async, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv

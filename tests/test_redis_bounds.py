@@ -18,14 +18,14 @@ import httpx
 import pytest
 import redis as redis_sync
 
-from shared.contracts.wire import (
+from shared.contracts.runs import RunStatus
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
     QUEUE_NAME,
     WAKE_LIST,
     WORKER_LAST_BEAT,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
     run_key,

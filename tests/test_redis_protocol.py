@@ -20,7 +20,8 @@ import httpx
 from redis.asyncio import Redis
 
 from shared.contracts.events import body, event_type, terminal_event
-from shared.contracts.wire import JobKind, RunJob, arq_job_key, events_key, run_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import arq_job_key, events_key, run_key
 from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text
 from tests.support.client import chat, read_sse, read_sse_async, wait_for_async

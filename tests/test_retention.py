@@ -11,7 +11,7 @@ import sqlite3
 import httpx
 import redis as redis_sync
 
-from shared.contracts.wire import ACTIVE_RUNS
+from shared.redis.keys import ACTIVE_RUNS
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, read_sse, wait_for
 from tests.support.env import SophosEnv

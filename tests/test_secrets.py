@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +24,7 @@ from shared.model_probe import ModelState, describe, probe, probe_sync
 from shared.settings import Settings, SettingsError, redact_url
 from tests.support.client import get_json, post_chat, read_sse
 from tests.support.env import SophosEnv
+from tests.support.listeners import Listeners, loopback_listeners
 from tests.support.ports import free_port
 from worker.agent.model_check import unavailable_message
 from worker.tools import fetch_server
@@ -189,32 +188,10 @@ def test_a_query_token_is_taken_only_by_the_event_stream_and_the_export(
 # --- the fetch tool: one resolution, checked and connected to --------------------------------
 
 
-class _Loopback(BaseHTTPRequestHandler):
-    """A page on 127.0.0.1 that a fetch must not reach unless the test allows it."""
-
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        type(self).hits.append(f"{self.path} Host={self.headers.get('Host')}")
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", "7")
-        self.end_headers()
-        self.wfile.write(b"inside\n")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def loopback_page() -> Iterator[int]:
-    _Loopback.hits = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Loopback)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+def loopback_page() -> Iterator[Listeners]:
+    with loopback_listeners() as page:
+        yield page
 
 
 class Resolver:
@@ -257,17 +234,18 @@ PUBLIC = "93.184.216.34"
 
 
 async def test_a_name_that_rebinds_between_check_and_connect_never_reaches_loopback(
-    resolver: Resolver, loopback_page: int, monkeypatch: pytest.MonkeyPatch
+    resolver: Resolver, loopback_page: Listeners, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"http://rebind.sophos.test:{loopback_page}/secret"
+    port, hits = loopback_page.port, loopback_page.hits
+    url = f"http://rebind.sophos.test:{port}/secret"
     # The control: mcp-server-fetch alone checks the first answer and connects to the second.
     # (Should it ever stop doing so, worker/tools/fetch_server.py may no longer be needed.)
     resolver.answers["rebind.sophos.test"] = [(PUBLIC,), ("127.0.0.1",)]
     content, _ = await upstream.fetch_url(url, "sophos-test")
-    assert "inside" in content and len(_Loopback.hits) == 1, _Loopback.hits
+    assert "inside" in content and len(hits) == 1, hits
 
     # The shipped server: the same two answers never reach the page.
-    _Loopback.hits = []
+    hits.clear()
     resolver.answers["rebind.sophos.test"] = [(PUBLIC,), ("127.0.0.1",)]
     monkeypatch.setattr(upstream, "make_client", fetch_server.make_client)
     with pytest.raises(McpError, match="not a public address") as refused:
@@ -280,16 +258,16 @@ async def test_a_name_that_rebinds_between_check_and_connect_never_reaches_loopb
     resolver.answers["rebind.sophos.test"] = [(PUBLIC,), (PUBLIC, "127.0.0.1")]
     with pytest.raises(McpError, match="not a public address"):
         await upstream.fetch_url(url, "sophos-test")
-    assert _Loopback.hits == []
+    assert hits == []
 
     # What is connected to is the answer that was checked, under the name: here 127.0.0.1
     # stands for a public address (the only one allowed), and a later answer would be refused.
     resolver.answers["pinned.sophos.test"] = [("127.0.0.1",), ("127.0.0.2",)]
     transport = fetch_server.PinnedTransport(allowed=lambda address: address == "127.0.0.1")
     async with httpx.AsyncClient(transport=transport, trust_env=False) as http:
-        response = await http.get(f"http://pinned.sophos.test:{loopback_page}/page")
+        response = await http.get(f"http://pinned.sophos.test:{port}/page")
     assert response.status_code == 200 and response.text == "inside\n"
-    assert _Loopback.hits == [f"/page Host=pinned.sophos.test:{loopback_page}"]
+    assert hits == [f"GET /page Host=pinned.sophos.test:{port}"]
     assert resolver.lookups["pinned.sophos.test"] == 1
 
 

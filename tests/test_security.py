@@ -17,14 +17,12 @@ import re
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import ormsgpack
@@ -33,12 +31,14 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from api.auth.bearer import exposure_problem, is_loopback
-from shared.contracts.wire import QUEUE_NAME, JobKind, RunJob, arq_job_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.keys import QUEUE_NAME, arq_job_key
 from shared.redis.queue import submit_run
 from shared.settings import Settings
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.support.listeners import Listeners, loopback_listeners
 from tests.support.procs import ServiceProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -457,47 +457,17 @@ def _enqueue_run(redis_url: str, conversation: str, message: str) -> str:
 # --- 4. the fetch tool stays outside --------------------------------------------------------
 
 
-class _Listener(BaseHTTPRequestHandler):
-    """Records every request: a fetch that got through, or one sent to it as a proxy."""
-
-    hits: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        type(self).hits.append(f"{self.command} {self.path} Host={self.headers.get('Host')}")
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", "7")
-        self.end_headers()
-        self.wfile.write(b"inside\n")
-
-    do_CONNECT = do_GET
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Server6(ThreadingHTTPServer):
-    address_family = __import__("socket").AF_INET6
-
-
 @pytest.fixture
-def loopback_listeners() -> Iterator[tuple[int, int]]:
-    """HTTP listeners on 127.0.0.1 and [::1] (ports returned); hits in ``_Listener.hits``."""
-    _Listener.hits = []
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Listener), _Server6(("::1", 0), _Listener)]
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
-    for thread in threads:
-        thread.start()
-    yield servers[0].server_address[1], servers[1].server_address[1]
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def listeners() -> Iterator[Listeners]:
+    """HTTP listeners on 127.0.0.1 and [::1]."""
+    with loopback_listeners("127.0.0.1", "::1") as both:
+        yield both
 
 
 def test_fetch_tool_refuses_private_destinations(
-    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, loopback_listeners: tuple[int, int]
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, listeners: Listeners
 ) -> None:
-    port, port6 = loopback_listeners
+    port, port6 = listeners.ports
     shipped = json.loads((REPO / "config" / "mcp.json").read_text())["mcpServers"]["fetch"]
     assert "--allow-private-ips" not in shipped["args"] and "env" not in shipped
     # The shipped server, as shipped. Its environment only adds a proxy pointing at our
@@ -529,7 +499,7 @@ def test_fetch_tool_refuses_private_destinations(
         assert result["status"] == "error", result
         assert "not a public address" in result["result"], result
         assert "inside" not in result["result"]
-    assert _Listener.hits == []
+    assert listeners.hits == []
     # The tool errors reached the model as tool results.
     assert [m["role"] for m in model.requests[1]["messages"]].count("tool") == len(urls)
 

@@ -100,12 +100,13 @@ def test_msgspec_codec_parses_the_same_as_json() -> None:
     import json
     import math
 
-    from shared.contracts import wire as contracts
+    from shared.contracts import codec as contracts
+    from shared.contracts import runs
 
     values = [
         {"step": 1, "node": "agent", "name": "tools__echo", "data": {"text": "é \u2028 </script> \x00"}},
         "token", [1, 2.5, 1e16, 1e-7, -0.0, 2**70], {1: "int key", None: "null key"},
-        {"status": contracts.RunStatus.QUEUED}, ValueError("boom"),
+        {"status": runs.RunStatus.QUEUED}, ValueError("boom"),
     ]
     before = contracts.json_codec()
     try:

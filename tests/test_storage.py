@@ -32,7 +32,8 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.checkpoint.sqlite import SqliteSaver
 from redis.asyncio import Redis
 
-from shared.contracts.wire import dumps, events_key
+from shared.contracts.codec import dumps
+from shared.redis.keys import events_key
 from shared.storage.thread import reader_graph
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, read_sse, tool_calls

@@ -24,17 +24,15 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.wire import (
+from shared.contracts.jobs import JobKind, RunJob, delete_claim
+from shared.contracts.runs import RunStatus
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    JobKind,
-    RunJob,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
-    delete_claim,
     events_key,
     run_key,
     taken_key,

@@ -14,55 +14,42 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import redis as redis_sync
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support import stacks
+from tests.support.browser import launch
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
+from tests.support.env import make_sophos_env
 from tests.support.otlp import OtlpReceiver, Span
 from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.procs import ProcessGroup
 from tests.support.redis_server import RedisServer
 from tests.support.waterfall import page as waterfall
-from tests.test_web import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Stack:
-    def __init__(self, env: SophosEnv, group: ProcessGroup, otlp: OtlpReceiver) -> None:
-        self.env, self.group, self.otlp = env, group, otlp
-        self.worker: ServiceProcess = group.start_worker(env)
-        group.start_api(env)
-        self.api = env.api_url
+@dataclass
+class Stack(stacks.Stack):
+    """The module's worker and API, and the receiver of their spans."""
+
+    otlp: OtlpReceiver
 
 
 @pytest.fixture(scope="module")
 def stack(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, fake_ollama: FakeOllama
 ) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("tracing")
-    with redis_sync.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    fake_ollama.reset()
-    with OtlpReceiver() as otlp:
-        env = make_sophos_env(
-            root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port(),
-            OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, OTEL_BSP_SCHEDULE_DELAY="50",
-        )
-        config = mcp_servers(env.tools_log, root / "empty-bin")
-        config["mcpServers"]["tools"]["requireApproval"] = ["echo"]
-        env.write_mcp_config(config)
-        group = ProcessGroup(log_dir=root / "logs", cwd=root)
-        try:
-            yield Stack(env, group, otlp)
-        finally:
-            group.close()
-            fake_ollama.reset()
+    with OtlpReceiver() as otlp, stacks.module_stack(
+        tmp_path_factory.mktemp("tracing"), redis_server.url, fake_ollama, approval=["echo"],
+        OTEL_EXPORTER_OTLP_ENDPOINT=otlp.url, OTEL_BSP_SCHEDULE_DELAY="50",
+    ) as started:
+        yield Stack(started.env, started.group, started.worker, otlp)
 
 
 def one(spans: list[Span], name: str, **attributes: object) -> Span:
@@ -103,7 +90,7 @@ def picture(spans: list[Span], title: str, path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 300})
             page.set_content(waterfall(spans, title))

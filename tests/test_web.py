@@ -1,10 +1,7 @@
 """The web page at ``/``, in Debian's Chromium driven by Playwright, against the real API and worker.
 
-One browser for the module; each test gets a fresh context (its own sessionStorage)
-in which every request to a host other than loopback is aborted and recorded: the
-page and ``/schema`` must work on a machine with no internet. The browser is the
-system's (``/usr/bin/chromium``); Playwright's own download is never used. Without
-it these tests fail, naming the install line, rather than skip.
+The browser, the offline context (every request beyond loopback is aborted and fails the test,
+as does an uncaught error in the page) and the service come from tests/support/browser.py.
 
 Screenshots of the chat and the runs view go to ``tmp_path`` (and, with
 ``SOPHOS_SCREENSHOTS=DIR``, to DIR: that is how docs/screenshots/ was made).
@@ -12,138 +9,21 @@ Screenshots of the chat and the runs view go to ``tmp_path`` (and, with
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import signal
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Status, Text, ToolCalls
+from tests.support.browser import Offline, Page, answers, conversation_of, expect, idle, screenshot, send
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
-
-CHROMIUM = os.environ.get("SOPHOS_CHROMIUM", "/usr/bin/chromium")
-INSTALL_LINE = "apt-get update && apt-get install -y chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
-]
-#: Playwright's waits, in milliseconds: generous, the machine is shared.
-WAIT_MS = 20_000
-LOOPBACK = {"127.0.0.1", "localhost", "[::1]", "::1"}
-
-try:
-    from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
-except ImportError:  # pragma: no cover - the test extra installs it
-    sync_playwright = None  # type: ignore[assignment]
-else:
-    # ``expect`` keeps a wait of its own (5 s), which ``page.set_default_timeout`` does not change.
-    expect.set_options(timeout=WAIT_MS)
-
-
-# --- the browser -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    if sync_playwright is None:
-        pytest.fail("playwright is not installed: .venv/bin/pip install -c requirements.lock -e '.[test]'")
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(CHROMIUM):
-        pytest.fail(f"the web tests need Chromium at {CHROMIUM}: install it with `{INSTALL_LINE}`")
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
-
-
-class Offline:
-    """A browser context that aborts (and records) every request leaving loopback."""
-
-    def __init__(self, context: BrowserContext) -> None:
-        self.context = context
-        self.blocked: list[str] = []
-        self.errors: list[str] = []
-        context.route("**/*", self._route)
-
-    def _route(self, route: Any) -> None:
-        host = urlsplit(route.request.url).hostname or ""
-        if host in LOOPBACK:
-            route.continue_()
-        else:
-            self.blocked.append(route.request.url)
-            route.abort("internetdisconnected")
-
-    def page(self) -> Page:
-        page = self.context.new_page()
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-        page.set_default_timeout(WAIT_MS)
-        return page
-
-
-@pytest.fixture
-def offline(browser: Browser, tmp_path: Path) -> Iterator[Offline]:
-    context = browser.new_context(viewport={"width": 1100, "height": 760})
-    offline = Offline(context)
-    yield offline
-    context.close()
-    assert offline.blocked == [], f"the page asked for hosts beyond loopback: {offline.blocked}"
-    assert offline.errors == [], f"uncaught errors in the page: {offline.errors}"
-
-
-@pytest.fixture
-def service(sophos_env: SophosEnv, start_worker, start_api) -> Callable[..., str]:
-    """``service(**env changes) -> API url``: a worker and an API for this test."""
-
-    def start(**changes: Any) -> str:
-        env = sophos_env.with_(**changes)
-        start_worker(env)
-        return str(start_api(env).url)
-
-    return start
-
-
-def screenshot(page: Page, tmp_path: Path, name: str) -> None:
-    page.screenshot(path=str(tmp_path / f"{name}.png"))
-    if folder := os.environ.get("SOPHOS_SCREENSHOTS"):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(folder) / f"{name}.png"))
-
-
-def send(page: Page, text: str) -> None:
-    page.get_by_label("Message").fill(text)
-    page.get_by_label("Message").press("Enter")
-
-
-def conversation_of(page: Page) -> str:
-    wait_for(lambda: re.search(r"#/c/([0-9a-f-]{36})$", page.url), message="a conversation in the URL")
-    match = re.search(r"#/c/([0-9a-f-]{36})$", page.url)
-    assert match
-    return match.group(1)
-
-
-def answers(page: Page) -> Any:
-    return page.locator(".message.assistant .bubble")
-
-
-def idle(page: Page) -> None:
-    """Wait until no run streams into the view (the terminal event was handled)."""
-    expect(page.locator(".message.streaming")).to_have_count(0)
-    expect(page.locator("#stop")).to_be_hidden()
-    expect(page.locator("#send")).to_be_enabled()
-
+from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat, require_approval
 
 # --- chat ------------------------------------------------------------------------------------
 
@@ -154,8 +34,7 @@ def test_the_answer_streams_as_markdown_with_tool_cards(
     url = service()
     hang = Hang(text="# Sums\n\nThe tool says **hello** and `x = 1`.\n\n", then=Text("- one\n- two\n"))
     model.script(ToolCalls([("tools__echo", {"text": "hello"})]), hang)
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     expect(page.locator("#empty")).to_be_visible()
     headers = httpx.get(f"{url}/", timeout=10).headers
     assert "script-src 'self'" in headers["content-security-policy"]
@@ -222,8 +101,7 @@ def test_model_text_is_shown_never_run(
 ) -> None:
     url = service()
     model.script(Text(HOSTILE))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "<b>mine</b> <img src=y onerror=\"window.__pwned = 'user'\">")
     answer = answers(page).last
     expect(answer.locator("strong")).to_have_text("bold")
@@ -260,8 +138,7 @@ def test_a_reload_mid_answer_shows_every_token_once(
     # first read starts a reader process: seconds on a loaded machine), then the rest.
     held = Hang(text=" ".join(words[:60]) + " ", then=Text(" ".join(words[60:]), token_delay=0.01))
     model.script(ToolCalls([("tools__echo", {"text": "before"})]), held)
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "count slowly")
     expect(answers(page).last).to_contain_text("w15")
     held.wait_started(20)
@@ -289,8 +166,7 @@ def test_a_dropped_stream_resumes_with_last_event_id(
     model.script(Text(" ".join(words), token_delay=0.04))
     start_worker(sophos_env)
     api = start_api(sophos_env)
-    page = offline.page()
-    page.goto(api.url)
+    page = offline.open(api.url)
     send(page, "count while the API restarts")
     expect(answers(page).last).to_contain_text("v10")
     api.kill()
@@ -314,8 +190,7 @@ def test_an_interrupted_run_shows_why_and_resumes(
     sophos_env.write_mcp_config(not_safe_to_repeat(config))
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
-    page = offline.page()
-    page.goto(api.url)
+    page = offline.open(api.url)
     send(page, "do the slow thing")
     expect(page.locator("details.tool .tool-name")).to_have_text("tools__slow")
 
@@ -372,8 +247,7 @@ def test_a_killed_worker_shows_within_two_seconds_and_resume_gives_one_answer(
     model.script(hang, Text("The whole answer, once."))
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
-    page = offline.page()
-    page.goto(api.url)
+    page = offline.open(api.url)
     send(page, "write it slowly")
     hang.wait_started(20)
     expect(answers(page).last).to_contain_text("The first half")
@@ -414,8 +288,7 @@ def test_a_model_gone_mid_answer_is_marked_and_resume_gives_one_answer(
 ) -> None:
     url = service()
     model.script(Drop(after_tokens=3, text="Half an answer before the model went away"))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "answer, if the model lets you")
     expect(page.locator('.banner[data-code="MODEL_UNAVAILABLE"]')).to_be_visible()
     idle(page)
@@ -435,8 +308,7 @@ def test_errors_show_the_apis_own_message(
     service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
     url = service(RATE_LIMIT_PER_MINUTE=5)
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
 
     # The model fails: the run's chat-error, as the API words it.
     model.script(Status(500, {"error": "model crashed"}))
@@ -484,8 +356,7 @@ def test_queue_down_is_a_banner(
     env = sophos_env.with_(REDIS_URL=redis.url)
     start_worker(env)
     api = start_api(env)
-    page = offline.page()
-    page.goto(api.url)
+    page = offline.open(api.url)
     expect(page.locator("#empty")).to_be_visible()
     redis.stop()
     send(page, "is anyone there?")
@@ -514,11 +385,16 @@ def test_stop_cancels_the_run(
     # Stop cuts the answer where it is: the model is still holding its stream open.
     expect(page.locator(".note")).to_have_text("Stopped.")
     idle(page)
-    hang.release()
     assert get_json(url, f"/api/runs/{run['id']}")["status"] == "cancelled"
     expect(page.locator("#conversation-status")).to_have_text("stopped")
     expect(answers(page).last).to_contain_text("Let me look that up")
-    assert tool_calls(sophos_env.tools_log) == []  # the tool call it asked for never ran
+    # The run has ended, and the worker has let go of the model's stream: the rest of the answer,
+    # which asks for the tool, can reach nothing. (A graph left running behind the recorded end
+    # would still be reading it, and run the tool once it came, whenever that is.)
+    hang.wait_client_gone(20)
+    hang.release()
+    assert hang.finished.wait(20)
+    assert tool_calls(sophos_env.tools_log) == []  # only now is "never ran" true for good
     # The cut answer says so, live and read back; it stays (the thread keeps it).
     expect(page.locator(".message.assistant.stopped .cut-label")).to_have_text("stopped")
     page.reload()
@@ -539,8 +415,7 @@ def test_the_sidebar_pages_and_delete_removes_a_conversation(
               f"2026-01-01T00:00:{i:02d}.000Z") for i in range(34)],
         )
     model.script(Text("Soon gone."))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "delete me later")
     expect(answers(page).last).to_have_text("Soon gone.")
     idle(page)
@@ -564,13 +439,6 @@ def test_the_sidebar_pages_and_delete_removes_a_conversation(
 # --- approvals -------------------------------------------------------------------------------
 
 
-def _require_approval(env: SophosEnv, tools: Any) -> None:
-    config: dict[str, Any] = mcp_servers(env.tools_log, env.root / "empty")
-    config["mcpServers"]["tools"]["requireApproval"] = tools
-    (env.root / "empty").mkdir(exist_ok=True)
-    env.write_mcp_config(config)
-
-
 def approval_card(page: Page, arguments: str) -> Any:
     return page.locator("fieldset.approval").filter(has=page.locator(".tool-args", has_text=arguments))
 
@@ -578,14 +446,13 @@ def approval_card(page: Page, arguments: str) -> Any:
 def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
     service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama, tmp_path: Path
 ) -> None:
-    _require_approval(sophos_env, ["add"])
+    require_approval(sophos_env, ["add"])
     url = service()
     model.script(
         ToolCalls([("tools__add", {"a": 1, "b": 1}), ("tools__add", {"a": 2, "b": 2})]),
         Text("One sum done, the other refused."),
     )
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "two sums")
     expect(page.locator("fieldset.approval")).to_have_count(2)
     idle(page)
@@ -634,12 +501,11 @@ def test_a_waiting_conversation_is_approved_and_rejected_in_the_page(
 def test_edited_arguments_are_checked_in_the_page_and_run(
     service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
 ) -> None:
-    _require_approval(sophos_env, True)
+    require_approval(sophos_env, True)
     url = service()
     hostile = '<img src=x onerror="window.__pwned=1">'
     model.script(ToolCalls([("tools__echo", {"text": hostile})]), Text("Echoed."))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "echo something")
     card = page.locator("fieldset.approval")
     expect(card.locator(".tool-args")).to_contain_text("<img src=x")  # shown as text
@@ -668,8 +534,7 @@ def test_with_a_token_the_page_asks_once_and_streams_with_it(
 ) -> None:
     url = service(API_TOKEN="s3cret-token")
     model.script(Text("Authorized **answer**."))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     dialog = page.locator("#token-dialog")
     expect(dialog).to_be_visible()
     page.get_by_role("textbox", name="Token").fill("wrong")
@@ -708,8 +573,7 @@ def test_the_runs_view_shows_the_queue_and_cancels(
     hang.wait_started(20)
     queued = post_chat(url, "waits behind it").json()
 
-    page = offline.page()
-    page.goto(f"{url}/#/runs")
+    page = offline.open(f"{url}/#/runs")
     expect(page.locator("#worker-state")).to_contain_text("Worker: alive")
     expect(page.locator("#readiness")).to_contain_text("Ready")
     running = page.locator("#runs-running tr[data-status=running]")
@@ -747,8 +611,7 @@ def test_the_runs_view_shows_the_queue_and_cancels(
 
 def test_schema_renders_offline(service: Callable[..., str], offline: Offline) -> None:
     url = service()
-    page = offline.page()
-    page.goto(f"{url}/schema")
+    page = offline.open(f"{url}/schema")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("Sophos")
     expect(page.locator(".swagger-ui .opblock-summary-path").first).to_be_visible()
     assert page.locator(".swagger-ui .opblock").count() >= 10

@@ -2,7 +2,7 @@
 
 Copy buttons, highlighted code, the dark theme, titles without Markdown, renamed and searched,
 Esc, Delete while an answer runs, a conversation that does not exist, titles in the runs view,
-the empty page. The browser, the offline context and the service come from tests/test_web.py
+the empty page. The browser, the offline context and the service come from tests/support/browser.py
 (same rules: every request beyond loopback is aborted and fails the test, as does an uncaught
 error in the page).
 """
@@ -14,22 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.fakes.ollama import FakeOllama, Hang, Text
+from tests.support.browser import Offline, Page, answers, conversation_of, expect, idle, screenshot, send
 from tests.support.client import get_json, post_chat, wait_for
 from tests.support.env import SophosEnv
-from tests.test_web import (  # noqa: F401 - browser, offline, playwright and service: fixtures
-    Offline,
-    Page,
-    answers,
-    browser,
-    conversation_of,
-    expect,
-    idle,
-    offline,
-    playwright,
-    screenshot,
-    send,
-    service,
-)
 
 CODE = "def add(a, b):\n    return a + b\n"
 ANSWER = f"Here it is:\n\n```python\n{CODE}```\n\nThat is **all**."
@@ -51,8 +38,7 @@ def test_a_message_and_a_code_block_are_copied_and_the_code_is_highlighted(
     url = service()
     offline.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
     model.script(Text(ANSWER))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "add two numbers\nin Python")
     answer = answers(page).last
     expect(answer.locator("strong")).to_have_text("all")
@@ -97,8 +83,7 @@ def test_the_dark_theme_follows_the_system(
 ) -> None:
     url = service()
     model.script(Text(ANSWER))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "add two numbers")
     expect(answers(page).last.locator(".hljs-keyword").first).to_have_text("def")
     idle(page)
@@ -123,8 +108,7 @@ def test_titles_show_without_markdown_can_be_renamed_and_searched(
 ) -> None:
     url = service()
     model.script(Text("Where to?"))
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "**Plan** my `trip`\nto [Rome](https://example.org)")
     expect(page.locator("#conversation-title")).to_have_text("Plan my trip")
     idle(page)
@@ -195,8 +179,7 @@ def test_escape_stops_the_answer_and_delete_waits_for_the_run(
     url = service()
     hang = Hang(text="Thinking about it ")
     model.script(hang)
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     expect(page.locator("#delete")).to_be_hidden()
     send(page, "take your time")
     hang.wait_started(20)
@@ -231,8 +214,7 @@ def test_an_unknown_conversation_is_a_not_found_view_and_the_empty_page_names_wh
 ) -> None:
     url = service()
     missing = str(uuid.uuid4())
-    page = offline.page()
-    page.goto(f"{url}/#/c/{missing}")
+    page = offline.open(f"{url}/#/c/{missing}")
     view = page.locator("#not-found")
     expect(view.get_by_role("heading")).to_have_text("Conversation not found")
     expect(view.locator("#not-found-id")).to_have_text(missing)

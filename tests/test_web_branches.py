@@ -1,6 +1,6 @@
 """Branches in the page, in Debian's Chromium against the real API and worker: Edit a message and
 switch back with the `< 2/3 >` switcher, Regenerate an answer. The browser, the offline context
-and the service come from tests/test_web.py (same rules: every request beyond loopback is
+and the service come from tests/support/browser.py (same rules: every request beyond loopback is
 aborted and fails the test, as does an uncaught error in the page). One service, one test: a
 started stack is the expensive part.
 """
@@ -11,22 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.browser import Offline, Page, answers, conversation_of, expect, idle, screenshot, send
 from tests.support.client import get_json
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
-from tests.test_web import (  # noqa: F401 - browser, offline, playwright and service: fixtures
-    Offline,
-    Page,
-    answers,
-    browser,
-    conversation_of,
-    expect,
-    idle,
-    offline,
-    playwright,
-    screenshot,
-    send,
-    service,
-)
 
 
 def users(page: Page) -> object:
@@ -34,7 +21,7 @@ def users(page: Page) -> object:
 
 
 def test_edit_switch_back_and_regenerate(
-    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path,  # noqa: F811 - fixtures
+    service: Callable[..., str], offline: Offline, model: FakeOllama, tmp_path: Path,
     sophos_env: SophosEnv,
 ) -> None:
     # The tools may act on the world (not safe to repeat): a fork that leaves a call of one says so.
@@ -46,8 +33,7 @@ def test_edit_switch_back_and_regenerate(
         ToolCalls([("tools__echo", {"text": "noted"})]), Text("Paris."),
         Text("Marseille is the oldest."), again,
     )
-    page = offline.page()
-    page.goto(url)
+    page = offline.open(url)
     send(page, "What is the capital of France?")
     expect(answers(page)).to_have_text(["Paris."])
     idle(page)

@@ -23,7 +23,7 @@ from langgraph_sdk.client import LangGraphClient
 from redis.asyncio import Redis
 
 from shared.contracts.webhooks import enqueue_delivery, webhook_job_id
-from shared.contracts.wire import QUEUE_NAME, arq_job_key, protocol_run_key
+from shared.redis.keys import QUEUE_NAME, arq_job_key, protocol_run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv

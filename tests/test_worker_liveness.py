@@ -20,7 +20,7 @@ import pytest
 import redis as redis_sync
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.contracts.wire import WORKER_HEARTBEAT, WORKERS, worker_heartbeat_key
+from shared.redis.keys import WORKER_HEARTBEAT, WORKERS, worker_heartbeat_key
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import get_json, wait_for
 from tests.support.env import SophosEnv

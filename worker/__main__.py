@@ -93,7 +93,8 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
 
 
 def _arq_worker(settings: Settings, speedups: Speedups, ctx: dict[str, object]) -> WakeableWorker:
-    from shared.contracts.wire import QUEUE_NAME, dumps, loads
+    from shared.contracts.codec import dumps, loads
+    from shared.redis.keys import QUEUE_NAME
     from worker.jobs import functions, on_shutdown, on_startup
     from worker.wakeup import WakeableWorker
 

@@ -1,19 +1,23 @@
-"""arq wiring: the job function and the worker's start-up and shut-down hooks."""
+"""arq wiring: the functions the worker registers and its start-up and shut-down hooks.
+
+Each function is an entry point made by worker/entry.py (decode, bind the log context, call).
+"""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from typing import Any
 
-import structlog
 from arq import func
 from arq.worker import Function
 
 from shared import tracing
 from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
+from shared.contracts.jobs import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WEBHOOK_FUNCTION
-from shared.contracts.wire import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob, RunStatus
 from shared.settings import Settings
+from worker.entry import entry_point
 from worker.resources import worker_resources
 from worker.run.service import RunService
 from worker.run.turns import TURN_TRIES, take_turn
@@ -23,22 +27,19 @@ from worker.upkeep.deletion import delete_job
 from worker.upkeep.renaming import rename_job
 
 
-async def execute_run(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """Decode, bind log and trace context, take the run's turn (worker/run/turns.py), hand over to
-    the run service."""
-    job = RunJob.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(
-        run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
-    ):
-        service: RunService = ctx["service"]
-        # arq's Retry while another run holds the thread
-        turn = await take_turn(service.redis, service.store, service.graph, service.ending, job)
-        if turn is None:
-            return RunStatus.FAILED.value  # refused when its turn came: ended there
-        with tracing.run(turn) as span:
-            status = await service.execute(turn)
-            span.set_attribute("sophos.run.status", status)
-            return status
+@entry_point(RunJob)
+async def execute_run(ctx: dict[str, Any], job: RunJob) -> str:
+    """Bind the trace context, take the run's turn (worker/run/turns.py), hand over to the run
+    service."""
+    service: RunService = ctx["service"]
+    # arq's Retry while another run holds the thread
+    turn = await take_turn(service.redis, service.store, service.graph, service.ending, job)
+    if turn is None:
+        return RunStatus.FAILED.value  # refused when its turn came: ended there
+    with tracing.run(turn) as span:
+        status = await service.execute(turn)
+        span.set_attribute("sophos.run.status", status)
+        return status
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:

@@ -21,19 +21,20 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 from shared.redis.connection import connection_kwargs
+from shared.redis.keys import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 from shared.redis.liveness import connection_name, new_worker_id
 from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
 from shared.storage.users import adopt
+from worker import faults
 from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model
 from worker.agent.model_calls import ModelCalls
 from worker.agent.model_check import report_model
-from worker.faults import hold_call, kill_after_outcome, kill_at_checkpoint
+from worker.faults import Faults
 from worker.metrics import TimedCheckpoints
 from worker.run.leases import Leases
 from worker.run.outcomes import UnrecordedOutcomes
@@ -107,14 +108,15 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         await report_model(settings)  # says what is missing; never stops the worker
         store = await RunStore.open(settings)
         stack.push_async_callback(store.close)
-        saver = await _open_saver(stack, settings)
+        fault = faults.load(settings)  # tests only (worker/faults.py)
+        saver = await _open_saver(stack, settings, fault)
         if settings.auth_adopt_owner is not None:
             # After the saver's setup, which migrates PostgreSQL's tables: what was stored before
             # identities is AUTH_ADOPT_OWNER's from now on.
             adopted = await adopt(store.db, settings.auth_adopt_owner)
             log.info("users.adopted", owner=settings.auth_adopt_owner, conversations=adopted)
         toolbox = await _open_tools(stack, settings)
-        graph, ledger = _agent(settings, redis, store, saver, toolbox)
+        graph, ledger = _agent(settings, redis, store, saver, toolbox, fault)
         service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
         recovered = await _recover_and_watch(stack, settings, redis, service, saver)
         log.info(
@@ -128,17 +130,12 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         yield service
 
 
-async def _open_saver(stack: AsyncExitStack, settings: Settings) -> BaseCheckpointSaver[Any]:
+async def _open_saver(stack: AsyncExitStack, settings: Settings, fault: Faults) -> BaseCheckpointSaver[Any]:
     """The checkpointer: where every step of a run is checkpointed."""
-    kill = kill_at_checkpoint(settings.fault_kill_before_checkpoint, settings.fault_kill_after_checkpoint)
     # Every checkpoint write of a run is timed (worker/metrics.py), and traced when tracing is
     # on (shared/tracing.py); a fault, when asked, comes first.
-    hooks = [*([kill] if kill is not None else []), TimedCheckpoints, *tracing.checkpoint_hooks()]
-    if kill is not None:
-        log.warning(
-            "faults.enabled", kill_after_checkpoint=settings.fault_kill_after_checkpoint,
-            kill_before_checkpoint=settings.fault_kill_before_checkpoint,
-        )
+    kill = [fault.checkpoint] if fault.checkpoint is not None else []
+    hooks = [*kill, TimedCheckpoints, *tracing.checkpoint_hooks()]
     # One connection per run in flight, and one for a cancel's or a takeover's read (PostgreSQL).
     return await stack.enter_async_context(
         open_checkpointer(settings, size=settings.worker_concurrency + 1, hooks=hooks)
@@ -163,13 +160,11 @@ async def _open_tools(stack: AsyncExitStack, settings: Settings) -> McpToolbox:
 
 def _agent(
     settings: Settings, redis: Redis, store: RunStore, saver: BaseCheckpointSaver[Any], toolbox: McpToolbox,
+    fault: Faults,
 ) -> tuple[CompiledStateGraph[Any, Any, Any, Any], Ledger]:
     """The agent's graph, and the ledger where each of its tool calls is recorded."""
     # The application tables' connection, not the saver's (worker/store.py says why).
-    ledger = Ledger(
-        store.db, after_outcome=kill_after_outcome(settings.fault_kill_after_outcome),
-        hold=hold_call(settings.fault_hold_call),
-    )
+    ledger = Ledger(store.db, after_outcome=fault.after_outcome, hold=fault.hold)
     graph = build_graph(
         model=build_model(settings),
         tools=toolbox.current,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from shared.contracts.wire import JobKind, RunJob, RunStatus
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunStatus
 from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable

@@ -9,12 +9,10 @@ nothing. The queue is still read on every wake-up and at least every
 
 Taking a job: arq's ``start_jobs`` checks the job is still queued and not in
 progress, then marks it in progress, with WATCH, EXISTS, ZSCORE and MULTI/EXEC:
-four round trips on the path of every run (issue 6). :meth:`start_jobs` does the
-same check-and-mark in one script, which is atomic where WATCH is optimistic;
-the rest is arq's own code. It mirrors ``arq.worker.Worker.start_jobs`` of arq
-0.28.0 (pinned exactly in pyproject.toml, arq is in maintenance mode) and relies
-on ``Worker._poll_iteration`` calling it; tests/test_arq_contract.py fails when
-either changes, or when the copy stops taking the jobs arq's own would.
+four round trips on the path of every run (issue 6). :meth:`WakeableWorker.take` does the
+same check-and-mark in one script, which is atomic where WATCH is optimistic. arq has no
+hook for either; worker/compat.py makes them (``HookedWorker``, on arq's private loop), and
+tests/test_arq_contract.py fails when the worker stops taking the jobs arq's own would.
 """
 
 from __future__ import annotations
@@ -25,20 +23,20 @@ from typing import Any
 from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
-from arq.worker import Worker
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import WAKE_LIST
+from shared.redis.keys import WAKE_LIST
 from shared.redis.scripts import scripts
 from shared.speedups import use_parser
+from worker.compat import HookedWorker
 
 
-class WakeableWorker(Worker):
+class WakeableWorker(HookedWorker):
     def __init__(
         self, *args: Any, idle_timeout: float = 1.0, parser_class: type[Any] | None = None, **kwargs: Any
     ) -> None:
-        kwargs["poll_delay"] = 0  # the waiting happens in _poll_iteration
+        kwargs["poll_delay"] = 0  # the waiting happens in after_poll
         super().__init__(*args, **kwargs)
         self.idle_timeout = idle_timeout
         #: redis-py's reply parser for the pool (REDIS_PARSER); None: redis-py's default
@@ -46,49 +44,29 @@ class WakeableWorker(Worker):
         self._take: AsyncScript | None = None
 
     async def main(self) -> None:
-        if self._pool is None and self.parser_class is not None:
+        if self.own_pool is None and self.parser_class is not None:
             # arq's create_pool takes no parser: the pool it makes is switched before use.
-            self._pool = await create_pool(
+            self.own_pool = pool = await create_pool(
                 self.redis_settings,
                 job_deserializer=self.job_deserializer,
                 job_serializer=self.job_serializer,
                 default_queue_name=self.queue_name,
                 expires_extra_ms=self.expires_extra_ms,
             )
-            await use_parser(self._pool, self.parser_class)
+            await use_parser(pool, self.parser_class)
         await super().main()
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """arq's ``start_jobs``, with the job taken by one script (see the module docstring)."""
+    async def take(self, job_id: str) -> float | None:
+        """Check and mark the job in progress in one script (see the module docstring)."""
         if self._take is None:
             self._take = scripts(self.pool).take
-        for job_id_b in job_ids:
-            await self.sem.acquire()
-            if self.job_counter >= self.max_jobs:
-                self.sem.release()
-                return
-            self.job_counter += 1
-            job_id = job_id_b.decode()
-            try:
-                score = await self._take(
-                    keys=[in_progress_key_prefix + job_id, self.queue_name],
-                    args=[job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)],
-                )
-            except BaseException:
-                self.job_counter -= 1
-                self.sem.release()
-                raise
-            if score is None:
-                # Taken elsewhere, gone from the queue, or not due yet (arq's own reasons).
-                self.job_counter -= 1
-                self.sem.release()
-                continue
-            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id] = task
+        score = await self._take(
+            keys=[in_progress_key_prefix + job_id, self.queue_name],
+            args=[job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)],
+        )
+        return None if score is None else float(score)
 
-    async def _poll_iteration(self) -> None:
-        await super()._poll_iteration()
+    async def after_poll(self) -> None:
         running = [t for t in self.tasks.values() if not t.done()]
         if self.job_counter >= self.max_jobs and running:
             # Full: the next look at the queue is due when a job ends.

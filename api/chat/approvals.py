@@ -14,7 +14,8 @@ from msgspec import UNSET
 
 from api.chat.schemas import DecisionBody
 from api.conversations.schemas import PendingCall
-from shared.contracts.wire import Decision, DecisionAction
+from shared.contracts.codec import encode
+from shared.contracts.jobs import Decision, DecisionAction
 from shared.errors import BadRequest
 
 if TYPE_CHECKING:  # read by a reader process; the API's main process never loads LangGraph
@@ -69,5 +70,5 @@ def match(decisions: list[DecisionBody], requests: list[dict[str, Any]]) -> tupl
     if problems:
         raise BadRequest("; ".join(problems))
     return tuple(
-        Decision(d.id, DecisionAction(d.action), d.arguments, d.message).to_dict() for d in decisions
+        encode(Decision(d.id, DecisionAction(d.action), d.arguments, d.message)) for d in decisions
     )

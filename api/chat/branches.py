@@ -22,7 +22,7 @@ from api.chat.schemas import ActingCall, Alternative, Branch
 from api.conversations.ledger_view import LedgerRow
 from api.conversations.schemas import CheckpointLine, Message
 from api.conversations.transcript import lines_of, shown, thread_messages, to_message
-from shared.contracts.wire import text_of
+from shared.contracts.events import text_of
 from shared.storage import branch
 
 # LangGraph and langchain are imported by the functions that run in a reader process: the

@@ -26,7 +26,8 @@ from litestar.response import ServerSentEventMessage
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import EventType, events_key
+from shared.contracts.events import EventType
+from shared.redis.keys import events_key
 
 log = structlog.get_logger(__name__)
 

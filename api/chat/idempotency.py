@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from shared.contracts.wire import conversation_deleted_key
 from shared.errors import NotFound
+from shared.redis.keys import conversation_deleted_key
 from shared.redis.queue import FirstAnswer, Idempotency
 from shared.redis.queue import first_answer as stored_answer
 

@@ -40,10 +40,11 @@ from api.http.timefmt import parse_iso
 from api.runs import live
 from api.runs.status import run_error
 from api.store import RunRow, Store
-from shared.contracts.events import ENDING_PUBLISHED_WITHIN, body, event_type, terminal_event
-from shared.contracts.wire import EventType, dumps, events_key
+from shared.contracts.codec import dumps
+from shared.contracts.events import ENDING_PUBLISHED_WITHIN, EventType, body, event_type, terminal_event
 from shared.errors import BadRequest, NotFound, SophosError
 from shared.redis.ended import Recorded
+from shared.redis.keys import events_key
 
 log = structlog.get_logger(__name__)
 

@@ -51,7 +51,7 @@ from api.runs import live
 from api.runs.status import waits_for_decision
 from api.store import ConversationRow, Store
 from shared import tracing
-from shared.contracts.wire import JobKind, RunJob
+from shared.contracts.jobs import JobKind, RunJob
 from shared.errors import (
     ApprovalPending,
     BadRequest,

@@ -23,8 +23,9 @@ from redis.asyncio import Redis
 
 from api.http.ids import new_id
 from api.store import Store
-from shared.contracts.wire import ACTIVE_RUNS, DeleteJob, delete_claim, deleted_key, is_delete_claim
+from shared.contracts.jobs import DeleteJob, delete_claim, is_delete_claim
 from shared.errors import DatabaseUnavailable, NotFound, SessionInProgress
+from shared.redis.keys import ACTIVE_RUNS, deleted_key
 from shared.redis.queue import submit_delete
 
 log = structlog.get_logger(__name__)

@@ -18,8 +18,9 @@ from redis.asyncio import Redis
 
 from api.http.ids import new_id
 from api.store import Store
-from shared.contracts.wire import ACTIVE_RUNS, TITLE_MAX_CHARS, RenameJob, is_delete_claim, renamed_key
+from shared.contracts.jobs import TITLE_MAX_CHARS, RenameJob, is_delete_claim
 from shared.errors import DatabaseUnavailable, InvalidTitle, NotFound, SessionInProgress
+from shared.redis.keys import ACTIVE_RUNS, renamed_key
 from shared.redis.queue import submit_rename
 
 log = structlog.get_logger(__name__)

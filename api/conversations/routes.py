@@ -24,7 +24,7 @@ from api.http.disconnect import cancel_on_disconnect
 from api.http.ids import parse_id
 from api.http.openapi import ConversationId, errors
 from api.resources import Resources
-from shared.contracts.wire import TITLE_MAX_CHARS
+from shared.contracts.jobs import TITLE_MAX_CHARS
 from shared.errors import BadRequest
 
 MARKDOWN = "text/markdown; charset=utf-8"

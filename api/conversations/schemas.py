@@ -13,7 +13,7 @@ from msgspec import UNSET, UnsetType
 
 from api.chat.schemas import Branch
 from api.runs.schemas import RunError
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 
 
 class ConversationSummary(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):

@@ -24,7 +24,8 @@ from api.conversations.schemas import (
     Message,
     ToolCall,
 )
-from shared.contracts.wire import APPROVALS_MARK, STOPPED_MARK, text_of
+from shared.contracts.events import text_of
+from shared.contracts.runs import APPROVALS_MARK, STOPPED_MARK
 
 # langchain is imported by the functions that run in a reader process (api/store.py): the API's
 # main process, which formats Markdown here, never loads it.

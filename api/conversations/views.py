@@ -29,8 +29,10 @@ from api.http.timefmt import iso_from_timestamp
 from api.runs.status import conversation_status, resumable, run_error
 from api.runs.views import REDIS_DOWN, decode_cursor, encode_cursor, live
 from api.store import ConversationRow, RunRow, Store
-from shared.contracts.wire import ACTIVE_RUNS, RunStatus, is_delete_claim
+from shared.contracts.jobs import is_delete_claim
+from shared.contracts.runs import RunStatus
 from shared.errors import NotFound
+from shared.redis.keys import ACTIVE_RUNS
 
 log = structlog.get_logger(__name__)
 

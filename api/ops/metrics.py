@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 from api.resources import Resources
 from api.runs import live
 from api.runs.schemas import RunInfo
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 from shared.errors import SophosError
 from shared.redis.liveness import Liveness, read_liveness
 from shared.redis.metrics import (

@@ -35,11 +35,13 @@ from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
 from api.runs.schemas import RunInfo
 from api.runs.views import Runs, live
+from shared.contracts.events import text_of
+from shared.contracts.jobs import JobKind
 from shared.contracts.protocol import ASSISTANT_ID as ASSISTANT_ID
 from shared.contracts.protocol import RunRecord, sdk_run
 from shared.contracts.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
-from shared.contracts.wire import PROTOCOL_RUN_RETENTION_SECONDS, JobKind, protocol_run_key, text_of
 from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
+from shared.redis.keys import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key
 
 log = structlog.get_logger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Literal
 from api.conversations.schemas import ConversationInfo
 from shared.contracts.protocol import SDK_RUN_STATUS
 from shared.contracts.protocol import SdkRunStatus as SdkRunStatus
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 
 SdkThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 

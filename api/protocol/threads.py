@@ -32,8 +32,8 @@ from api.protocol.state import empty_state, thread_history, thread_state, thread
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.runs import live
 from api.store import ConversationRow, Store
-from shared.contracts.wire import PROTOCOL_THREADS, protocol_thread_key
 from shared.errors import BadRequest, NotFound, ThreadExists
+from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
 from shared.storage.users import LOCAL_USER
 
 log = structlog.get_logger(__name__)

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from api.protocol.status import run_status
+from shared.contracts.events import EventType, text_of
 from shared.contracts.protocol import DEFAULT_STREAM_MODES as DEFAULT_STREAM_MODES
 from shared.contracts.protocol import GRAPH_ID as GRAPH_ID
-from shared.contracts.wire import AGENT, TOOLS, EventType, RunStatus, text_of
+from shared.contracts.runs import AGENT, TOOLS, RunStatus
 from shared.errors import BadRequest
 
 #: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events)

@@ -34,14 +34,15 @@ import structlog
 from api.runs import live
 from api.runs.schemas import RunInfo
 from api.runs.views import Runs
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
-from shared.contracts.wire import (
+from shared.errors import NotFound, RunFinished
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCEL_CHANNEL,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
     cancel_key,
@@ -50,7 +51,6 @@ from shared.contracts.wire import (
     run_key,
     waiting_key,
 )
-from shared.errors import NotFound, RunFinished
 from shared.redis.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
 from shared.redis.scripts import scripts
 

@@ -15,19 +15,19 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from api.auth.scope import sees_everything, visible
-from shared.contracts.wire import (
+from shared.contracts.jobs import is_delete_claim
+from shared.contracts.runs import RunStatus
+from shared.redis.ended import ReadRow, Recorded, from_description, recorded
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    RunStatus,
     cancel_key,
     cancelled_run_key,
-    is_delete_claim,
     progress_key,
     run_key,
     waiting_key,
 )
-from shared.redis.ended import ReadRow, Recorded, from_description, recorded
 from shared.storage.rows import RunRow
 
 

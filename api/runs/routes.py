@@ -13,7 +13,7 @@ from api.http.openapi import RunId, errors
 from api.resources import Resources
 from api.runs.cancel import cancel_run
 from api.runs.schemas import RunInfo, RunList
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 
 
 @get(

@@ -11,7 +11,8 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from shared.contracts.wire import JobKind, RunStatus
+from shared.contracts.jobs import JobKind
+from shared.contracts.runs import RunStatus
 
 
 class RunError(msgspec.Struct):

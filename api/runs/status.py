@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from api.runs.schemas import RunError
 from api.store import ConversationRow
-from shared.contracts.wire import RunErrorCode, RunStatus
+from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.storage.rows import RunRow
 
 

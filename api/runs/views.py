@@ -37,8 +37,10 @@ from api.runs import live
 from api.runs.schemas import RunBreakdown, RunInfo, RunList, WorkerInfo
 from api.runs.status import run_error, run_status
 from api.store import RunRow, Store
-from shared.contracts.wire import QUEUE_NAME, JobKind, RunStatus
+from shared.contracts.jobs import JobKind
+from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, QueueUnavailable
+from shared.redis.keys import QUEUE_NAME
 from shared.redis.liveness import Liveness, read_liveness
 from shared.settings import Settings
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import calendar
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -190,17 +190,6 @@ class CronCreate:
     #: whose cron it is: its runs are theirs
     owner: str = "local"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CronCreate:
-        return cls(
-            str(data["cron_id"]), data.get("thread_id"), str(data["schedule"]), str(data["message"]),
-            dict(data.get("metadata") or {}), float(data["created_at"]), str(data["job_id"]),
-            str(data.get("owner") or "local"),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class CronDelete:
@@ -208,13 +197,6 @@ class CronDelete:
 
     cron_id: str
     job_id: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CronDelete:
-        return cls(str(data["cron_id"]), str(data["job_id"]))
 
 
 def cron_done_key(job_id: str) -> str:
@@ -224,7 +206,7 @@ def cron_done_key(job_id: str) -> str:
 
 async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDelete) -> None:
     """Enqueue ``job`` and wake a worker, atomically (shared/redis/queue.py ``submit_job``)."""
-    await submit_job(redis, function, job.job_id, job.to_dict(), time.time())
+    await submit_job(redis, function, job.job_id, job, time.time())
 
 
 # --- the stored cron -------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The events that end a run's stream, as frozen structs: one shape for every producer.
+"""A run's events: their types, the text a ``token`` carries, and the events that end a run's
+stream, as frozen structs: one shape for every producer.
 
 A run's stream ends with ``end`` (it stopped as it should: completed, cancelled as
 asked, or waiting for a decision) or ``chat-error`` (anything else); a run that
@@ -12,11 +13,43 @@ same fields, and tests/test_redis_protocol.py holds every producer to them.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
 
-from shared.contracts.wire import EventType, RunStatus
+from shared.contracts.runs import RunStatus
+
+
+class EventType(enum.StrEnum):
+    TOKEN = "token"
+    TRACE = "trace"
+    END = "end"
+    CHAT_ERROR = "chat-error"
+    #: the tool calls waiting for a decision; ``end`` with status ``waiting`` follows
+    APPROVAL = "approval"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (EventType.END, EventType.CHAT_ERROR)
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content (a string, or a list of content blocks).
+
+    What a ``token`` event carries, what a tool result's trace carries, and what
+    the API shows of a stored message: one reading of LangChain's content shapes.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part if isinstance(part, str) else str(part.get("text", ""))
+            for part in content
+            if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+        )
+    return "" if content is None else str(content)
+
 
 #: A run with one of these outcomes stopped as it should: its stream ends with ``end``.
 ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)

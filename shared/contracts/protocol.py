@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import shown
-from shared.contracts.wire import RunStatus
 
 # langchain is imported by values_of, which runs where a thread is read (a reader process, the
 # worker): the API's main process, which imports this module, never loads it (api/store.py).

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from arq.constants import expires_extra_ms
-from arq.jobs import serialize_job
 from redis.asyncio import Redis
 
-from shared.contracts.wire import QUEUE_NAME, WAKE_LIST, arq_job_key, dumps, protocol_run_key
+from shared.contracts.codec import job_record
 from shared.pinned import is_public_address, resolve_checked
+from shared.redis.keys import QUEUE_NAME, WAKE_LIST, arq_job_key, protocol_run_key
 from shared.redis.scripts import scripts
 from shared.settings import Settings
 
@@ -55,13 +55,6 @@ class WebhookJob:
     run_id: str
     conversation_id: str
     enqueued_at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WebhookJob:
-        return cls(str(data["run_id"]), str(data["conversation_id"]), float(data["enqueued_at"]))
 
 
 def shown(url: str) -> str:
@@ -157,7 +150,6 @@ def hook_keys_args(
     enqueued = time.time() if now is None else now
     enqueue_ms = int(enqueued * 1000)
     job_id = webhook_job_id(run_id)
-    job = WebhookJob(run_id, conversation_id, enqueued)
-    payload = serialize_job(WEBHOOK_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+    payload = job_record(WEBHOOK_FUNCTION, WebhookJob(run_id, conversation_id, enqueued), enqueued)
     keys = [protocol_run_key(run_id), arq_job_key(job_id), QUEUE_NAME, WAKE_LIST]
     return keys, [job_id, payload, str(expires_extra_ms), str(enqueue_ms)]

@@ -23,7 +23,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from shared.contracts.wire import EventType, RunStatus, events_key, run_key
+from shared.contracts.events import EventType
+from shared.contracts.runs import RunStatus
+from shared.redis.keys import events_key, run_key
 from shared.storage.rows import RunRow
 from shared.storage.schema import iso_from_timestamp
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from shared.contracts.wire import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
+from shared.redis.keys import WORKER_HEARTBEAT, WORKER_LAST_BEAT, WORKERS, worker_heartbeat_key
 
 
 def connection_name(worker_id: str) -> str:

@@ -28,29 +28,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from arq.constants import expires_extra_ms
-from arq.jobs import deserialize_job, serialize_job
 from redis.asyncio import Redis
 
+from shared.contracts.codec import PayloadError, job_of_record, job_record
+from shared.contracts.jobs import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, DeleteJob, RenameJob, RunJob
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
-from shared.contracts.wire import (
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
-    DELETE_FUNCTION,
     IDEMPOTENCY_TTL_SECONDS,
-    JOB_FUNCTION,
     QUEUE_NAME,
-    RENAME_FUNCTION,
     WAKE_LIST,
-    DeleteJob,
-    RenameJob,
-    RunJob,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
-    dumps,
     events_key,
     idempotency_key,
-    loads,
     run_key,
     waiting_key,
 )
@@ -117,7 +110,7 @@ async def submit(
     claim still refuses it).
     """
     enqueue_ms = int(job.enqueued_at * 1000)
-    payload = serialize_job(JOB_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+    payload = job_record(JOB_FUNCTION, job, job.enqueued_at)
     fields: dict[str, Any] = {
         "conversation": job.conversation_id,
         "kind": job.kind.value,
@@ -173,8 +166,8 @@ async def queued_job(redis: Redis, run_id: str) -> RunJob | None:
     if raw is None:
         return None
     try:
-        return RunJob.from_dict(deserialize_job(raw, deserializer=loads).args[0])
-    except Exception:
+        return job_of_record(RunJob, raw)
+    except PayloadError:
         return None
 
 
@@ -273,7 +266,7 @@ async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
     another delete's claim. The delete and a submission exclude each other.
     """
     enqueue_ms = int(job.enqueued_at * 1000)
-    payload = serialize_job(DELETE_FUNCTION, (job.to_dict(),), {}, None, enqueue_ms, serializer=dumps)
+    payload = job_record(DELETE_FUNCTION, job, job.enqueued_at)
     reply = await scripts(redis).delete(
         keys=[ACTIVE_RUNS, arq_job_key(job.claim), QUEUE_NAME, WAKE_LIST, waiting_key(job.conversation_id)],
         args=[job.conversation_id, job.claim, payload, str(expires_extra_ms), str(enqueue_ms)],
@@ -281,13 +274,11 @@ async def submit_delete(redis: Redis, job: DeleteJob) -> str | None:
     return None if reply is None else (reply.decode() if isinstance(reply, bytes) else str(reply))
 
 
-async def submit_job(
-    redis: Redis, function: str, job_id: str, payload: dict[str, Any], enqueued_at: float
-) -> None:
+async def submit_job(redis: Redis, function: str, job_id: str, job: Any, enqueued_at: float) -> None:
     """Enqueue a job that claims nothing (a rename, a cron's creation or deletion): its arq
     record and its place in the queue, and wake a worker, atomically."""
     enqueue_ms = int(enqueued_at * 1000)
-    record = serialize_job(function, (payload,), {}, None, enqueue_ms, serializer=dumps)
+    record = job_record(function, job, enqueued_at)
     async with redis.pipeline(transaction=True) as pipe:
         pipe.set(arq_job_key(job_id), record, px=expires_extra_ms)
         pipe.zadd(QUEUE_NAME, {job_id: enqueue_ms})
@@ -298,4 +289,4 @@ async def submit_job(
 
 async def submit_rename(redis: Redis, job: RenameJob) -> None:
     """Enqueue ``job`` and wake the worker, atomically (:func:`submit_job`)."""
-    await submit_job(redis, RENAME_FUNCTION, job.job_id, job.to_dict(), job.enqueued_at)
+    await submit_job(redis, RENAME_FUNCTION, job.job_id, job, job.enqueued_at)

@@ -1,7 +1,6 @@
 """The Redis protocol's scripts, in one place.
 
-The keys stay in :mod:`shared.contracts.wire`, beside the jobs and events they carry
-(every module already names them from there); the events' shapes are in
+The keys are in :mod:`shared.redis.keys`; the events' shapes are in
 :mod:`shared.contracts.events`; this module owns what is *done* with them atomically, the
 Lua scripts. A run's ending in Redis is one Lua function, :data:`END_LUA` (with
 ``hook_run``, which enqueues its webhook), used by the three scripts that end a run:
@@ -23,8 +22,9 @@ from weakref import WeakKeyDictionary
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from shared.contracts.events import ENDS_NORMALLY
-from shared.contracts.wire import EventType, arq_in_progress_key, arq_job_key, delete_claim
+from shared.contracts.events import ENDS_NORMALLY, EventType
+from shared.contracts.jobs import delete_claim
+from shared.redis.keys import arq_in_progress_key, arq_job_key
 
 # --- a run's ending -------------------------------------------------------------
 

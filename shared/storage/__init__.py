@@ -19,6 +19,14 @@ from typing import Any, Literal, Protocol
 Dialect = Literal["sqlite", "postgresql"]
 
 
+class CheckpointDecodeError(Exception):
+    """The serializer could not decode a stored checkpoint or write (damaged, or refused).
+
+    Raised by the reader processes' serializer (:mod:`.decoding`), caught by the API
+    (api/store.py), which must not load LangGraph to name it: so it lives here.
+    """
+
+
 class Tx(Protocol):
     """Statements inside one transaction."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from shared.storage.reading import CheckpointDecodeError
+from shared.storage import CheckpointDecodeError
 
 
 class DecodingSerializer(JsonPlusSerializer):

@@ -26,12 +26,12 @@ from typing import Any
 
 import psycopg
 import structlog
-from langgraph.checkpoint.postgres import _ainternal
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from shared.compat import PostgresWriteCursor, postgres_saver_connection
 from shared.storage import Dialect, Tx
 from shared.storage.leases import CURRENT_LEASE, LeaseLost
 from shared.storage.schema import MIGRATIONS
@@ -145,7 +145,7 @@ LEASE_HELD_SQL = (
 )
 
 
-class FencedPostgresSaver(AsyncPostgresSaver):
+class FencedPostgresSaver(PostgresWriteCursor, AsyncPostgresSaver):
     """``AsyncPostgresSaver`` whose writes check the running run's lease in their own transaction."""
 
     def __init__(
@@ -157,15 +157,12 @@ class FencedPostgresSaver(AsyncPostgresSaver):
         self.lock = asyncio.Semaphore(size)  # type: ignore[assignment]
 
     @asynccontextmanager
-    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[psycopg.AsyncCursor[DictRow]]:
-        if not pipeline:  # reads
-            async with super()._cursor() as cur:
-                yield cur
-            return
+    async def write_cursor(self) -> AsyncIterator[psycopg.AsyncCursor[DictRow]]:
+        """The cursor of a checkpoint's or a task's writes, in a transaction that checks the lease."""
         lease = CURRENT_LEASE.get()
         async with (
             self.lock,
-            _ainternal.get_connection(self.conn) as conn,
+            postgres_saver_connection(self.conn) as conn,
             conn.transaction(),
             conn.cursor(binary=True, row_factory=dict_row) as cur,
         ):

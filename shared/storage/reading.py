@@ -56,10 +56,6 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 
-class CheckpointDecodeError(Exception):
-    """The serializer could not decode a stored checkpoint or write (damaged, or refused)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ThreadSource:
     """Where a reader process reads threads: a SQLite file's read-only URI, or a PostgreSQL URL."""

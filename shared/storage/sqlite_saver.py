@@ -15,10 +15,10 @@ commits what the sync saver's ``cursor()`` commits (nothing was written) and lea
 connection as before; :func:`shared.storage.checkpoints.end_failed_checkpoint_write` still
 rolls back whatever is left open.
 
-It reaches one private method of aiosqlite, ``Connection._execute`` (queue a function on the
-connection's thread and await its result), which every public aiosqlite method is built on;
-aiosqlite is pinned in requirements.lock, and tests/fast/test_sqlite_saver.py fails if that
-method goes away or changes what it does.
+It reaches into aiosqlite (its ``sqlite3`` connection, and the call that runs a function on
+its thread, which every public aiosqlite method is built on) and into the sync saver (whether
+the writes table has ``task_path``), through shared/compat.py; tests/fast/test_compat.py
+fails if those go away, tests/fast/test_sqlite_saver.py if they change what they do.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMet
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from shared.compat import aiosqlite_call, aiosqlite_connection, share_task_path_support
+
 
 class OneHopSaver(AsyncSqliteSaver):
     """``AsyncSqliteSaver`` whose ``aput``, ``aput_writes`` and ``aget_tuple`` take one hop each."""
@@ -41,10 +43,10 @@ class OneHopSaver(AsyncSqliteSaver):
         await super().setup()
         if self._sync is None:
             # The sqlite3 connection aiosqlite holds; used only on aiosqlite's own thread.
-            sync = SqliteSaver(self.conn._conn)
+            sync = SqliteSaver(aiosqlite_connection(self.conn))
             sync.serde = self.serde
             sync.is_setup = True  # the async setup above made the tables and WAL
-            sync._has_task_path = self._has_task_path
+            share_task_path_support(self, sync)
             self._sync = sync
 
     async def _one_hop(self, method: str, *args: Any) -> Any:
@@ -52,7 +54,7 @@ class OneHopSaver(AsyncSqliteSaver):
         if self._sync is None:  # setup() builds it
             raise RuntimeError("the saver's synchronous half was not built")
         async with self.lock:
-            return await self.conn._execute(getattr(self._sync, method), *args)
+            return await aiosqlite_call(self.conn, getattr(self._sync, method), *args)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         result: CheckpointTuple | None = await self._one_hop("get_tuple", config)

@@ -14,15 +14,10 @@ from langchain_core.messages import AnyMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
-
-# Private and "experimental" in langgraph 1.2, pinned exactly for it (pyproject.toml):
-# the batch reducer a DeltaChannel of messages needs. It assigns no message ids;
-# LangGraph's loop stamps them (``ensure_message_ids``) on every write to a
-# DeltaChannel whose reducer is this very function, before the write is saved.
-from langgraph.graph.message import _messages_delta_reducer
 from langgraph.graph.state import CompiledStateGraph
 
-from shared.contracts.wire import AGENT, APPROVAL, TOOLS
+from shared.compat import messages_delta_reducer
+from shared.contracts.runs import AGENT, APPROVAL, TOOLS
 
 #: A full copy of the message list every this many updates of it (LangGraph's
 #: default, written out so that a change is deliberate): between two copies a
@@ -41,7 +36,9 @@ class AgentState(TypedDict):
     """
 
     messages: Annotated[
-        list[AnyMessage], DeltaChannel(_messages_delta_reducer, snapshot_frequency=SNAPSHOT_FREQUENCY)
+        # LangGraph's private, "experimental" batch reducer (shared/compat.py): langgraph is
+        # pinned exactly for it (pyproject.toml)
+        list[AnyMessage], DeltaChannel(messages_delta_reducer(), snapshot_frequency=SNAPSHOT_FREQUENCY)
     ]
 
 

@@ -16,7 +16,7 @@ from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
 from api.protocol.translate import VALUES, Asked, Part, Translator, after_id, number, stream_modes
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The payloads and names both ends of the queue share (shared/contracts/wire.py)."""
+"""The payloads and names both ends of the queue share (shared/contracts/codec.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.contracts import wire as contracts
-from shared.contracts.wire import (
-    DeleteJob,
-    EventType,
-    JobKind,
-    RunJob,
-    delete_claim,
-    dumps,
-    is_delete_claim,
-    json_codec,
-    loads,
-    text_of,
-    use_json_codec,
-)
+from shared.contracts.codec import decode, dumps, encode, json_codec, loads, use_json_codec
+from shared.contracts.events import EventType, text_of
+from shared.contracts.jobs import DeleteJob, JobKind, RunJob, delete_claim, is_delete_claim
+from shared.redis import keys as contracts
 
 RUN = "0b6c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"
 CONVERSATION = "5f0c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"
@@ -37,27 +27,27 @@ def codec(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_a_run_job_goes_through_the_queue_unchanged(codec: str) -> None:
     job = RunJob(RUN, CONVERSATION, JobKind.RUN, "héllo", 1_700_000_000.5, new_conversation=True)
-    data = loads(dumps(job.to_dict()))
+    data = loads(dumps(encode(job)))
     assert "decisions" not in data  # a job without decisions looks as jobs always did
-    assert RunJob.from_dict(data) == job
+    assert decode(RunJob, data) == job
     decide = RunJob(RUN, CONVERSATION, JobKind.RUN, None, 1.0,
                     decisions=({"id": "call-1", "action": "approve", "arguments": None, "message": None},))
-    assert RunJob.from_dict(loads(dumps(decide.to_dict()))) == decide
+    assert decode(RunJob, loads(dumps(encode(decide)))) == decide
     assert "traceparent" not in data  # nor does one enqueued without tracing
     traced = dataclasses.replace(job, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-    assert RunJob.from_dict(loads(dumps(traced.to_dict()))) == traced
+    assert decode(RunJob, loads(dumps(encode(traced)))) == traced
     assert "checkpoint_id" not in data  # nor without a checkpoint to start from
     switch = RunJob(RUN, CONVERSATION, JobKind.SWITCH, None, 1.0, checkpoint_id="1f0-checkpoint")
-    assert RunJob.from_dict(loads(dumps(switch.to_dict()))) == switch
+    assert decode(RunJob, loads(dumps(encode(switch)))) == switch
 
 
 def test_a_job_from_before_new_fields_still_decodes() -> None:
     old = {"run_id": RUN, "conversation_id": CONVERSATION, "kind": "resume", "message": None,
            "enqueued_at": 3}
-    job = RunJob.from_dict(old)
+    job = decode(RunJob, old)
     assert job.kind is JobKind.RESUME and not job.new_conversation and job.decisions is None
     assert job.checkpoint_id is None  # the thread's latest checkpoint, as before branches
-    delete = DeleteJob.from_dict({"conversation_id": CONVERSATION, "claim": "c", "enqueued_at": 1})
+    delete = decode(DeleteJob, {"conversation_id": CONVERSATION, "claim": "c", "enqueued_at": 1})
     assert delete.reason == "request"
 
 

@@ -6,8 +6,8 @@ import msgspec
 import pytest
 from langgraph.types import Interrupt, PregelTask, StateSnapshot
 
-from shared.contracts.events import Approval, ChatError, End, body, event_type, terminal_event
-from shared.contracts.wire import EventType, RunErrorCode, RunStatus
+from shared.contracts.events import Approval, ChatError, End, EventType, body, event_type, terminal_event
+from shared.contracts.runs import RunErrorCode, RunStatus
 from worker.run.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
 
 REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}]

@@ -20,8 +20,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from shared.redis.metrics import TOOL_CALLS, MetricBatch, counter_field
 from shared.storage.sqlite import SqliteDatabase
+from tests.support.fault_hooks import hold_call
 from worker.agent.graph import TOOLS, build_graph
-from worker.faults import hold_call
 from worker.metrics import collecting
 from worker.tools.ledger import DONE, IDEMPOTENCY_META_KEY, INTENT, CallRef, Ledger, request_meta
 

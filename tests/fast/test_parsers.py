@@ -107,7 +107,7 @@ def test_times_are_iso_and_durations_never_negative() -> None:
 
 def test_an_idempotency_key_is_its_callers() -> None:
     from api.auth.identity import Caller
-    from shared.contracts.wire import idempotency_key
+    from shared.redis.keys import idempotency_key
 
     asked = ChatRequest(message="hi")
     mine = idempotency_of("k", asked, None)

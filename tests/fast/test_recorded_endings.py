@@ -10,7 +10,7 @@ import pytest
 
 from api.http.limits import EVENT_STREAM, FOLLOWS_A_RUN, follows_a_run
 from shared.contracts.events import body, terminal_event
-from shared.contracts.wire import RunStatus
+from shared.contracts.runs import RunStatus
 from shared.redis.ended import Recorded, from_description, from_terminal_event
 from shared.storage.rows import RunRow
 

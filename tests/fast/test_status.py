@@ -7,7 +7,7 @@ import pytest
 from api.runs.status import conversation_status as _status
 from api.runs.status import run_error
 from api.store import ConversationRow
-from shared.contracts.wire import RunErrorCode, RunStatus
+from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.storage.rows import RunRow
 
 CONVERSATION = "5f0c2f1e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"

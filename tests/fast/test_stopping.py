@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 
-from shared.contracts.wire import STOPPED_MARK
+from shared.contracts.runs import STOPPED_MARK
 from worker.agent.graph import AGENT, TOOLS, _unanswered, build_graph
 from worker.run.stopping import STOPPED_TOOL_RESULT, LiveRun, _stopped_results, close_thread
 

@@ -23,7 +23,12 @@ ENGINE_MODULES = (
 ASKS_ALLOWED = {ROOT / "shared" / "settings.py"}
 #: ``python -m worker --copy-to``: copies a SQLite file into PostgreSQL, so it is both engines
 #: by its nature (and runs instead of the worker, not beside it)
-BOTH_ENGINES = {ROOT / "worker" / "upkeep" / "copy.py"}
+BOTH_ENGINES = {
+    ROOT / "worker" / "upkeep" / "copy.py",
+    # every reach into another library's private names, the engines' among them (on behalf of
+    # shared/storage's savers, which alone use them)
+    ROOT / "shared" / "compat.py",
+}
 
 
 def modules() -> Iterator[tuple[Path, ast.Module]]:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from shared.contracts.codec import loads
 from shared.contracts.webhooks import (
     WEBHOOK_FUNCTION,
     WebhookPolicy,
@@ -17,7 +18,7 @@ from shared.contracts.webhooks import (
     shown,
     webhook_job_id,
 )
-from shared.contracts.wire import QUEUE_NAME, WAKE_LIST, arq_job_key, loads, protocol_run_key
+from shared.redis.keys import QUEUE_NAME, WAKE_LIST, arq_job_key, protocol_run_key
 from shared.settings import Settings
 
 STRICT = WebhookPolicy()

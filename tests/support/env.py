@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 FAKES_DIR = Path(__file__).resolve().parent.parent / "fakes"
+#: the checkout: on the processes' path, so that a worker asked for a fault (SOPHOS_FAULT_*) can
+#: load its hooks from the tests (worker/faults.py, tests/support/fault_hooks.py)
+CHECKOUT = FAKES_DIR.parent.parent
 TOOLS_SERVER = FAKES_DIR / "tools_server.py"
 
 SYSTEM_PROMPT = "You are Sophos under test. Answer briefly."
@@ -98,6 +101,14 @@ def with_fetch(env: SophosEnv) -> SophosEnv:
     """``env`` with the real fetch server beside the fake tools server (its mcp.json rewritten)."""
     env.write_mcp_config(mcp_servers(env.tools_log, env.root / "empty-bin", fetch=True))
     return env
+
+
+def require_approval(env: SophosEnv, tools: Any, *, safe_to_repeat: bool = True) -> None:
+    """Rewrite ``env``'s mcp.json: the fake tools server's ``tools`` (``True`` or a list of names)
+    ask for ``requireApproval``; ``safe_to_repeat=False``: its calls are taken as calls that act."""
+    config = mcp_servers(env.tools_log, env.root / "empty-bin")
+    config["mcpServers"]["tools"]["requireApproval"] = tools
+    env.write_mcp_config(config if safe_to_repeat else not_safe_to_repeat(config))
 
 
 def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +205,7 @@ def make_sophos_env(
             "SSE_PING_INTERVAL": "1",
             "SHUTDOWN_TIMEOUT": "10",
             "LANGGRAPH_STRICT_MSGPACK": "true",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), inherited.get("PYTHONPATH")) if p),
             # Logs reach the file before a SIGKILL; loopback never goes through a proxy.
             "PYTHONUNBUFFERED": "1",
             "NO_PROXY": "127.0.0.1,localhost",

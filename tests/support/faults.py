@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import redis as redis_sync
 
-from shared.contracts.wire import ACTIVE_RUNS, QUEUE_NAME
+from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import chat, get_json, tool_calls, wait_for
 

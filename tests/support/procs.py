@@ -25,10 +25,10 @@ import redis
 from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
 
-#: Written by the worker once it is up (see shared.contracts.wire.WORKER_HEARTBEAT): the last
+#: Written by the worker once it is up (see shared.redis.keys.WORKER_HEARTBEAT): the last
 #: writer's beat when several workers share the Redis.
 HEARTBEAT_KEY = "sophos:worker:heartbeat"
-#: The workers that beat (shared.contracts.wire.WORKERS); each one's own beat is under
+#: The workers that beat (shared.redis.keys.WORKERS); each one's own beat is under
 #: ``HEARTBEAT_KEY:<member>``.
 WORKERS_KEY = "sophos:workers"
 

@@ -1,33 +1,74 @@
-"""A real API and worker that the tests of one module share (the Agent Protocol's modules)."""
+"""A real worker and API that the tests of one module share, started once for the module.
+
+:func:`module_stack` is the one set-up (tests/test_branches.py, tests/test_fuzz.py,
+tests/test_tracing.py); :func:`approval_stack` is it on a Redis of its own with ``add`` asking
+for approval (the Agent Protocol's modules).
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
+import redis as redis_sync
+
+from tests.fakes.ollama import FakeOllama
+from tests.support.env import SophosEnv, make_sophos_env, require_approval
 from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup
+from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
 
 
+@dataclass
+class Stack:
+    """A started worker and API: ``env`` for both, ``group`` to start more (killed at the end)."""
+
+    env: SophosEnv
+    group: ProcessGroup
+    worker: ServiceProcess
+
+    @property
+    def api(self) -> str:
+        return self.env.api_url
+
+
 @contextlib.contextmanager
-def approval_stack(root: Path, ollama_url: str) -> Iterator[SophosEnv]:
-    """One API and one worker on a Redis of their own (other tests flush theirs), the fake tools
-    server's ``add`` asking for approval; stopped, with the Redis, at the end."""
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=ollama_url, api_port=free_port())
-    config: dict[str, Any] = mcp_servers(env.tools_log, root / "empty-bin")
-    config["mcpServers"]["tools"]["requireApproval"] = ["add"]
-    env.write_mcp_config(config)
+def module_stack(
+    root: Path, redis_url: str, model: FakeOllama, *, approval: Any = None, safe_to_repeat: bool = True,
+    **overrides: str,
+) -> Iterator[Stack]:
+    """One worker and one API on ``root`` (Redis at ``redis_url`` flushed, ``model`` reset first and
+    last), with the environment's ``overrides``; with ``approval`` (``True`` or tool names), the
+    fake tools server set up by :func:`require_approval` (and ``safe_to_repeat``). Both processes
+    are killed at the end."""
+    with redis_sync.Redis.from_url(redis_url) as client:
+        client.flushall()
+    model.reset()
+    env = make_sophos_env(root, redis_url=redis_url, ollama_url=model.url, api_port=free_port())
+    env = env.with_(**overrides)
+    if approval is not None:
+        require_approval(env, approval, safe_to_repeat=safe_to_repeat)
     group = ProcessGroup(log_dir=root / "logs", cwd=root)
     try:
-        group.start_worker(env)
+        worker = group.start_worker(env)
         group.start_api(env)
-        yield env
+        yield Stack(env, group, worker)
     finally:
         group.close()
+        model.reset()
+
+
+@contextlib.contextmanager
+def approval_stack(root: Path, model: FakeOllama) -> Iterator[SophosEnv]:
+    """:func:`module_stack` on a Redis of its own (other tests flush the session's while the
+    module's tests run), the fake tools server's ``add`` asking for approval."""
+    redis_server = RedisServer(root / "redis", appendonly=False)
+    redis_server.start()
+    try:
+        with module_stack(root, redis_server.url, model, approval=["add"]) as stack:
+            yield stack.env
+    finally:
         redis_server.stop()

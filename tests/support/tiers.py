@@ -42,11 +42,6 @@ FAST_DIR = ROOT / "tests" / "fast"
 #: join the fast tier (tests/conftest.py marks them). A new pure test goes to tests/fast/, or is
 #: marked ``@pytest.mark.fast`` in its file.
 FAST_ELSEWHERE: dict[str, frozenset[str]] = {
-    "test_arq_contract.py": frozenset({
-        "test_arq_is_the_pinned_version",
-        "test_the_arq_code_wakeup_mirrors_is_unchanged",
-        "test_the_names_the_copy_uses_are_there",
-    }),
     "test_cors.py": frozenset({"test_origins_are_checked_and_normalized"}),
     "test_damaged_startup.py": frozenset({"test_whether_a_run_was_checkpointed_is_told_without_decoding"}),
     "test_deploy.py": frozenset({
@@ -63,6 +58,7 @@ FAST_ELSEWHERE: dict[str, frozenset[str]] = {
     "test_fakes.py": frozenset({"test_split_tokens_keeps_the_text"}),
     "test_launcher.py": frozenset({
         "test_backoff_doubles_to_thirty_seconds_and_starts_over_after_a_stable_run",
+        "test_the_launcher_reads_its_settings_through_settings",
     }),
     "test_redis_protocol.py": frozenset({"test_the_scripts_end_a_run_only_through_the_one_lua_ending"}),
     "test_security.py": frozenset({"test_every_dependency_is_pinned_by_the_lock"}),

@@ -42,7 +42,9 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
-from shared.contracts.wire import AGENT, APPROVAL, APPROVALS_MARK, TOOLS, Decision, DecisionAction
+from shared.contracts.codec import decode
+from shared.contracts.jobs import Decision, DecisionAction
+from shared.contracts.runs import AGENT, APPROVAL, APPROVALS_MARK, TOOLS
 from shared.redis.metrics import MODEL_CALL
 from shared.storage.thread import AgentState
 from worker.agent.model_calls import ModelCalls
@@ -201,7 +203,8 @@ def _approval_node(needs_approval: Callable[[str], bool]) -> Callable[[AgentStat
             for c in message.tool_calls if needs_approval(c["name"])
         ]
         answer = interrupt({"requests": requests})
-        decided, rejections, to_run = _decide(message, {d.id: d for d in map(Decision.from_dict, answer)})
+        decisions = (decode(Decision, raw) for raw in answer)
+        decided, rejections, to_run = _decide(message, {d.id: d for d in decisions})
         # Nothing left to run: the model hears the rejections at once.
         goto: str | list[Send] = _sends(decided, to_run) if to_run else AGENT
         return Command(update={"messages": [decided, *rejections]}, goto=goto)

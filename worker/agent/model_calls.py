@@ -10,7 +10,7 @@ failed (the model unreachable, say), since it produced nothing.
 A step is known by its LangGraph task id (the ``agent:<id>`` of the node's checkpoint
 namespace), which is derived from the checkpoint it runs from and is the same on every
 resume of that step. Before each model call the worker swaps it into the conversation's
-:func:`shared.contracts.wire.model_call_key` (one Redis ``SET ... GET``, no extra database write):
+:func:`shared.redis.keys.model_call_key` (one Redis ``SET ... GET``, no extra database write):
 finding the same task id there means the call is made again. A call that fails takes its
 mark back. The mark lives as long as a run may wait to be resumed (``MODEL_CALL_MARK_TTL``);
 like every metric it is a view in Redis, never a reason to fail a run.
@@ -24,7 +24,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import MODEL_CALL_MARK_TTL, model_call_key
+from shared.redis.keys import MODEL_CALL_MARK_TTL, model_call_key
 from shared.redis.metrics import MODEL_CALLS_REPEATED
 from worker.metrics import counted
 

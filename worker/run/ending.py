@@ -42,8 +42,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
-from shared.contracts.wire import ACTIVE_RUNS, RunStatus, events_key
+from shared.redis.keys import ACTIVE_RUNS, events_key
 from shared.redis.metrics import (
     METRICS_KEY,
     RUN_DURATION,

@@ -37,7 +37,9 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
-from shared.contracts.wire import EventType, dumps, events_key
+from shared.contracts.codec import dumps
+from shared.contracts.events import EventType
+from shared.redis.keys import events_key
 
 log = structlog.get_logger(__name__)
 

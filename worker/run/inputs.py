@@ -15,7 +15,8 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
 from shared import tracing
-from shared.contracts.wire import JobKind, RunErrorCode, RunJob
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode
 from shared.storage.thread import resume_value
 from worker.run.ending import APPROVAL_PENDING
 

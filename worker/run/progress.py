@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import CANCEL_CHANNEL, cancel_key, progress_key
+from shared.redis.keys import CANCEL_CHANNEL, cancel_key, progress_key
 from shared.redis.metrics import FIRST_TOKEN, QUEUE_WAIT, MetricBatch, queue_increments
 from worker.metrics import RunClock
 from worker.run.events import EventPublisher

@@ -33,11 +33,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import (
+from shared.contracts.jobs import JobKind
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import (
     QUEUE_NAME,
-    JobKind,
-    RunErrorCode,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
     arq_retry_key,

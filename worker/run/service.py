@@ -55,7 +55,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.contracts.wire import TAKEN_SECONDS, JobKind, RunErrorCode, RunJob, RunStatus, taken_key
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import TAKEN_SECONDS, taken_key
 from shared.redis.queue import release_conversation
 from shared.settings import Settings
 from shared.storage.branch import thread_at

@@ -54,7 +54,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import RunControl
 from redis.asyncio import Redis
 
-from shared.contracts.wire import STOPPED_MARK
+from shared.contracts.runs import STOPPED_MARK
 from worker.agent.graph import AGENT, TOOLS
 from worker.run.progress import CancelSignals
 

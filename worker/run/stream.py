@@ -17,7 +17,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
-from shared.contracts.wire import text_of
+from shared.contracts.events import text_of
 from worker.agent.graph import AGENT, TOOLS
 from worker.run.events import EventPublisher
 from worker.run.progress import RunTracker

@@ -28,16 +28,9 @@ from arq import Retry
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from shared.contracts.wire import (
-    ACTIVE_RUNS,
-    TAKEN_SECONDS,
-    JobKind,
-    RunErrorCode,
-    RunJob,
-    RunStatus,
-    taken_key,
-    waiting_key,
-)
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import ACTIVE_RUNS, TAKEN_SECONDS, taken_key, waiting_key
 from shared.redis.scripts import scripts
 from shared.storage.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread

@@ -69,12 +69,11 @@ from shared.contracts.crons import (
     tick_run_id,
     tick_thread_id,
 )
-from shared.contracts.wire import (
+from shared.contracts.jobs import JobKind, RunJob
+from shared.contracts.runs import RunStatus
+from shared.redis.keys import (
     ACTIVE_RUNS,
     PROTOCOL_RUN_RETENTION_SECONDS,
-    JobKind,
-    RunJob,
-    RunStatus,
     protocol_run_key,
     protocol_thread_key,
 )
@@ -83,6 +82,7 @@ from shared.redis.queue import submit_run
 from shared.storage import Database
 from shared.storage.rows import title_of
 from shared.storage.schema import iso_from_timestamp, now_iso
+from worker.entry import entry_point
 from worker.run.subscription import listen
 
 log = structlog.get_logger(__name__)
@@ -165,18 +165,16 @@ async def delete(db: Database, redis: Redis, job: CronDelete) -> str:
     return outcome
 
 
-async def cron_create_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """arq's entry point: decode, bind log context, store."""
-    job = CronCreate.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(job_id=job.job_id):
-        return await create(ctx["store"].db, ctx["redis"], job)
+@entry_point(CronCreate)
+async def cron_create_job(ctx: dict[str, Any], job: CronCreate) -> str:
+    """arq's entry point: store."""
+    return await create(ctx["store"].db, ctx["redis"], job)
 
 
-async def cron_delete_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """arq's entry point: decode, bind log context, delete."""
-    job = CronDelete.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(job_id=job.job_id):
-        return await delete(ctx["store"].db, ctx["redis"], job)
+@entry_point(CronDelete)
+async def cron_delete_job(ctx: dict[str, Any], job: CronDelete) -> str:
+    """arq's entry point: delete."""
+    return await delete(ctx["store"].db, ctx["redis"], job)
 
 
 # --- the ticks --------------------------------------------------------------------

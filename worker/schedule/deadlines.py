@@ -27,7 +27,9 @@ import structlog
 from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
-from shared.contracts.wire import Decision, DecisionAction, JobKind, RunJob, RunStatus
+from shared.contracts.codec import encode
+from shared.contracts.jobs import Decision, DecisionAction, JobKind, RunJob
+from shared.contracts.runs import RunStatus
 from shared.redis.queue import submit
 from shared.storage import Database
 from shared.storage.branch import thread_config
@@ -84,7 +86,7 @@ class ApprovalDeadlines:
                 continue
             message = timeout_message(self.timeout)
             decisions = tuple(
-                Decision(id=str(r["id"]), action=DecisionAction.REJECT, message=message).to_dict()
+                encode(Decision(id=str(r["id"]), action=DecisionAction.REJECT, message=message))
                 for r in requests
             )
             job = RunJob(

@@ -36,14 +36,16 @@ from langgraph.graph.state import CompiledStateGraph
 from redis.asyncio import Redis
 
 from shared.contracts.protocol import RunRecord, sdk_run, values_of
+from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WebhookJob, WebhookPolicy, WebhookRefused, shown
-from shared.contracts.wire import RunStatus, protocol_run_key
 from shared.pinned import PinnedTransport
 from shared.redis.ended import recorded
+from shared.redis.keys import protocol_run_key
 from shared.redis.metrics import METRICS_KEY, WEBHOOK_DELIVERIES, counter_field
 from shared.settings import Settings
 from shared.storage.branch import thread_config
 from shared.storage.schema import now_iso
+from worker.entry import entry_point
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
@@ -186,12 +188,9 @@ def _reason(exc: httpx.HTTPError) -> str:
     return "not a public address" if "not a public address" in text else "connection failed"
 
 
-async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """arq's entry point: decode, bind log context, deliver (the attempt is arq's ``job_try``)."""
-    job = WebhookJob.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(
-        run_id=job.run_id, conversation_id=job.conversation_id, job_id=ctx.get("job_id"),
-    ):
-        delivery: WebhookDelivery = ctx["webhooks"]
-        return await delivery.deliver(job, int(ctx.get("job_try") or 1), ctx.get("job_id"))
+@entry_point(WebhookJob)
+async def deliver_webhook(ctx: dict[str, Any], job: WebhookJob) -> str:
+    """arq's entry point: deliver (the attempt is arq's ``job_try``)."""
+    delivery: WebhookDelivery = ctx["webhooks"]
+    return await delivery.deliver(job, int(ctx.get("job_try") or 1), ctx.get("job_id"))
 

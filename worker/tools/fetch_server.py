@@ -27,6 +27,7 @@ from mcp.types import INVALID_PARAMS, ErrorData
 from mcp_server_fetch import server as upstream
 
 from shared import pinned
+from shared.compat import replace_default_transport
 
 #: mcp-server-fetch's own rule: every special-purpose range refused, on every Python
 is_public_address = pinned.is_public_address
@@ -56,7 +57,7 @@ def make_client(proxy_url: str | None) -> httpx.AsyncClient:
     # Requests mounted on a proxy keep the proxy's transport; every other one goes through
     # the client's default transport, which httpx lets no argument replace without also
     # dropping the proxy variables.
-    client._transport = PinnedTransport()
+    replace_default_transport(client, PinnedTransport())
     return client
 
 

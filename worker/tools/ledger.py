@@ -49,7 +49,8 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 
 from shared import tracing
-from shared.contracts.wire import Decision, DecisionAction
+from shared.contracts.codec import decode
+from shared.contracts.jobs import Decision, DecisionAction
 from shared.redis.metrics import TOOL_CALLS, TOOL_CALLS_REPEATED
 from shared.storage import Database
 from shared.storage.leases import hold_lease
@@ -343,7 +344,7 @@ def _decision_for(tool_call_id: str, answer: Any) -> Decision:
     """The decision about this call in a resume value (a list of decisions, as for approvals)."""
     decisions = answer if isinstance(answer, list) else [answer]
     for raw in decisions:
-        decision = raw if isinstance(raw, Decision) else Decision.from_dict(raw)
+        decision = raw if isinstance(raw, Decision) else decode(Decision, raw)
         if decision.id == tool_call_id:
             return decision
     raise ValueError(f"the decision for tool call {tool_call_id} is missing from {answer!r}")

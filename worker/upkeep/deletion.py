@@ -28,12 +28,12 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import (
+from shared.contracts.jobs import DeleteJob
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     IDEMPOTENCY_TTL_SECONDS,
     PROTOCOL_THREADS,
-    DeleteJob,
     cancel_key,
     cancelled_run_key,
     conversation_deleted_key,
@@ -47,6 +47,7 @@ from shared.contracts.wire import (
 )
 from shared.redis.metrics import CONVERSATIONS_EXPIRED, METRICS_KEY, counter_field
 from shared.redis.scripts import scripts
+from worker.entry import entry_point
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
@@ -146,8 +147,7 @@ async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:
         log.warning("conversation.release_failed", error=str(exc))
 
 
-async def delete_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """arq's entry point: decode, bind log context, delete."""
-    job = DeleteJob.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(conversation_id=job.conversation_id, job_id=job.claim):
-        return await delete(ctx["saver"], ctx["store"], ctx["redis"], job)
+@entry_point(DeleteJob)
+async def delete_job(ctx: dict[str, Any], job: DeleteJob) -> str:
+    """arq's entry point (its job id is the delete's claim)."""
+    return await delete(ctx["saver"], ctx["store"], ctx["redis"], job)

@@ -12,7 +12,9 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import RenameJob, renamed_key
+from shared.contracts.jobs import RenameJob
+from shared.redis.keys import renamed_key
+from worker.entry import entry_point
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
@@ -46,8 +48,7 @@ async def _notify(redis: Redis, job: RenameJob, outcome: str) -> None:
         log.warning("conversation.rename_notify_failed", error=str(exc))
 
 
-async def rename_job(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """arq's entry point: decode, bind log context, rename."""
-    job = RenameJob.from_dict(payload)
-    with structlog.contextvars.bound_contextvars(conversation_id=job.conversation_id, job_id=job.job_id):
-        return await rename(ctx["store"], ctx["redis"], job)
+@entry_point(RenameJob)
+async def rename_job(ctx: dict[str, Any], job: RenameJob) -> str:
+    """arq's entry point."""
+    return await rename(ctx["store"], ctx["redis"], job)

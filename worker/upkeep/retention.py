@@ -27,7 +27,8 @@ import uuid
 import structlog
 from redis.asyncio import Redis
 
-from shared.contracts.wire import ACTIVE_RUNS, DeleteJob, delete_claim
+from shared.contracts.jobs import DeleteJob, delete_claim
+from shared.redis.keys import ACTIVE_RUNS
 from shared.redis.queue import submit_delete
 from shared.storage import Database
 from shared.storage.schema import iso_from_timestamp

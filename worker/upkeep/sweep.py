@@ -48,17 +48,16 @@ from arq.constants import expires_extra_ms
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from shared.contracts.wire import (
+from shared.contracts.jobs import is_delete_claim
+from shared.contracts.runs import RunErrorCode, RunStatus
+from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
     QUEUE_NAME,
-    RunErrorCode,
-    RunStatus,
     arq_in_progress_key,
     arq_job_key,
     arq_retry_key,
-    is_delete_claim,
     run_key,
     taken_key,
     worker_heartbeat_key,

@@ -1,0 +1,115 @@
+"""The jobs the API (and the worker's upkeep) enqueue for the worker: frozen structs, one per arq
+function, encoded and decoded by one codec (:mod:`shared.contracts.codec`).
+
+Every job is safe to run twice: arq delivers at least once (the worker's handlers say how).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class JobKind(enum.StrEnum):
+    RUN = "run"  # a new message
+    RESUME = "resume"  # continue the thread from its last checkpoint
+    DECIDE = "decide"  # continue a thread waiting for an approval with the user's decisions
+    #: make another branch of the thread the current one (``checkpoint_id``: its latest checkpoint)
+    SWITCH = "switch"
+
+
+# --- jobs -----------------------------------------------------------------------
+
+#: The one arq function the worker registers; the job id is the run id.
+JOB_FUNCTION = "execute_run"
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    """Payload of a run or resume job. The arq job id is ``run_id``."""
+
+    run_id: str
+    conversation_id: str
+    kind: JobKind
+    message: str | None
+    enqueued_at: float
+    new_conversation: bool = False
+    #: a ``decide`` job's decisions, one per pending request (:class:`Decision` as dicts)
+    decisions: tuple[dict[str, Any], ...] | None = None
+    #: the W3C trace context of the request that enqueued it (tracing on: shared/tracing.py)
+    traceparent: str | None = None
+    #: the checkpoint the run starts from instead of the thread's latest: where an edit or a
+    #: regenerate forks, the head of the branch the conversation follows, or (``switch``) the
+    #: head of the branch it is to follow (Branches, docs/api.md)
+    checkpoint_id: str | None = None
+    #: accepted with ``multitask_strategy`` ``enqueue``: it may be waiting behind the conversation's
+    #: active run, and then claims the conversation when the worker takes it (worker/run/turns.py)
+    may_wait: bool = False
+    #: whose conversation it is (a new one: whoever asked), and who asked for this run (an
+    #: operator may ask on a user's conversation); DESIGN.md "People and what they may touch"
+    owner: str = "local"
+    started_by: str | None = None
+
+
+class DecisionAction(enum.StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+    EDIT = "edit"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The user's answer to one pending tool call (``id`` = the tool call id)."""
+
+    id: str
+    action: DecisionAction
+    arguments: dict[str, Any] | None = None
+    message: str | None = None
+
+
+#: The arq function that deletes a conversation (DELETE /api/conversations/{id}).
+DELETE_FUNCTION = "delete_conversation"
+_DELETE_CLAIM = "delete:"
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteJob:
+    """Payload of a delete job. Its arq job id, and its claim in ``ACTIVE_RUNS``, is ``claim``."""
+
+    conversation_id: str
+    claim: str
+    enqueued_at: float
+    #: why: a client's DELETE (``request``) or ``CONVERSATION_RETENTION_DAYS`` (``retention``)
+    reason: str = "request"
+
+
+def delete_claim(job_id: str) -> str:
+    """What a delete holds ``ACTIVE_RUNS`` with (and its arq job id): never a run id, so a
+    run cannot be accepted for the conversation while it is being deleted."""
+    return f"{_DELETE_CLAIM}{job_id}"
+
+
+def is_delete_claim(holder: str) -> bool:
+    return holder.startswith(_DELETE_CLAIM)
+
+
+#: The arq function that renames a conversation (PATCH /api/conversations/{id}).
+RENAME_FUNCTION = "rename_conversation"
+#: The longest title a rename may give (characters, after whitespace is collapsed).
+TITLE_MAX_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RenameJob:
+    """Payload of a rename job; ``job_id`` (``rename:<uuid>``) is its arq job id.
+
+    Safe twice: it writes the same title again. It holds no claim in ``ACTIVE_RUNS``: a run
+    never writes a title that exists (worker/store.py ``start_run``), so a rename and a run
+    of one conversation may go in either order.
+    """
+
+    conversation_id: str
+    title: str
+    job_id: str
+    enqueued_at: float
