@@ -168,18 +168,19 @@ class RunStore:
         pending_tasks: bool | None = None,
         step_count: int | None = None,
         breakdown: Breakdown | None = None,
+        cancelled_by: str | None = None,
     ) -> None:
-        """Record a run's outcome (and where its time went) and its conversation's new shape in
-        one transaction."""
+        """Record a run's outcome (and where its time went, and who cancelled it) and its
+        conversation's new shape in one transaction."""
         now = now_iso()
         fence, fence_params = self._fence()
         async with self.db.transaction() as tx:
             updated = await tx.execute(
                 "UPDATE runs SET status = ?, error_code = ?, error_message = ?, finished_at = ?,"
                 f" step_count = COALESCE(?, step_count), breakdown = COALESCE(?, breakdown),"
-                f" lease_expires = NULL WHERE id = ?{fence}",
+                f" cancelled_by = COALESCE(?, cancelled_by), lease_expires = NULL WHERE id = ?{fence}",
                 (status, error_code, error_message, now, step_count,
-                 None if breakdown is None else breakdown.to_json(), run_id, *fence_params),
+                 None if breakdown is None else breakdown.to_json(), cancelled_by, run_id, *fence_params),
             )
             if updated == 0 and self.owner is not None:
                 raise LeaseLost(run_id)  # rolls back: the conversation is the new owner's to record

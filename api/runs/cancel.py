@@ -1,25 +1,24 @@
 """``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one is cut at once.
 
-**Queued.** One Lua script (shared/redis/scripts.py), so it is all or nothing and races neither
-arq nor a second cancel: if the run is in the queue and arq has not taken it (no in-progress
-key), remove it from the queue, delete its arq job (if arq is just taking it, arq finds no job
-and drops it: the run never starts), free its conversation (or, for a run waiting behind
-another, take it out of the conversation's waiting list: it never takes its turn; such a run
-taken by the worker only to be deferred is cancelled once it is back in the queue, a moment
-later), mark its description ``cancelled``, index it in ``CANCELLED_RUNS`` and name it in
-``cancelled_run_key(conversation)``, publish its terminal ``end`` event and count it. The API
-never writes SQLite and the run never reached the worker, so its Redis description *is* its
-record (kept ``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread,
-and a conversation whose first run it was never existed in the database.
+**Queued.** One Lua script (shared/redis/scripts.py), so it is all or nothing and races neither arq
+nor a second cancel: if the run is in the queue and arq has not taken it (no in-progress key),
+remove it from the queue, delete its arq job (if arq is just taking it, arq finds no job and drops
+it: the run never starts), free its conversation (or, for a run waiting behind another, take it out
+of the conversation's waiting list: it never takes its turn; such a run taken by the worker only to
+be deferred is cancelled once it is back in the queue, a moment later), mark its description
+``cancelled`` (with ``cancelled_by``, the caller), index it in ``CANCELLED_RUNS`` and name it in
+``cancelled_run_key(conversation)``, publish its terminal ``end`` event and count it. The API never
+writes SQLite and the run never reached the worker, so its Redis description *is* its record (kept
+``CANCELLED_RETENTION_SECONDS``): nothing of it entered the conversation's thread, and a
+conversation whose first run it was never existed in the database.
 
-**Running** (or taken by arq and about to be recorded). In one transaction the API
-sets ``cancel_key(run)`` (the record: the worker reads it before the run's first
-step, and start-up recovery after a crash) and publishes the run's id on
-``CANCEL_CHANNEL``, to which the worker is subscribed: it cuts the run where it
-stands, mid-answer or mid-tool, closes the thread (the answer so far kept and
-marked stopped, tool calls cut short answered as stopped), records ``cancelled``
-and publishes ``end`` (worker/run/stopping.py). A run that reaches its end first
-completes normally: the answer is then 409, as for any finished run.
+**Running** (or taken by arq and about to be recorded). In one transaction the API sets
+``cancel_key(run)`` (the record, naming the caller: the worker reads it before the run's first step,
+start-up recovery after a crash, and the run's ending for ``runs.cancelled_by``) and publishes the
+run's id on ``CANCEL_CHANNEL``, to which the worker is subscribed: it cuts the run where it stands,
+mid-answer or mid-tool, closes the thread (the answer so far kept and marked stopped, tool calls cut
+short answered as stopped), records ``cancelled`` and publishes ``end`` (worker/run/stopping.py). A
+run that reaches its end first completes normally: the answer is then 409, as for any finished run.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from api.auth.identity import caller
 from api.runs import live
 from api.runs.schemas import RunInfo
 from api.runs.views import Runs
@@ -72,6 +72,7 @@ class Cancelled:
 async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     """Cancel ``run_id`` (see the module docstring); idempotent. Raises NotFound, RunFinished."""
     redis = runs.redis
+    who = caller().name  # recorded as the run's ``cancelledBy``
     await runs.get(run_id)  # NotFound for a run the caller may not see (api/auth/scope.py)
     # A run's conversation never changes: reading it first is safe, and names the script's last key.
     conversation = await redis.hget(run_key(run_id), "conversation") or ""  # type: ignore[misc]
@@ -100,6 +101,7 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
                 counter_field(RUNS_FINISHED, status=RunStatus.CANCELLED.value),
                 conversation,
                 *hook_args,
+                who,
             ],
         ))
 
@@ -129,7 +131,8 @@ async def cancel_run(runs: Runs, run_id: str) -> Cancelled:
     # Running, or taken by the worker and about to be recorded: ask the worker. The marker
     # first (a worker that was not listening finds it), then the signal it hears at once.
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(cancel_key(run_id), json.dumps({"requested_at": time.time()}), ex=CANCEL_MARKER_SECONDS)
+        marker = json.dumps({"requested_at": time.time(), "by": who})
+        pipe.set(cancel_key(run_id), marker, ex=CANCEL_MARKER_SECONDS)
         pipe.publish(CANCEL_CHANNEL, run_id)
         await pipe.execute()
     info = await runs.get(run_id)

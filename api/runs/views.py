@@ -159,6 +159,7 @@ def from_ended(row: RunRow) -> RunInfo:
         error=error if error is not None else UNSET,
         owner=row.owner or UNSET,
         started_by=row.started_by or row.owner or UNSET,
+        cancelled_by=row.cancelled_by or UNSET,
     )
 
 

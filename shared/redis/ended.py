@@ -98,6 +98,7 @@ def from_description(run_id: str, fields: Mapping[Any, Any]) -> RunRow | None:
         enqueued_at=_iso(text.get("enqueued_at")), started_at=None,
         finished_at=next((_iso(text.get(f)) for f in _ENDED_AT if text.get(f)), None) if ended else None,
         step_count=0, owner=text.get("owner") or "local", started_by=text.get("started_by") or None,
+        cancelled_by=(text.get("cancelled_by") or None) if ended else None,
     )
 
 

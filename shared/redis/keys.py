@@ -6,6 +6,8 @@ records, in-progress markers and retries) are named here too, as arq 0.28 lays t
 
 from __future__ import annotations
 
+import json
+
 QUEUE_NAME = "sophos:queue"
 #: hash conversation_id -> run_id of its queued or running run; HSETNX is the lock
 #: that makes "one run per conversation" atomic across API processes.
@@ -93,8 +95,20 @@ TAKEN_SECONDS = 3600
 
 
 def cancel_key(run_id: str) -> str:
-    """Set by the API to ask the worker to stop a started run (read again after a crash)."""
+    """Set by the API to ask the worker to stop a started run (read again after a crash): JSON
+    ``{"requested_at": seconds, "by": user}``, ``by`` the user who asked (:func:`cancelled_by`)."""
     return f"sophos:cancel:{run_id}"
+
+
+def cancelled_by(marker: str | bytes | None) -> str | None:
+    """Who asked, as a ``cancel_key`` marker says; None when it does not (or is not JSON: a marker
+    an older API wrote, or none)."""
+    try:
+        body = json.loads(marker) if marker else None
+    except ValueError:
+        return None
+    by = body.get("by") if isinstance(body, dict) else None
+    return by if isinstance(by, str) and by else None
 
 
 #: pub/sub channel the API publishes a run's id on, with ``cancel_key``: the worker,

@@ -295,7 +295,7 @@ return gone
 #       (as END_RUN_LUA's)
 # ARGV: run id, now (seconds), record retention (s), event retention (s), metrics field, conversation
 #       (the one KEYS[9] was named for: read before the script, as a script must be told its keys),
-#       then hook_run's four
+#       then hook_run's four, then who cancelled (the caller's name, '' if unknown)
 CANCEL_QUEUED_LUA = END_LUA + """
 if redis.call('HGET', KEYS[4], 'status') == 'cancelled' then
   return 'already'
@@ -318,6 +318,9 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
 local conversation = redis.call('HGET', KEYS[4], 'conversation')
 redis.call('HSET', KEYS[4], 'status', 'cancelled', 'cancelled_at', ARGV[2])
+if ARGV[11] and ARGV[11] ~= '' then
+  redis.call('HSET', KEYS[4], 'cancelled_by', ARGV[11])
+end
 redis.call('EXPIRE', KEYS[4], ARGV[3])
 redis.call('ZADD', KEYS[7], score, ARGV[1])
 if conversation == ARGV[6] then

@@ -11,12 +11,12 @@ The ending then, in this order:
    run cancelled, cut or killed before its approval node's checkpoint leaves the
    interrupt pending: the approval is asked again, never lost); pending tasks mean
    a resume can finish it.
-2. **Records it**, with where the run spent its time when the caller timed it (its
-   breakdown), through the storage interface (fenced on PostgreSQL: a worker that
-   lost its lease records nothing, :class:`LeaseLost` reaches the caller). A database
-   that refuses keeps the write for a retry (worker/run/outcomes.py); the client is told
-   all the same. A run that has no row (the database refused to record its start) is
-   described in its Redis hash instead.
+2. **Records it**, with where the run spent its time when the caller timed it (its breakdown)
+   and, for a run ``cancelled``, who asked (its cancel marker, ``cancel_key``), through the storage
+   interface (fenced on PostgreSQL: a worker that lost its lease records nothing, :class:`LeaseLost`
+   reaches the caller). A database that refuses keeps the write for a retry
+   (worker/run/outcomes.py); the client is told all the same. A run that has no row (the database
+   refused to record its start) is described in its Redis hash instead.
 3. **Notifies**, persist-then-notify: in one Redis script (``END_RUN_LUA``) the claim
    is compared-and-deleted, the ``approval`` and terminal events appended after the
    run's last event, the stream's expiry set, the outcome counted (its duration
@@ -44,7 +44,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
-from shared.redis.keys import ACTIVE_RUNS, events_key
+from shared.redis.keys import ACTIVE_RUNS, cancel_key, cancelled_by, events_key
 from shared.redis.metrics import (
     METRICS_KEY,
     RUN_DURATION,
@@ -165,13 +165,14 @@ class RunEnding:
         if thread is None:
             thread = await self.read_thread(conversation_id, run_id)
         outcome = settle(cause, thread)
+        by = await self._cancelled_by(run_id) if outcome.status is RunStatus.CANCELLED else None
         if recorded:
             async def write() -> None:
                 await self.store.finish_run(
                     run_id, conversation_id,
                     status=outcome.status, error_code=outcome.code, error_message=outcome.message,
                     message_count=thread.message_count, pending_tasks=thread.pending, step_count=steps,
-                    breakdown=breakdown,
+                    breakdown=breakdown, cancelled_by=by,
                 )
 
             if events is not None:
@@ -186,6 +187,7 @@ class RunEnding:
                 await record_ended(self.redis, run_id, conversation_id, {
                     "status": outcome.status.value, "failed_at": f"{time.time():.6f}",
                     "error_code": outcome.code or "", "error_message": outcome.message or "",
+                    **({"cancelled_by": by} if by else {}),
                 })
             except RedisError as exc:
                 log.warning("run.describe_failed", error=str(exc))
@@ -201,6 +203,17 @@ class RunEnding:
             riders.append(lambda pipe: queue_increments(pipe, timing))
         await self._notify(run_id, conversation_id, outcome, first_id, riders)
         return outcome
+
+    async def _cancelled_by(self, run_id: str) -> str | None:
+        """Who asked to cancel the run, as its cancel marker says (api/runs/cancel.py); still
+        there, since the ending's own round trip deletes it. Redis away: not known, the run is
+        cancelled all the same."""
+        try:
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                return cancelled_by(await self.redis.get(cancel_key(run_id)))
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("run.cancel_marker_unreadable", run_id=run_id, error=str(exc) or type(exc).__name__)
+            return None
 
     async def _notify(
         self, run_id: str, conversation_id: str, outcome: Outcome, first_id: int,
