@@ -166,9 +166,10 @@ def test_the_detail_and_both_exports_show_each_request_and_its_decision(
     assert ledger["state"] == "done" and ledger["attempts"] == 1 and ledger["key"]
     assert calls == [
         {"id": first, "name": "tools__add", "arguments": {"a": 10, "b": 10},
-         "approval": {"action": "edit", "proposedArguments": {"a": 1, "b": 1}}},
+         "approval": {"action": "edit", "proposedArguments": {"a": 1, "b": 1}, "decidedBy": "local"}},
         {"id": second, "name": "tools__add", "arguments": {"a": 2, "b": 2},
-         "approval": {"action": "reject", "proposedArguments": {"a": 2, "b": 2}, "message": "too small"}},
+         "approval": {"action": "reject", "proposedArguments": {"a": 2, "b": 2}, "message": "too small",
+                      "decidedBy": "local"}},
     ]
 
     markdown = get_json(stack.api_url, f"/api/conversations/{conversation}/export", raw=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.ollama import FakeOllama, Hang
-from tests.support.client import wait_for
-from tests.support.env import SophosEnv
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import read_sse, wait_for
+from tests.support.env import SophosEnv, require_approval
 from tests.support.procs import ServiceProcess
 
 TIMEOUT = 30.0
@@ -98,3 +98,32 @@ def test_a_queued_run_cancelled_by_its_owner_says_so_on_both_apis(
     assert cancelled.status_code in (200, 202, 204), cancelled.text
     shown = run_of(url, alice, protocol_run)
     assert (shown["status"], shown["startedBy"], shown["cancelledBy"]) == ("cancelled", "alice", "root")
+
+
+def test_a_decision_says_who_decided(
+    sophos_env: SophosEnv, model: FakeOllama, start_worker: Callable[..., ServiceProcess],
+    start_api: Callable[..., ServiceProcess],
+) -> None:
+    alice = add_user(sophos_env, "alice")
+    root = add_user(sophos_env, "root", "--operator")
+    require_approval(sophos_env, ["add"])
+    model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+    start_worker(sophos_env)
+    url = start_api(sophos_env).url
+
+    conversation = ask(url, alice, "POST", "/api/chat", {"message": "add 2 and 3"}).json()["conversation"]
+    assert read_sse(url, conversation, token=alice, timeout=TIMEOUT)[-1].data["status"] == "waiting"
+    [request] = ask(url, alice, "GET", f"/api/conversations/{conversation}").json()["pendingApproval"]
+    # An operator decides on alice's behalf.
+    decided = ask(url, root, "POST", "/api/chat", {
+        "conversation": conversation, "decisions": [{"id": request["id"], "action": "approve"}]})
+    assert decided.status_code == 202, decided.text
+    assert read_sse(url, conversation, token=alice, timeout=TIMEOUT)[-1].data["status"] == "completed"
+    assert run_of(url, alice, decided.json()["run"])["startedBy"] == "root"
+
+    detail = ask(url, alice, "GET", f"/api/conversations/{conversation}").json()
+    [call] = [c for m in detail["messages"] for c in m.get("toolCalls", [])]
+    assert call["approval"] == {
+        "action": "approve", "proposedArguments": {"a": 2, "b": 3}, "decidedBy": "root"}
+    export = ask(url, alice, "GET", f"/api/conversations/{conversation}/export").text
+    assert "*Approved by root.*" in export

@@ -67,6 +67,8 @@ class Approval(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True)
     #: the arguments the model proposed (the call's ``arguments`` are what ran: they differ on edit)
     proposed_arguments: dict[str, Any] | UnsetType = UNSET
     message: str | UnsetType = UNSET
+    #: who decided (the decision run's ``startedBy``; absent for a decision recorded before this field)
+    decided_by: str | UnsetType = UNSET
 
 
 class LedgerEntry(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -26,6 +26,7 @@ from api.conversations.schemas import (
 )
 from shared.contracts.events import text_of
 from shared.contracts.runs import APPROVALS_MARK, STOPPED_MARK
+from shared.storage.users import LOCAL_USER
 
 # langchain is imported by the functions that run in a reader process (api/store.py): the API's
 # main process, which formats Markdown here, never loads it.
@@ -75,11 +76,12 @@ def _approvals(message: AIMessage) -> dict[str, Approval]:
     for call_id, entry in record.items():
         if not isinstance(entry, Mapping) or entry.get("action") not in ("approve", "reject", "edit"):
             continue
-        proposed, text = entry.get("proposed"), entry.get("message")
+        proposed, text, by = entry.get("proposed"), entry.get("message"), entry.get("by")
         decided[str(call_id)] = Approval(
             action=entry["action"],
             proposed_arguments=dict(proposed) if isinstance(proposed, Mapping) else UNSET,
             message=text if isinstance(text, str) and text else UNSET,
+            decided_by=by if isinstance(by, str) and by else UNSET,
         )
     return decided
 
@@ -168,12 +170,14 @@ def _code(text: str) -> str:
 
 def _decision(approval: Approval) -> str:
     reason = f": {approval.message}" if approval.message else ""
+    # Named once identities are on; the one user of a service without them stays "the user".
+    who = approval.decided_by if approval.decided_by and approval.decided_by != LOCAL_USER else "the user"
     if approval.action == "reject":
-        return f"*Rejected by the user{reason}* (not run)."
+        return f"*Rejected by {who}{reason}* (not run)."
     if approval.action == "edit":
         proposed = json.dumps(approval.proposed_arguments or {}, ensure_ascii=False)
-        return f"*Edited by the user before it ran*; the model proposed {_code(proposed)}."
-    return "*Approved by the user.*"
+        return f"*Edited by {who} before it ran*; the model proposed {_code(proposed)}."
+    return f"*Approved by {who}.*"
 
 
 def _forked(branch: Branch) -> str:

@@ -66,6 +66,8 @@ class Decision:
     action: DecisionAction
     arguments: dict[str, Any] | None = None
     message: str | None = None
+    #: who decided: the decision run's ``started_by``, stamped by the worker (worker/run/inputs.py)
+    by: str | None = None
 
 
 #: The arq function that deletes a conversation (DELETE /api/conversations/{id}).

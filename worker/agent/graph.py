@@ -228,7 +228,8 @@ def _decide(
             to_run.append(dict(call))
             continue
         record[str(call["id"])] = {"action": decision.action.value, "proposed": call["args"],
-                                   **({"message": decision.message} if decision.message else {})}
+                                   **({"message": decision.message} if decision.message else {}),
+                                   **({"by": decision.by} if decision.by else {})}
         if decision.action is DecisionAction.REJECT:
             calls.append(call)
             rejections.append(ToolMessage(

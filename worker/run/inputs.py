@@ -71,7 +71,9 @@ async def _continuation(
         # does nothing.
         if not waiting:
             raise NotResumable("the conversation has no approval pending")
-        return Command(resume=resume_value(state, list(job.decisions or ())))
+        # Each decision names who made it, for the decided answer's record (worker/agent/graph.py).
+        decisions = [{**d, "by": job.started_by} if job.started_by else d for d in job.decisions or ()]
+        return Command(resume=resume_value(state, decisions))
     if waiting:
         raise NotResumable("the conversation waits for an approval; decide it instead")
     return None
