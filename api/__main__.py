@@ -115,7 +115,7 @@ def _keys_in_force(settings: Settings) -> bool:
 
     from shared.errors import DatabaseUnavailable
     from shared.storage.engines import open_reader
-    from shared.storage.users import USERS_MIGRATION, keys_in_force
+    from shared.users import USERS_MIGRATION, keys_in_force
 
     async def ask() -> bool:
         reader = open_reader(settings)

@@ -500,7 +500,7 @@ _SECRET_FIELDS = frozenset({"api_token"})
 _URL_FIELDS = frozenset({"database_url", "redis_url", "ollama_host"})
 
 
-#: a user's name: what keys are made for and what owns resources (shared/storage/users.py)
+#: a user's name: what keys are made for and what owns resources (shared/users.py)
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@|:+-]{0,127}")
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from shared.errors import SophosError
 from shared.settings import Settings, SettingsError
 from shared.storage.engines import open_migrated_database
-from shared.storage.users import add_user, list_users, revoke_user
+from shared.users import add_user, list_users, revoke_user
 
 
 def parser() -> argparse.ArgumentParser:

@@ -236,7 +236,7 @@ def _old_postgres_database(url: str) -> str:
     import psycopg
 
     from shared.storage.schema import MIGRATIONS
-    from shared.storage.users import USERS_MIGRATION
+    from shared.users import USERS_MIGRATION
 
     conversation = str(uuid.uuid4())
     with psycopg.connect(url, autocommit=True) as conn:

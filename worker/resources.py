@@ -28,7 +28,7 @@ from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
 from shared.storage.engines import open_checkpointer
-from shared.storage.users import adopt
+from shared.users import adopt
 from worker import faults
 from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model

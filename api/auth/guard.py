@@ -29,7 +29,7 @@ from api.auth.keys import KeyDirectory
 from api.auth.oidc import OidcVerifier
 from shared.errors import Forbidden, Unauthorized
 from shared.settings import Settings
-from shared.storage.users import KEY_PREFIX
+from shared.users import KEY_PREFIX
 
 #: ``opt={OPERATOR_ONLY: True}``: a route for operators only (403 for other users)
 OPERATOR_ONLY = "operator_only"

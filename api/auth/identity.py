@@ -13,7 +13,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.storage.users import LOCAL_USER, TOKEN_USER
+from shared.users import LOCAL_USER, TOKEN_USER
 
 How = Literal["local", "token", "key", "oidc"]
 

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 
 from shared.storage.reading import Reader
-from shared.storage.users import USERS_MIGRATION, User, key_digest, keys_in_force, user_of_key
+from shared.users import USERS_MIGRATION, User, key_digest, keys_in_force, user_of_key
 
 REMEMBER_SECONDS = 0.5
 #: digests remembered at most (oldest forgotten first): a flood of wrong keys stays bounded

@@ -34,7 +34,7 @@ from api.runs import live
 from api.store import ConversationRow, Store
 from shared.errors import BadRequest, NotFound, ThreadExists
 from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
-from shared.storage.users import LOCAL_USER
+from shared.users import LOCAL_USER
 
 log = structlog.get_logger(__name__)
 

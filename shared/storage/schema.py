@@ -129,14 +129,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX crons_due ON crons(next_tick);
     CREATE INDEX crons_by_thread ON crons(thread_id);
     """,
-    # 10: identities (api/auth/, shared/storage/users.py, DESIGN.md "People and what they may
+    # 10: identities (api/auth/, shared/users.py, DESIGN.md "People and what they may
     # touch"). ``users``: a key's SHA-256 digest only, never the key; a revoked user keeps their
     # row (their name still owns what they made, and is not given to someone else). ``owner``:
     # who a conversation, a run and a cron belong to; a run's ``owner`` is its conversation's
     # (so a user's runs page without a join), ``started_by`` and ``cancelled_by`` who did that
     # (an operator may act on a user's conversation). What was stored before belongs to
     # 'local', the user of an API without identities (AUTH_ADOPT_OWNER names another: the
-    # worker hands it over at start-up, shared/storage/users.py ``adopt``).
+    # worker hands it over at start-up, shared/users.py ``adopt``).
     """
     CREATE TABLE users (
         name       TEXT PRIMARY KEY,
