@@ -26,7 +26,7 @@ from api.conversations.schemas import (
 )
 from shared.contracts.events import text_of
 from shared.contracts.runs import APPROVALS_MARK, STOPPED_MARK
-from shared.storage.users import LOCAL_USER
+from shared.users import LOCAL_USER
 
 # langchain is imported by the functions that run in a reader process (api/store.py): the API's
 # main process, which formats Markdown here, never loads it.
