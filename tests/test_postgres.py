@@ -218,7 +218,7 @@ async def test_a_worker_dying_just_after_it_takes_a_waiting_runs_turn_leaves_the
     try:
         async with open_checkpointer(settings, size=1) as saver:
             service = RunService(settings, redis, store, reader_graph(saver))
-            assert await take_turn(service, job) is not None
+            assert await take_turn(redis, store, service.graph, service.ending, job) is not None
     finally:
         await store.close()
     assert await redis.hget(ACTIVE_RUNS, conversation) == job.run_id  # type: ignore[misc]
