@@ -72,6 +72,12 @@ def test_people_sign_in_and_out_see_their_own_and_a_revoked_key_is_asked_again(
     expect(page.locator("#account-role")).to_be_hidden()  # a user, not an operator
     expect(listed(page, alices)).to_be_visible()
     expect(listed(page, bobs)).to_have_count(0)
+    # At 375 px too, the name and Sign out are in the header, which fits the screen.
+    page.set_viewport_size({"width": 375, "height": 740})
+    expect(page.locator("#account-name")).to_be_in_viewport()
+    expect(page.get_by_role("button", name="Sign out")).to_be_in_viewport()
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    page.set_viewport_size({"width": 1100, "height": 760})
 
     # Sign out forgets the key and asks again; the next person sees only their own.
     page.get_by_role("button", name="Sign out").click()
