@@ -537,12 +537,24 @@ def test_with_a_token_the_page_asks_once_and_streams_with_it(
     page = offline.open(url)
     dialog = page.locator("#token-dialog")
     expect(dialog).to_be_visible()
-    page.get_by_role("textbox", name="Token").fill("wrong")
-    page.get_by_role("button", name="Continue").click()
+    page.get_by_role("textbox", name="Key").fill("wrong")
+    page.get_by_role("button", name="Sign in").click()
     expect(page.locator("#token-error")).to_contain_text("the bearer token is not valid")
-    page.get_by_role("textbox", name="Token").fill("s3cret-token")
-    page.get_by_role("button", name="Continue").click()
+    page.get_by_role("textbox", name="Key").fill("s3cret-token")
+    page.get_by_role("button", name="Sign in").click()
     expect(dialog).to_be_hidden()
+    # API_TOKEN is the operator `api-token`, and a key to forget.
+    expect(page.locator("#account-name")).to_have_text("api-token")
+    expect(page.locator("#account-role")).to_have_text("operator")
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    page.set_viewport_size({"width": 375, "height": 740})  # all of it fits at 375 px too
+    expect(page.locator("#account-role")).to_be_in_viewport()
+    expect(page.get_by_role("button", name="Sign out")).to_be_in_viewport()
+    # One line high, as without a name: the folded sidebar opens just under it.
+    header = page.locator(".topbar").evaluate("node => node.getBoundingClientRect().height")
+    assert header <= page.locator("#sidebar").evaluate("node => parseFloat(getComputedStyle(node).top)")
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    page.set_viewport_size({"width": 1100, "height": 760})
 
     send(page, "who may ask?")
     expect(answers(page).last.locator("strong")).to_have_text("answer")

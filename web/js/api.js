@@ -1,9 +1,10 @@
-// Talking to the API: JSON requests, the error envelope, the optional bearer token.
+// Talking to the API: JSON requests, the error envelope, the key of whoever is signed in.
 //
-// The page is served by the API itself (same origin), so no CORS is involved. With
-// API_TOKEN set, the first 401 asks for the token once; it is kept for the tab in
-// sessionStorage and sent as `Authorization: Bearer` (and as `access_token` on URLs
-// that a browser requests by itself: EventSource, download links).
+// The page is served by the API itself (same origin), so no CORS is involved. Once the API
+// knows identities (a user's key, or API_TOKEN), any 401 asks for a key: at first, and again
+// when the key stops working (revoked). It is kept for the tab in sessionStorage and sent as
+// `Authorization: Bearer` (and as `access_token` on URLs that a browser requests by itself:
+// EventSource, download links).
 
 const TOKEN_KEY = "sophos.token";
 
@@ -22,8 +23,42 @@ export function token() {
 }
 
 let asking = null;
+let signedIn = null; // the name `GET /api/whoami` last gave
+const SIGNED_IN = "sophos:signed-in";
 
-/** Show the token dialog (once for all callers waiting at the same time). */
+/** Who the page acts as (`{name, operator, via}`); remembered to notice a change of person. */
+export async function whoami() {
+  const me = await api("/api/whoami");
+  signedIn = me.name;
+  return me;
+}
+
+/** Call `listener(me)` each time someone signs in through the dialog. */
+export function onSignIn(listener) {
+  window.addEventListener(SIGNED_IN, (event) => listener(event.detail));
+}
+
+/** Forget the key and load the page afresh: nothing of this person's stays on screen. */
+export function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  location.replace("/");
+}
+
+/**
+ * The key typed in the dialog, checked with `GET /api/whoami` before anything is sent with it:
+ * `{me}`, or `{error}` to show in the dialog.
+ */
+async function check(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
+  const response = await send("/api/whoami", {}).catch((error) => error);
+  if (response instanceof Response && response.ok) return { me: await response.json() };
+  sessionStorage.removeItem(TOKEN_KEY);
+  if (!(response instanceof Response)) return { error: response.message };
+  const data = await response.json().catch(() => null);
+  return { error: (data && data.error && data.error.message) || `HTTP ${response.status}` };
+}
+
+/** Show the sign-in dialog (once for all callers waiting at the same time). */
 export function askForToken(reason) {
   if (asking) return asking;
   const dialog = document.getElementById("token-dialog");
@@ -31,11 +66,22 @@ export function askForToken(reason) {
   const input = document.getElementById("token");
   document.getElementById("token-error").textContent = reason || "";
   asking = new Promise((resolve) => {
-    const submit = (event) => {
+    const submit = async (event) => {
       event.preventDefault();
       const value = input.value.trim();
       if (!value) return;
-      sessionStorage.setItem(TOKEN_KEY, value);
+      const { me, error } = await check(value);
+      if (error) {
+        document.getElementById("token-error").textContent = `${error}: try again.`;
+        return;
+      }
+      if (signedIn !== null && me.name !== signedIn) {
+        // Someone else: what waits was asked as the last person, and what shows is theirs.
+        location.replace("/");
+        return;
+      }
+      signedIn = me.name;
+      window.dispatchEvent(new CustomEvent(SIGNED_IN, { detail: me }));
       form.removeEventListener("submit", submit);
       dialog.close();
       input.value = "";
@@ -87,8 +133,9 @@ export async function api(path, { method = "GET", body, text = false } = {}) {
       data = null;
     }
     if (response.status === 401) {
-      const message = (data && data.error && data.error.message) || "a token is required";
-      await askForToken(token() ? `${message}: try again.` : "");
+      const message = (data && data.error && data.error.message) || "a key is required";
+      // With a key kept, it stopped working (revoked, or the API's token changed): say why.
+      await askForToken(token() ? `${message}: sign in again.` : "");
       continue;
     }
     if (!response.ok) {

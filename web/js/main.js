@@ -1,4 +1,5 @@
 // The page's entry point: routes (#/, #/c/ID, #/runs) between the chat and the runs view.
+import { Account } from "./account.js";
 import { AgentPanel } from "./agent.js";
 import { ChatView } from "./chat.js";
 import { RunsView } from "./runs.js";
@@ -20,6 +21,7 @@ const chat = new ChatView({
 });
 const runs = new RunsView({ titleOf: (id) => sidebar.title(id) });
 const agent = new AgentPanel();
+const account = new Account();
 
 function route() {
   const hash = location.hash || "#/";
@@ -57,6 +59,7 @@ menu.addEventListener("click", () => {
 });
 window.addEventListener("hashchange", route);
 
+account.load();
 sidebar.refresh();
 setInterval(() => {
   if (!document.hidden) sidebar.refresh();

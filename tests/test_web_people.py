@@ -1,0 +1,115 @@
+"""Who is signed in, in Debian's Chromium against the real API and worker (docs/web.md "Signing in").
+
+Users' keys are made and revoked with ``sophos users`` as an operator would, while the page is
+open. The browser, the offline context and the service come from tests/support/browser.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import httpx
+
+from tests.fakes.ollama import FakeOllama, Text
+from tests.support.browser import Offline, Page, expect, send
+from tests.support.client import chat, get_json, wait_for
+from tests.support.env import SophosEnv
+
+
+def users(env: SophosEnv, *args: str) -> str:
+    """``sophos users ARGS``; its last line (for ``add``, the key, printed once)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sophos_cli", "users", *args], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def sign_in(page: Page, key: str) -> None:
+    dialog = page.locator("#token-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_role("heading")).to_have_text("Sign in")
+    page.get_by_role("textbox", name="Key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+    expect(dialog).to_be_hidden()
+
+
+def refused(url: str, key: str) -> bool:
+    answer = httpx.get(f"{url}/api/whoami", headers={"authorization": f"Bearer {key}"}, timeout=10)
+    return answer.status_code == 401
+
+
+def listed(page: Page, conversation: str) -> object:
+    return page.locator(f'#conversations li[data-id="{conversation}"]')
+
+
+def test_without_identities_the_page_shows_the_local_user(
+    service: Callable[..., str], offline: Offline
+) -> None:
+    page = offline.open(service())
+    expect(page.locator("#account-name")).to_have_text("local")
+    expect(page.locator("#account-role")).to_have_text("operator")  # the local user is one
+    expect(page.get_by_role("button", name="Sign out")).to_be_hidden()
+    expect(page.locator("#token-dialog")).to_be_hidden()
+
+
+def test_people_sign_in_and_out_see_their_own_and_a_revoked_key_is_asked_again(
+    sophos_env: SophosEnv, service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    alice = users(sophos_env, "add", "alice")
+    bob = users(sophos_env, "add", "bob")
+    model.script(Text("For Alice."), Text("For Bob."))
+    url = service()
+    alices, _ = chat(url, "alice's secret plan", token=alice)
+    bobs, _ = chat(url, "bob's shopping list", token=bob)
+
+    page = offline.open(url)
+    sign_in(page, alice)
+    expect(page.locator("#account-name")).to_have_text("alice")
+    expect(page.locator("#account-role")).to_be_hidden()  # a user, not an operator
+    expect(listed(page, alices)).to_be_visible()
+    expect(listed(page, bobs)).to_have_count(0)
+    # At 375 px too, the name and Sign out are in the header, which fits the screen.
+    page.set_viewport_size({"width": 375, "height": 740})
+    expect(page.locator("#account-name")).to_be_in_viewport()
+    expect(page.get_by_role("button", name="Sign out")).to_be_in_viewport()
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    page.set_viewport_size({"width": 1100, "height": 760})
+
+    # Sign out forgets the key and asks again; the next person sees only their own.
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.locator("#token-dialog")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('sophos.token')") is None
+    expect(page.locator("#account-name")).not_to_have_text("alice")
+    sign_in(page, bob)
+    expect(page.locator("#account-name")).to_have_text("bob")
+    expect(listed(page, bobs)).to_be_visible()
+    expect(listed(page, alices)).to_have_count(0)
+    expect(page.locator("#conversations li")).to_have_count(1)
+
+    # A key that is not one is refused in the dialog, which stays open.
+    page.get_by_role("button", name="Sign out").click()
+    page.get_by_role("textbox", name="Key").fill("sk-sophos-not-a-key")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#token-error")).to_contain_text("the key is not valid (unknown, or revoked)")
+    sign_in(page, bob)
+    expect(listed(page, bobs)).to_be_visible()
+
+    # Bob's key revoked while the page is open: the next request asks for a key, saying why.
+    users(sophos_env, "revoke", "bob")
+    wait_for(lambda: refused(url, bob), timeout=5, message="bob's key refused")
+    send(page, "one more thing")
+    expect(page.locator("#token-dialog")).to_be_visible()
+    expect(page.locator("#token-error")).to_contain_text(
+        "the key is not valid (unknown, or revoked): sign in again"
+    )
+    # Someone else signing in gets a fresh page: Bob's message is not sent as Alice's.
+    sign_in(page, alice)
+    expect(page.locator("#account-name")).to_have_text("alice")
+    expect(listed(page, alices)).to_be_visible()
+    expect(listed(page, bobs)).to_have_count(0)
+    titles = [c["title"] for c in get_json(url, "/api/conversations", token=alice)["conversations"]]
+    assert titles == ["alice's secret plan"]
