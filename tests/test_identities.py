@@ -30,20 +30,7 @@ from tests.support.client import wait_for
 from tests.support.env import SophosEnv
 from tests.support.oidc import Issuer, SigningKey
 from tests.support.procs import ServiceProcess
-
-
-def users(env: SophosEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    """``sophos users ARGS`` as an operator types it: no service needs to run."""
-    return subprocess.run(
-        [sys.executable, "-m", "sophos_cli", "users", *args], env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )
-
-
-def add_user(env: SophosEnv, name: str, *flags: str) -> str:
-    made = users(env, "add", name, *flags)
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip().splitlines()[-1]  # the key: the last line, printed once
+from tests.support.users import add_user, users
 
 
 def whoami(url: str, credential: str | None = None, *, header: str = "authorization") -> httpx.Response:

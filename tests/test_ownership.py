@@ -13,8 +13,6 @@ cannot pass by finding nothing). Real processes, real Redis, on SQLite and on Po
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from tests.fakes.ollama import FakeOllama
 from tests.support.client import read_sse
 from tests.support.env import SophosEnv
 from tests.support.procs import ServiceProcess
+from tests.support.users import add_user
 
 pytestmark = pytest.mark.backends
 
@@ -65,12 +64,6 @@ PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/who
 OPERATOR_ONLY = {"/metrics"}
 #: routes that create what they name: a free id is the caller's to take
 CREATES = {("POST", "/threads")}
-
-
-def users(env: SophosEnv, *args: str) -> str:
-    made = subprocess.run([sys.executable, "-m", "sophos_cli", "users", *args], env=env, capture_output=True,
-                          text=True, timeout=60, check=True)
-    return made.stdout.strip().splitlines()[-1]
 
 
 @dataclass
@@ -118,9 +111,9 @@ def test_another_users_resources_are_absent_on_every_route(
     sophos_env: SophosEnv, model: FakeOllama, start_worker: Callable[..., ServiceProcess],
     start_api: Callable[..., ServiceProcess],
 ) -> None:
-    alice_key = users(sophos_env, "add", "alice")
-    bob_key = users(sophos_env, "add", "bob")
-    root_key = users(sophos_env, "add", "root", "--operator")
+    alice_key = add_user(sophos_env, "alice")
+    bob_key = add_user(sophos_env, "bob")
+    root_key = add_user(sophos_env, "root", "--operator")
     start_worker(sophos_env)
     url = start_api(sophos_env).url
     alice, bob, root = Caller(url, alice_key), Caller(url, bob_key), Caller(url, root_key)

@@ -6,8 +6,6 @@ open. The browser, the offline context and the service come from tests/support/b
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
 import httpx
@@ -16,16 +14,7 @@ from tests.fakes.ollama import FakeOllama, Text
 from tests.support.browser import Offline, Page, expect, send
 from tests.support.client import chat, get_json, wait_for
 from tests.support.env import SophosEnv
-
-
-def users(env: SophosEnv, *args: str) -> str:
-    """``sophos users ARGS``; its last line (for ``add``, the key, printed once)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "sophos_cli", "users", *args], env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+from tests.support.users import add_user, users
 
 
 def sign_in(page: Page, key: str) -> None:
@@ -59,8 +48,8 @@ def test_without_identities_the_page_shows_the_local_user(
 def test_people_sign_in_and_out_see_their_own_and_a_revoked_key_is_asked_again(
     sophos_env: SophosEnv, service: Callable[..., str], offline: Offline, model: FakeOllama
 ) -> None:
-    alice = users(sophos_env, "add", "alice")
-    bob = users(sophos_env, "add", "bob")
+    alice = add_user(sophos_env, "alice")
+    bob = add_user(sophos_env, "bob")
     model.script(Text("For Alice."), Text("For Bob."))
     url = service()
     alices, _ = chat(url, "alice's secret plan", token=alice)
@@ -99,7 +88,7 @@ def test_people_sign_in_and_out_see_their_own_and_a_revoked_key_is_asked_again(
     expect(listed(page, bobs)).to_be_visible()
 
     # Bob's key revoked while the page is open: the next request asks for a key, saying why.
-    users(sophos_env, "revoke", "bob")
+    assert users(sophos_env, "revoke", "bob").returncode == 0
     wait_for(lambda: refused(url, bob), timeout=5, message="bob's key refused")
     send(page, "one more thing")
     expect(page.locator("#token-dialog")).to_be_visible()

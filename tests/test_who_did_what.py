@@ -7,8 +7,6 @@ real worker and API on real Redis; the model is the fake Ollama, holding a run o
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,14 +16,9 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import read_sse, wait_for
 from tests.support.env import SophosEnv, require_approval
 from tests.support.procs import ServiceProcess
+from tests.support.users import add_user
 
 TIMEOUT = 30.0
-
-
-def add_user(env: SophosEnv, name: str, *flags: str) -> str:
-    made = subprocess.run([sys.executable, "-m", "sophos_cli", "users", "add", name, *flags], env=env,
-                          capture_output=True, text=True, timeout=60, check=True)
-    return made.stdout.strip().splitlines()[-1]  # the key: the last line, printed once
 
 
 def ask(url: str, key: str, method: str, path: str, body: dict[str, Any] | None = None,
