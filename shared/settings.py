@@ -285,6 +285,9 @@ class Settings:
     rate_limit_per_minute: int = 60
     # Open event streams per client address, per API process; 0 turns the limit off.
     max_streams_per_client: int = 32
+    # Runs queued or running per user (not operators), counted in Redis by the submit script
+    # (shared/redis/scripts.py); the next is 429 with Retry-After. 0 turns the limit off.
+    user_max_active_runs: int = 8
     # Identities (api/auth/, docs/security.md): an OpenID Connect issuer whose bearer JWTs are
     # users (its discovery document names the JWKS), the audience its tokens must name, the
     # claim naming the user, and the claim and value that make one an operator.
@@ -406,6 +409,7 @@ class Settings:
             allow_unauthenticated=_bool(env, "ALLOW_UNAUTHENTICATED", d.allow_unauthenticated),
             forwarded_allow_ips=_addresses(env, "FORWARDED_ALLOW_IPS", d.forwarded_allow_ips),
             rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
+            user_max_active_runs=_int(env, "USER_MAX_ACTIVE_RUNS", d.user_max_active_runs),
             max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
             cors_origins=_origins(env, "CORS_ORIGINS"),
             auth_oidc_issuer=oidc.issuer,
