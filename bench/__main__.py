@@ -6,7 +6,8 @@ figure 15 (the cost of exporting traces), ``--only memory`` for figure 16 (the p
 memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENCY`` 1 and 4),
 ``--only hops`` for figure 18 (thread hops per run), ``--only switches`` for figure 12 (the
 speed switches, the API's HTTP parser among them), ``--only servers`` for figure 19 (uvicorn and
-Granian; needs the ``bench`` extra, and is measured only then).
+Granian; needs the ``bench`` extra, and is measured only then), ``--only fairness`` for figure 20
+(a user's queue wait behind another user's many queued runs).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import hops, ledger, memory, profiling, servers, solo, tracing, variants
+from bench import fairness, hops, ledger, memory, profiling, servers, solo, tracing, variants
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -124,10 +125,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers"],
+        choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers", "fairness"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
-        "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19) and replace only its "
+        "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19; fairness: figure 20) "
+        "and replace only its "
         "section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
@@ -334,6 +336,16 @@ def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str
     return result, text
 
 
+def fairness_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[fairness.Fairness, str]:
+    """Figure 20 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 20: fair shares, a stack of its own with two users")
+    result = fairness.measure(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+    return result, fairness.section(result, stamp=_stamp(command, load_start))
+
+
 def _stamp(command: str, load_start: str) -> str:
     """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -377,7 +389,7 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     the results file."""
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
-        | servers.Servers
+        | servers.Servers | fairness.Fairness
     )
     try:
         if args.only == "ledger":
@@ -398,6 +410,9 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "servers":
             measured, section = servers_phase(args, overrides, command)
             heading = servers.HEADING
+        elif args.only == "fairness":
+            measured, section = fairness_phase(args, overrides, command)
+            heading = fairness.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -481,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
             results.elapsed_s += servers_result.elapsed_s
         else:
             results.sections.append(servers.not_measured())
+        fairness_result, fairness_text = fairness_phase(args, overrides, command)
+        results.sections.append(fairness_text)
+        results.elapsed_s += fairness_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
