@@ -296,6 +296,10 @@ class Settings:
     auth_oidc_user_claim: str = "sub"
     auth_oidc_operator_claim: str | None = None
     auth_oidc_operator_value: str | None = None
+    # The page's sign-in through that issuer (authorization code with PKCE, a public client):
+    # the client id registered for the page, and the scopes it asks for. Unset: keys only.
+    auth_oidc_page_client: str | None = None
+    auth_oidc_page_scope: str = "openid profile"
     # Who owns what was stored before identities (an old database upgraded in place); None:
     # the local user.
     auth_adopt_owner: str | None = None
@@ -417,6 +421,8 @@ class Settings:
             auth_oidc_user_claim=oidc.user_claim,
             auth_oidc_operator_claim=oidc.operator_claim,
             auth_oidc_operator_value=oidc.operator_value,
+            auth_oidc_page_client=oidc.page_client,
+            auth_oidc_page_scope=env.get("AUTH_OIDC_PAGE_SCOPE") or d.auth_oidc_page_scope,
             auth_adopt_owner=_user_name(env, "AUTH_ADOPT_OWNER"),
             webhook_allow_http=_bool(env, "WEBHOOK_ALLOW_HTTP", d.webhook_allow_http),
             webhook_allow_private=_bool(env, "WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private),
@@ -524,6 +530,7 @@ class _Oidc:
     user_claim: str
     operator_claim: str | None
     operator_value: str | None
+    page_client: str | None
 
 
 def _oidc(env: Mapping[str, str]) -> _Oidc:
@@ -545,5 +552,8 @@ def _oidc(env: Mapping[str, str]) -> _Oidc:
     if (claim is None) != (value is None):
         raise SettingsError("AUTH_OIDC_OPERATOR_VALUE" if value is None else "AUTH_OIDC_OPERATOR_CLAIM",
                             "AUTH_OIDC_OPERATOR_CLAIM and AUTH_OIDC_OPERATOR_VALUE go together")
+    page_client = env.get("AUTH_OIDC_PAGE_CLIENT") or None
+    if page_client is not None and issuer is None:
+        raise SettingsError("AUTH_OIDC_PAGE_CLIENT", "the page signs in through AUTH_OIDC_ISSUER: set it too")
     return _Oidc(issuer.rstrip("/") if issuer else None, audience,
-                 env.get("AUTH_OIDC_USER_CLAIM") or "sub", claim, value)
+                 env.get("AUTH_OIDC_USER_CLAIM") or "sub", claim, value, page_client)
