@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.fakes.ollama import FakeOllama, Text
+from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.browser import Offline, Page, expect, send
 from tests.support.client import chat, get_json, wait_for
 from tests.support.env import SophosEnv
@@ -139,3 +139,29 @@ def test_the_page_signs_in_through_the_identity_provider_with_pkce_and_signs_out
         expect(dialog).to_be_visible()
         expect(provider).to_be_visible()
         assert page.evaluate("Object.keys(sessionStorage)") == []  # nothing of carol's kept
+
+
+def test_the_runs_view_says_whose_each_run_is_and_who_started_or_cancelled_it(
+    sophos_env: SophosEnv, service: Callable[..., str], offline: Offline, model: FakeOllama
+) -> None:
+    alice = add_user(sophos_env, "alice")
+    root = add_user(sophos_env, "root", "--operator")
+    hold = Hang()
+    model.script(hold, Text("Picked up by root."))
+    url = service()
+    conversation, run = chat(url, "alice's long question", token=alice)
+    hold.wait_started()
+    cancelled = httpx.post(f"{url}/api/runs/{run}/cancel", headers={"authorization": f"Bearer {root}"},
+                           timeout=10)
+    assert cancelled.status_code in (200, 202), cancelled.text
+    def status(run_id: str) -> str:
+        return str(get_json(url, f"/api/runs/{run_id}", token=alice)["status"])
+
+    wait_for(lambda: status(run) == "cancelled", message="cancelled")
+    _, again = chat(url, "go on", conversation, token=root)  # an operator continues alice's conversation
+    wait_for(lambda: status(again) == "completed", message="done")
+
+    page = offline.open(f"{url}/#/runs")
+    sign_in(page, root)
+    expect(page.locator(f'#runs-finished tr[data-run="{run}"] .who')).to_have_text("alice, cancelled by root")
+    expect(page.locator(f'#runs-finished tr[data-run="{again}"] .who')).to_have_text("alice, started by root")
