@@ -91,7 +91,9 @@ def measure(
         for api in {id(a): a for a in apis.values()}.values():
             wait_api_ready(api)
         credentials = {"none": None, "key": key, "jwt": token}
-        clients = {name: httpx.Client(base_url=str(apis[name].url), timeout=30, trust_env=False) for name in WAYS}
+        clients = {
+            name: httpx.Client(base_url=str(apis[name].url), timeout=30, trust_env=False) for name in WAYS
+        }
         try:
             for name in WAYS:
                 _round(clients[name], apis[name], credentials[name], Way(name), sizes.warm)
