@@ -137,14 +137,12 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
     assert listed == {first: "running", second["run_id"]: "pending"}
     assert (await client.threads.get(thread_id))["status"] == "busy"
     # Everything else keeps the one-run-per-conversation rule: a new message on /api/chat, a
-    # run with the default strategy, a delete.
+    # run with reject. (A delete cancels the runs, then deletes: tests/test_agent_protocol_defaults.py.)
     async with httpx.AsyncClient(base_url=stack.api_url) as http:
         native = await http.post("/api/chat", json={"message": "three", "conversation": thread_id})
     assert native.status_code == 409 and native.json()["error"]["code"] == "SESSION_IN_PROGRESS"
     with pytest.raises(ConflictError):
-        await client.runs.create(thread_id, "agent", input=said("three"))
-    with pytest.raises(ConflictError):
-        await client.threads.delete(thread_id)
+        await client.runs.create(thread_id, "agent", input=said("three"), multitask_strategy="reject")
     with pytest.raises(ConflictError, match="waits for no decision"):  # decisions are never enqueued
         await client.runs.create(thread_id, "agent", command=APPROVE, multitask_strategy="enqueue")
 

@@ -111,13 +111,18 @@ class Translator:
     modes: tuple[str, ...]
     #: model turns begun so far (each ``enter`` of the agent node)
     turn: int = 0
+    #: the id the current turn's answer is stored under, once the worker named it (a ``trace``
+    #: ``message`` before its first token, or the agent's ``leave``)
+    stored_id: str | None = None
     step: int = 0
     text: list[str] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def message_id(self) -> str:
-        return f"run-{self.run_id}-{self.turn}"
+        """The answer's id: the one it is stored under (``run-<run>-<turn>`` for the events of a
+        worker that did not name it)."""
+        return self.stored_id or f"run-{self.run_id}-{self.turn}"
 
     def _meta(self, node: str) -> dict[str, Any]:
         return {
@@ -149,13 +154,17 @@ class Translator:
         body: dict[str, Any] = found if isinstance(found, dict) else {}
         if node == AGENT and kind == "enter":
             self.turn += 1
-            self.text, self.calls = [], []
+            self.text, self.calls, self.stored_id = [], [], None
+        elif node == AGENT and kind == "message" and isinstance(body.get("id"), str):
+            self.stored_id = body["id"]
         elif node == AGENT and kind == "call":
             self.calls.append({
                 "name": body.get("name"), "args": body.get("arguments") or {},
                 "id": body.get("tool_call_id"), "type": "tool_call",
             })
         elif node == AGENT and kind == "leave" and not body.get("error"):
+            if isinstance(body.get("message_id"), str):
+                self.stored_id = body["message_id"]
             if "updates" in self.modes:
                 message = {
                     **ai_chunk("".join(self.text), self.message_id), "type": "ai", "tool_calls": self.calls,
@@ -166,7 +175,7 @@ class Translator:
             message = {
                 "content": body.get("result", ""), "additional_kwargs": {}, "response_metadata": {},
                 "type": "tool", "name": body.get("name"), "tool_call_id": body.get("tool_call_id"),
-                "id": f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
+                "id": body.get("id") or f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
                 "status": "error" if body.get("status") == "error" else "success",
             }
             parts: list[Part | _Values | Asked] = []
