@@ -203,12 +203,30 @@ async def test_run_creation_counts_against_the_submission_rate_limit(stack: Soph
 
 
 @shared_stack
-async def test_stream_mode_values_by_default(client: LangGraphClient, model: FakeOllama) -> None:
-    model.script(Text("Streamed."))
+async def test_values_are_streamed_after_every_step_by_default(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    """``values`` is the SDK's default stream mode: the state after each step, then at the end;
+    a rejoin from the start gets the same states (read from the run's checkpoints)."""
+    model.script(Text("Warming up."))
     thread_id = (await client.threads.create())["thread_id"]
-    parts = [p async for p in client.runs.stream(thread_id, "agent", input=said("hi"))]
-    values = [p.data for p in parts if p.event == "values"]
-    assert values and texts(values[-1]) == ["hi", "Streamed."]
+    await client.runs.wait(thread_id, "agent", input=said("first"))
+    model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
+    parts = [p async for p in client.runs.stream(thread_id, "agent", input=said("echo ping"))]
+    assert parts[0].event == "metadata" and parts[-1].event == "end"
+    values = [p for p in parts if p.event == "values"]
+    kinds = [[m["type"] for m in v.data["messages"]] for v in values]
+    before = ["human", "ai"]
+    assert kinds == [
+        [*before, "human"],                      # its input taken
+        [*before, "human", "ai"],                # the model's turn: a tool call
+        [*before, "human", "ai", "tool"],        # the tool's result
+        [*before, "human", "ai", "tool", "ai"],  # the answer: the run's end
+    ]
+    assert texts(values[-1].data)[-1] == "Echoed."
+    run_id = parts[0].data["run_id"]
+    replay = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1")]
+    assert [(p.id, p.data) for p in replay if p.event == "values"] == [(v.id, v.data) for v in values]
 
 
 @shared_stack

@@ -10,8 +10,9 @@ same relay as ``GET /api/chat``) and pass each entry through :class:`Translator`
   ``{"tools": {"messages": [result]}}`` per tool result;
 * ``updates`` also: ``{"__interrupt__": [...]}`` when the run pauses for a decision
   (:class:`Asked`);
-* ``values``: the thread's state, once, when the run has ended (:data:`VALUES`: the caller
-  reads it, as only it can);
+* ``values``: the thread's state after each step of the run (:class:`ValuesAt`, sent when the
+  next step begins) and once more when the run has ended (:data:`VALUES`): the caller reads
+  them, as only it can;
 * then ``error`` (a run that failed or was interrupted) and ``end``.
 
 Ids: the parts made of stream entry ``n`` are ``n-0``, ``n-1``...: unique, increasing, the same
@@ -46,6 +47,14 @@ VALUES: Final = _Values()
 
 
 @dataclass(frozen=True, slots=True)
+class ValuesAt:
+    """Placeholder for the thread's state once ``steps`` steps of the run were done (0: its input
+    taken), which the caller reads from the run's checkpoints and sends as ``values``."""
+
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
 class Asked:
     """An ``approval`` event's requests, which ``updates`` sends as ``{"__interrupt__": [...]}``:
     the caller adds the interrupts' ids, which only the thread's state has."""
@@ -60,6 +69,10 @@ class Part:
     event: str
     data: Any
     id: str | None = None
+
+
+#: what an entry becomes: events, and placeholders the caller fills in
+Piece = Part | _Values | Asked | ValuesAt
 
 
 def stream_modes(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -130,7 +143,7 @@ class Translator:
             "assistant_id": self.assistant_id, "langgraph_node": node, "langgraph_step": self.step,
         }
 
-    def entry(self, event: str, data: Any) -> list[Part | _Values | Asked]:
+    def entry(self, event: str, data: Any) -> list[Piece]:
         """What the native event ``event`` (with its decoded ``data``) becomes, ids not yet set."""
         if event == EventType.TOKEN:
             text = data if isinstance(data, str) else text_of(data)
@@ -147,9 +160,18 @@ class Translator:
         # ``missed``: nothing (the protocol has no such event).
         return []
 
-    def _trace(self, trace: dict[str, Any]) -> list[Part | _Values | Asked]:
+    def _trace(self, trace: dict[str, Any]) -> list[Piece]:
+        """A trace's parts, after a ``values`` of the state the steps before it left when it is
+        the first of a step (the Agent Server sends ``values`` after every step)."""
+        step = int(trace.get("step") or self.step)
+        before: list[Piece] = []
+        if step > self.step and "values" in self.modes:
+            before.append(ValuesAt(step - 1))
+        self.step = step
+        return [*before, *self._traced(trace)]
+
+    def _traced(self, trace: dict[str, Any]) -> list[Piece]:
         node, kind = trace.get("node"), trace.get("event")
-        self.step = int(trace.get("step") or self.step)
         found = trace.get("data")
         body: dict[str, Any] = found if isinstance(found, dict) else {}
         if node == AGENT and kind == "enter":
@@ -178,7 +200,7 @@ class Translator:
                 "id": body.get("id") or f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
                 "status": "error" if body.get("status") == "error" else "success",
             }
-            parts: list[Part | _Values | Asked] = []
+            parts: list[Piece] = []
             if "updates" in self.modes:
                 parts.append(Part("updates", {TOOLS: {"messages": [message]}}))
             if "messages-tuple" in self.modes:
@@ -186,12 +208,12 @@ class Translator:
             return parts
         return []
 
-    def _ending(self, event: str, data: dict[str, Any]) -> list[Part | _Values | Asked]:
+    def _ending(self, event: str, data: dict[str, Any]) -> list[Piece]:
         try:
             status = run_status(RunStatus(str(data.get("status"))))
         except ValueError:
             status = "error"
-        parts: list[Part | _Values | Asked] = [VALUES] if "values" in self.modes else []
+        parts: list[Piece] = [VALUES] if "values" in self.modes else []
         if event == EventType.CHAT_ERROR:
             code, message = data.get("code"), data.get("message")
             error = {"error": code or "AGENT_FAILURE", "message": message or "the run failed"}
@@ -200,7 +222,9 @@ class Translator:
         return parts
 
 
-def number(parts: list[Part | _Values | Asked], entry: int) -> list[tuple[str, Part | _Values | Asked]]:
+def number(
+    parts: list[Piece], entry: int
+) -> list[tuple[str, Piece]]:
     """The parts of stream entry ``entry`` with their ids."""
     return [(f"{entry}-{k}", part) for k, part in enumerate(parts)]
 
