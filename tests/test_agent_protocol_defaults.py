@@ -9,8 +9,10 @@ name, and the bounds on run creation (the submission rate limit, the waiting lis
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -18,11 +20,15 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError
+from redis.asyncio import Redis
 
 from api.protocol.runs import MAX_WAITING_RUNS
+from shared.redis.keys import QUEUE_NAME
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.stacks import approval_stack
+from worker.run.turns import TURN_RETRY_SECONDS
 
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_defaults")
 
@@ -41,7 +47,8 @@ def texts(values: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
-    with approval_stack(tmp_path_factory.mktemp("defaults"), fake_ollama) as env:
+    # Two runs at once: a run waiting for its thread is taken early and deferred (worker/run/turns.py).
+    with approval_stack(tmp_path_factory.mktemp("defaults"), fake_ollama, WORKER_CONCURRENCY="2") as env:
         yield env
 
 
@@ -72,6 +79,32 @@ async def test_a_second_run_on_a_busy_thread_waits_its_turn_by_default(
     values = await client.runs.join(thread_id, second["run_id"])
     assert texts(values) == ["one", "First answer.", "two", "Second answer."]
     assert (await client.runs.get(thread_id, first))["status"] == "success"
+
+
+@shared_stack
+async def test_a_waiting_run_is_woken_when_the_run_ahead_ends(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    """Taken early and deferred for ``TURN_RETRY_SECONDS`` (5 s), the waiting run starts as soon
+    as the run ahead ends: the ending wakes it."""
+    hang = Hang(text="First answer.")
+    model.script(hang, Text("Second answer."))
+    thread_id, first = await busy_thread(client, hang)
+    second = (await client.runs.create(thread_id, "agent", input=said("two")))["run_id"]
+    async with Redis.from_url(stack["REDIS_URL"]) as redis:
+
+        async def deferred() -> bool:
+            due = await redis.zscore(QUEUE_NAME, second)
+            return due is not None and due > time.time() * 1000 + 1000
+
+        await wait_for_async(deferred, timeout=10, message="the waiting run's job taken and deferred")
+    hang.release()
+    await client.runs.join(thread_id, second)
+    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+        ahead = (await http.get(f"/api/runs/{first}")).json()
+        behind = (await http.get(f"/api/runs/{second}")).json()
+    waited = (datetime.fromisoformat(behind["startedAt"]) - datetime.fromisoformat(ahead["finishedAt"]))
+    assert waited.total_seconds() < TURN_RETRY_SECONDS / 2, f"started {waited} after the run ahead ended"
 
 
 @shared_stack
@@ -217,7 +250,7 @@ async def test_values_are_streamed_after_every_step_by_default(
     values = [p for p in parts if p.event == "values"]
     kinds = [[m["type"] for m in v.data["messages"]] for v in values]
     before = ["human", "ai"]
-    assert kinds == [
+    assert kinds == [  # (kinds shown on a failure)
         [*before, "human"],                      # its input taken
         [*before, "human", "ai"],                # the model's turn: a tool call
         [*before, "human", "ai", "tool"],        # the tool's result

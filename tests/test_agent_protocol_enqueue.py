@@ -253,8 +253,10 @@ async def test_an_enqueued_message_behind_a_run_that_ends_waiting_for_an_approva
     refused = await status_of(client, thread_id, behind["run_id"], "error", "success", "interrupted")
     assert refused["status"] == "error"
     assert (await client.runs.get(thread_id, first))["status"] == "success"  # paused at its approval
-    # Never recorded (no row): runs.get knows it, runs.list does not.
-    assert [r["run_id"] for r in await client.runs.list(thread_id)] == [first]
+    # Never recorded (no row), yet listed as its Redis record says: an error.
+    listed = [(r["run_id"], r["status"]) for r in await client.runs.list(thread_id)]
+    assert listed == [(behind["run_id"], "error"), (first, "success")]
+    assert [r["run_id"] for r in await client.runs.list(thread_id, status="error")] == [behind["run_id"]]
     events = [p async for p in client.runs.join_stream(thread_id, behind["run_id"], last_event_id="-1")]
     assert [p.event for p in events[-2:]] == ["error", "end"] and events[-1].data["status"] == "error"
     assert events[-2].data["error"] == "APPROVAL_PENDING" and "decision" in events[-2].data["message"]

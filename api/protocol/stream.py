@@ -127,7 +127,8 @@ class ProtocolStream:
     async def values_after(self, steps: int) -> dict[str, Any] | None:
         """The thread's values once ``steps`` steps of the run were done (0: its input taken),
         from the run's own checkpoints (their metadata names the run); None when it has none."""
-        if len(self.checkpoints) <= steps:
+        found = self._after(steps)
+        if found is None:  # not read yet: the run's checkpoints as they are now
             read = functools.partial(thread_history, RUN_CHECKPOINTS_MAX, None, {"run_id": self.run_id})
             try:
                 states = await self.resources.store.read_thread(self.thread_id, read) or []
@@ -135,12 +136,17 @@ class ProtocolStream:
                 log.warning("protocol.values_unread", error=exc.message)
                 return None
             self.checkpoints = list(reversed(states))
-        # A run with a message has a checkpoint of its input first; a resume starts from the
-        # checkpoint it resumes, which is not its own.
+            found = self._after(steps)
+        return found["values"] if found is not None else None
+
+    def _after(self, steps: int) -> dict[str, Any] | None:
+        """Of the run's checkpoints read so far, the one after ``steps`` steps. A run with a
+        message has a checkpoint of its input first; a resume starts from the checkpoint it
+        resumes, which is not its own."""
         has_input = bool(self.checkpoints) and self.checkpoints[0]["metadata"].get("source") == "input"
         loops = [c for c in self.checkpoints if c["metadata"].get("source") == "loop"]
         index = steps if has_input else steps - 1
-        return loops[index]["values"] if 0 <= index < len(loops) else None
+        return loops[index] if 0 <= index < len(loops) else None
 
     async def interrupts(self, asked: Asked) -> list[dict[str, Any]]:
         """The interrupts of an ``approval`` event: with their ids while the thread still has them

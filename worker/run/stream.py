@@ -3,9 +3,9 @@
 The run service streams the graph in three modes (worker/run/service.py) and hands each
 item to :meth:`RunStream.tell`, which publishes at once (worker/run/events.py):
 
-* ``messages``: each piece of the model's answer, a ``token``, after a ``trace`` ``message``
-  naming the id the answer is stored under when a new answer begins (the Agent Protocol's
-  streamed chunks carry it, so a client merging them with the thread's state sees one message);
+* ``messages``: each piece of the model's answer, a ``token``; before its first, a ``trace``
+  ``message`` naming the id the answer is stored under (the Agent Protocol's streamed chunks
+  carry it, so a client merging them with the thread's state sees one message);
 * ``tasks``: each node's start and end, a ``trace`` (``enter``/``leave``), with the tool
   calls the model asked for (``call``) and each tool's result (``result``);
 * ``values``: the state after each step, published as nothing: the last one is the
@@ -59,10 +59,12 @@ class RunStream:
 
     async def _token(self, chunk: Any, meta: dict[str, Any]) -> None:
         if meta.get("langgraph_node") == AGENT and isinstance(chunk, AIMessageChunk):
-            if chunk.id and chunk.id != self.message_id:
+            text = text_of(chunk.content)
+            if text and chunk.id and chunk.id != self.message_id:
+                # Before the answer's first token (an answer of tool calls only is named by its
+                # ``leave``).
                 self.message_id = chunk.id
                 await self.events.trace(self.step, AGENT, "message", AGENT, {"id": chunk.id})
-            text = text_of(chunk.content)
             if text:
                 self.live.streamed(text)
                 self.tracker.token()
