@@ -33,7 +33,7 @@ from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
-from api.runs.schemas import RunInfo
+from api.runs.schemas import RunError, RunInfo
 from api.runs.views import Runs, live
 from shared.contracts.events import text_of
 from shared.contracts.jobs import JobKind
@@ -194,8 +194,12 @@ def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
         run_id=info.id, thread_id=info.conversation, status=info.status, created_at=info.enqueued_at,
         started_at=info.started_at, finished_at=info.finished_at, metadata=options.metadata,
         multitask_strategy=options.multitask_strategy, stream_mode=options.stream_mode,
-        webhook=options.webhook,
+        webhook=options.webhook, error_code=_code(info),
     )
+
+
+def _code(info: RunInfo) -> str | None:
+    return info.error.code if isinstance(info.error, RunError) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +374,7 @@ class ProtocolRuns:
             )
         infos = [
             r for r in page.runs
-            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status) == status)
+            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status, _code(r)) == status)
         ]
         shown = infos[offset : offset + limit]
         return [run_shape(info, await self.options(info.id)) for info in shown]

@@ -210,7 +210,7 @@ class Translator:
 
     def _ending(self, event: str, data: dict[str, Any]) -> list[Piece]:
         try:
-            status = run_status(RunStatus(str(data.get("status"))))
+            status = run_status(RunStatus(str(data.get("status"))), data.get("code") or None)
         except ValueError:
             status = "error"
         parts: list[Piece] = [VALUES] if "values" in self.modes else []

@@ -260,3 +260,16 @@ def test_the_relays_output_reads_back() -> None:
     assert list(native_events(chunk)) == [
         Native(3, "token", "a"), None, Native(4, "end", {"status": "completed"}),
     ]
+
+
+def test_a_message_refused_over_a_pending_decision_is_an_error_not_a_pause() -> None:
+    """Its run ends ``waiting`` (the thread still waits), but it did nothing it was asked to."""
+    refused = {"status": "waiting", "code": "APPROVAL_PENDING", "message": "send the decisions first"}
+    out = translate(("updates",), [("chat-error", refused)])
+    assert [p for _, p in out][-2:] == [
+        Part("error", {"error": "APPROVAL_PENDING", "message": "send the decisions first"}),
+        Part("end", {"run_id": "r", "status": "error"}),
+    ]
+    assert run_status(RunStatus.WAITING, "APPROVAL_PENDING") == "error"
+    assert run_status(RunStatus.WAITING) == "success"  # a pause for a decision
+    assert run_status(RunStatus.FAILED, "APPROVAL_PENDING") == "error"
