@@ -126,18 +126,37 @@ class ProtocolStream:
 
     async def values_after(self, steps: int) -> dict[str, Any] | None:
         """The thread's values once ``steps`` steps of the run were done (0: its input taken),
-        from the run's own checkpoints (their metadata names the run); None when it has none."""
+        from the run's own checkpoints (their metadata names the run); None when it has none.
+
+        Read once whole, then (a live run's next step) only the newest few, which follow the
+        ones read: a run of n steps costs about n small reads, not n whole ones."""
         found = self._after(steps)
-        if found is None:  # not read yet: the run's checkpoints as they are now
-            read = functools.partial(thread_history, RUN_CHECKPOINTS_MAX, None, {"run_id": self.run_id})
-            try:
-                states = await self.resources.store.read_thread(self.thread_id, read) or []
-            except SophosError as exc:
-                log.warning("protocol.values_unread", error=exc.message)
-                return None
-            self.checkpoints = list(reversed(states))
-            found = self._after(steps)
+        if found is None and self.checkpoints:
+            newer = await self._read(max(2, steps + 2 - len(self.checkpoints)))
+            last = (self.checkpoints[-1]["checkpoint"] or {}).get("checkpoint_id")
+            follows = [
+                i for i, c in enumerate(newer or [])
+                if (c.get("parent_checkpoint") or {}).get("checkpoint_id") == last
+            ]
+            if newer is not None and follows:
+                self.checkpoints += newer[follows[0]:]
+                found = self._after(steps)
+        if found is None:  # the run's checkpoints as they are now, whole
+            whole = await self._read(RUN_CHECKPOINTS_MAX)
+            if whole is not None:
+                self.checkpoints = whole
+                found = self._after(steps)
         return found["values"] if found is not None else None
+
+    async def _read(self, limit: int) -> list[dict[str, Any]] | None:
+        """The run's ``limit`` newest checkpoints, oldest first; None when unreadable."""
+        read = functools.partial(thread_history, limit, None, {"run_id": self.run_id})
+        try:
+            states = await self.resources.store.read_thread(self.thread_id, read) or []
+        except SophosError as exc:
+            log.warning("protocol.values_unread", error=exc.message)
+            return None
+        return list(reversed(states))
 
     def _after(self, steps: int) -> dict[str, Any] | None:
         """Of the run's checkpoints read so far, the one after ``steps`` steps. A run with a
