@@ -131,6 +131,9 @@ async def test_cancel_with_wait_answers_the_values_and_an_unknown_action_interru
     hang = Hang(text="Thinking about it")
     model.script(hang)
     thread_id, run_id = await busy_thread(client, hang)
+    async for part in client.runs.join_stream(thread_id, run_id, stream_mode="messages-tuple"):
+        if part.event == "messages":
+            break  # its first token is out: the cancel keeps it
     action: Any = "cancel"  # not one of the SDK's two: the Agent Server reads it as interrupt
     values = await client.runs.cancel(thread_id, run_id, wait=True, action=action)
     assert texts(values) == ["one", "Thinking about it"]
