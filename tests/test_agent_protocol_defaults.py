@@ -75,6 +75,10 @@ async def test_a_second_run_on_a_busy_thread_waits_its_turn_by_default(
     thread_id, first = await busy_thread(client, hang)
     second = await client.runs.create(thread_id, "agent", input=said("two"))  # no multitask_strategy
     assert second["status"] == "pending" and second["multitask_strategy"] == "enqueue"
+    # A fork waits for no one: without a strategy it is reject.
+    checkpoint = (await client.threads.get_history(thread_id, limit=1))[0]["checkpoint"]["checkpoint_id"]
+    with pytest.raises(ConflictError):
+        await client.runs.create(thread_id, "agent", input=said("fork"), checkpoint_id=checkpoint)
     hang.release()
     values = await client.runs.join(thread_id, second["run_id"])
     assert texts(values) == ["one", "First answer.", "two", "Second answer."]
@@ -198,6 +202,10 @@ async def test_openapi_json_the_counts_and_the_thread_streams_refused_by_name(
         for path in ("commands", "stream/events"):
             answer = await http.post(f"/threads/{thread_id}/{path}", json={})
             assert answer.status_code == 404 and "threads.stream" in answer.json()["error"]["message"]
+        # The Store API is not served (docs/agent-protocol.md, "Not served yet").
+        stored = await http.put("/store/items", json={"namespace": ["a"], "key": "k", "value": {}})
+        assert stored.status_code in (404, 405), stored.text
+        assert (await http.post("/store/items/search", json={})).status_code in (404, 405)
 
 
 @shared_stack
