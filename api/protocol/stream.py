@@ -22,6 +22,7 @@ from litestar.response import ServerSentEventMessage
 
 from api.chat.relay import PING, Ending, Relay
 from api.protocol.interrupts import hitl_value, interrupts_of
+from api.protocol.modes import CheckpointAt, checkpoint_event
 from api.protocol.state import pending_of, thread_history, thread_state, values_with_interrupts
 from api.protocol.translate import VALUES, Asked, Part, Translator, ValuesAt, is_terminal, number
 from api.resources import Resources
@@ -116,17 +117,35 @@ class ProtocolStream:
             return _once(self.ending)
         return self.relay.events()
 
-    async def values(self) -> dict[str, Any]:
+    async def state(self) -> dict[str, Any] | None:
+        """The thread's state now; None when unreadable."""
         try:
-            state = await self.resources.store.read_thread(self.thread_id, thread_state)
+            state: dict[str, Any] | None = await self.resources.store.read_thread(
+                self.thread_id, thread_state
+            )
         except SophosError as exc:
             log.warning("protocol.values_unread", error=exc.message)
-            return {}
+            return None
+        return state
+
+    async def values(self) -> dict[str, Any]:
+        state = await self.state()
         return values_with_interrupts(state) if state is not None else {}
 
     async def values_after(self, steps: int) -> dict[str, Any] | None:
-        """The thread's values once ``steps`` steps of the run were done (0: its input taken),
-        from the run's own checkpoints (their metadata names the run); None when it has none.
+        """The thread's values once ``steps`` steps of the run were done (0: its input taken);
+        None when the run has no such checkpoint."""
+        found = await self.checkpoint_after(steps)
+        return found["values"] if found is not None else None
+
+    async def checkpoint_at(self, at: CheckpointAt) -> dict[str, Any] | None:
+        """A :class:`CheckpointAt`'s event data; None when its checkpoint cannot be read."""
+        state = await (self.state() if at.steps is None else self.checkpoint_after(at.steps))
+        return checkpoint_event(at.event, state) if state is not None else None
+
+    async def checkpoint_after(self, steps: int) -> dict[str, Any] | None:
+        """The run's checkpoint once ``steps`` steps of it were done (0: its input taken), from
+        the run's own checkpoints (their metadata names the run); None when it has none.
 
         Read once whole, then (a live run's next step) only the newest few, which follow the
         ones read: a run of n steps costs about n small reads, not n whole ones."""
@@ -146,7 +165,7 @@ class ProtocolStream:
             if whole is not None:
                 self.checkpoints = whole
                 found = self._after(steps)
-        return found["values"] if found is not None else None
+        return found
 
     async def _read(self, limit: int) -> list[dict[str, Any]] | None:
         """The run's ``limit`` newest checkpoints, oldest first; None when unreadable."""
@@ -200,6 +219,10 @@ class ProtocolStream:
                         values = await self.values_after(part.steps)
                         if values is not None:
                             yield Part("values", values, part_id)
+                    elif isinstance(part, CheckpointAt):
+                        data = await self.checkpoint_at(part)
+                        if data is not None:
+                            yield Part(part.event, data, part_id)
                     elif isinstance(part, Asked):
                         yield Part("updates", {"__interrupt__": await self.interrupts(part)}, part_id)
                     elif isinstance(part, Part):

@@ -28,6 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from api.protocol.messages import ai_chunk as ai_chunk
+from api.protocol.messages import ai_message, tool_message
+from api.protocol.modes import STEP_MODES, CheckpointAt, Out, StepModes
 from api.protocol.status import run_status
 from shared.contracts.events import EventType, text_of
 from shared.contracts.protocol import DEFAULT_STREAM_MODES as DEFAULT_STREAM_MODES
@@ -35,8 +38,9 @@ from shared.contracts.protocol import GRAPH_ID as GRAPH_ID
 from shared.contracts.runs import AGENT, TOOLS, RunStatus
 from shared.errors import BadRequest
 
-#: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events)
-STREAM_MODES: Final = ("values", "updates", "messages-tuple", "custom")
+#: the modes served; ``custom`` is taken and yields nothing (the agent writes no custom events);
+#: the step modes are api/protocol/modes.py's
+STREAM_MODES: Final = ("values", "updates", "messages-tuple", "custom", *STEP_MODES)
 
 
 class _Values:
@@ -72,7 +76,7 @@ class Part:
 
 
 #: what an entry becomes: events, and placeholders the caller fills in
-Piece = Part | _Values | Asked | ValuesAt
+Piece = Part | _Values | Asked | ValuesAt | CheckpointAt
 
 
 def stream_modes(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -106,14 +110,6 @@ def after_id(last_event_id: str | None) -> tuple[int, int]:
     return (int(entry), int(part) if part else 1_000_000)
 
 
-def ai_chunk(text: str, message_id: str) -> dict[str, Any]:
-    return {
-        "content": text, "additional_kwargs": {}, "response_metadata": {}, "type": "AIMessageChunk",
-        "name": None, "id": message_id, "tool_calls": [], "invalid_tool_calls": [],
-        "usage_metadata": None, "tool_call_chunks": [],
-    }
-
-
 @dataclass(slots=True)
 class Translator:
     """Translates one run's entries, in order, from its first."""
@@ -130,6 +126,11 @@ class Translator:
     step: int = 0
     text: list[str] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    #: the step modes' parts (api/protocol/modes.py)
+    steps: StepModes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.steps = StepModes(self.run_id, self.modes)
 
     @property
     def message_id(self) -> str:
@@ -148,9 +149,11 @@ class Translator:
         if event == EventType.TOKEN:
             text = data if isinstance(data, str) else text_of(data)
             self.text.append(text)
+            parts: list[Piece] = []
             if "messages-tuple" in self.modes:
-                return [Part("messages", [ai_chunk(text, self.message_id), self._meta(AGENT)])]
-            return []
+                parts.append(Part("messages", [ai_chunk(text, self.message_id), self._meta(AGENT)]))
+            steps = self.steps.token(self.message_id, "".join(self.text), text, self._meta(AGENT))
+            return parts + _pieces(steps)
         if event == EventType.TRACE and isinstance(data, dict):
             return self._trace(data)
         if event in (EventType.END, EventType.CHAT_ERROR) and isinstance(data, dict):
@@ -165,8 +168,10 @@ class Translator:
         the first of a step (the Agent Server sends ``values`` after every step)."""
         step = int(trace.get("step") or self.step)
         before: list[Piece] = []
-        if step > self.step and "values" in self.modes:
-            before.append(ValuesAt(step - 1))
+        if step > self.step:
+            if "values" in self.modes:
+                before.append(ValuesAt(step - 1))
+            before += _pieces(self.steps.step_done(step - 1))
         self.step = step
         return [*before, *self._traced(trace)]
 
@@ -174,6 +179,8 @@ class Translator:
         node, kind = trace.get("node"), trace.get("event")
         found = trace.get("data")
         body: dict[str, Any] = found if isinstance(found, dict) else {}
+        parts: list[Piece] = []
+        message: dict[str, Any] | None = None
         if node == AGENT and kind == "enter":
             self.turn += 1
             self.text, self.calls, self.stored_id = [], [], None
@@ -187,26 +194,18 @@ class Translator:
         elif node == AGENT and kind == "leave" and not body.get("error"):
             if isinstance(body.get("message_id"), str):
                 self.stored_id = body["message_id"]
+            message = ai_message("".join(self.text), self.message_id, self.calls)
             if "updates" in self.modes:
-                message = {
-                    **ai_chunk("".join(self.text), self.message_id), "type": "ai", "tool_calls": self.calls,
-                }
-                del message["tool_call_chunks"]
-                return [Part("updates", {AGENT: {"messages": [message]}})]
+                parts.append(Part("updates", {AGENT: {"messages": [message]}}))
         elif node == TOOLS and kind == "result":
-            message = {
-                "content": body.get("result", ""), "additional_kwargs": {}, "response_metadata": {},
-                "type": "tool", "name": body.get("name"), "tool_call_id": body.get("tool_call_id"),
-                "id": body.get("id") or f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
-                "status": "error" if body.get("status") == "error" else "success",
-            }
-            parts: list[Piece] = []
+            message = tool_message(body, self.run_id)
             if "updates" in self.modes:
                 parts.append(Part("updates", {TOOLS: {"messages": [message]}}))
             if "messages-tuple" in self.modes:
                 parts.append(Part("messages", [message, self._meta(TOOLS)]))
-            return parts
-        return []
+        if isinstance(node, str) and isinstance(kind, str):
+            parts += _pieces(self.steps.trace(kind, node, body, self._meta(node), message))
+        return parts
 
     def _ending(self, event: str, data: dict[str, Any]) -> list[Piece]:
         try:
@@ -214,12 +213,17 @@ class Translator:
         except ValueError:
             status = "error"
         parts: list[Piece] = [VALUES] if "values" in self.modes else []
+        parts += _pieces(self.steps.ending())
         if event == EventType.CHAT_ERROR:
             code, message = data.get("code"), data.get("message")
             error = {"error": code or "AGENT_FAILURE", "message": message or "the run failed"}
             parts.append(Part("error", error))
         parts.append(Part("end", {"run_id": self.run_id, "status": status}))
         return parts
+
+
+def _pieces(out: list[Out]) -> list[Piece]:
+    return [o if isinstance(o, CheckpointAt) else Part(o[0], o[1]) for o in out]
 
 
 def number(

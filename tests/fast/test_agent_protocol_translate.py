@@ -234,7 +234,7 @@ def test_stream_modes() -> None:
     assert stream_modes(None) == ("values",)
     assert stream_modes("updates") == ("updates",)
     assert stream_modes(["values", "messages-tuple", "values"]) == ("values", "messages-tuple")
-    for bad in ("debug", ["values", "events"], "messages"):
+    for bad in ("tools", ["values", "lifecycle"], "nope"):
         with pytest.raises(BadRequest):
             stream_modes(bad)
 

@@ -76,7 +76,8 @@ class RunStream:
         if self.live.started(node, payload.get("id") or ""):
             self.step += 1
             self.tracker.step_started(self.step, node, self.events)
-        await self.events.trace(self.step, node, "enter", node)
+        task = {"task": payload["id"]} if payload.get("id") else None  # the protocol's task ids
+        await self.events.trace(self.step, node, "enter", node, task)
 
     async def _leave(self, payload: dict[str, Any]) -> None:
         node = payload["name"]
@@ -95,6 +96,8 @@ class RunStream:
         answer = next((m for m in messages if isinstance(m, AIMessage) and m.id), None)
         if node == AGENT and leave is None and answer is not None:
             leave = {"message_id": answer.id}  # the id the answer is stored under
+        if payload.get("id"):
+            leave = {**(leave or {}), "task": payload["id"]}
         await self.events.trace(self.step, node, "leave", node, leave)
         self.tracker.task_finished(self.events)
 

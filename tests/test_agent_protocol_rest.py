@@ -1,0 +1,101 @@
+"""The rest of the Agent Protocol's surface (docs/agent-protocol.md), driven by the real
+``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
+module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.client import LangGraphClient
+
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.env import SophosEnv
+from tests.support.stacks import approval_stack
+
+shared_stack = pytest.mark.xdist_group("test_agent_protocol_rest")
+
+
+def said(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
+    with approval_stack(tmp_path_factory.mktemp("rest"), fake_ollama) as env:
+        yield env
+
+
+@pytest.fixture
+async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
+    async with get_client(url=stack.api_url) as sdk:
+        yield sdk
+
+
+@shared_stack
+async def test_the_step_stream_modes_in_the_sdks_shapes(client: LangGraphClient, model: FakeOllama) -> None:
+    model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
+    thread_id = (await client.threads.create())["thread_id"]
+    modes: Any = ["messages", "tasks", "checkpoints", "debug", "events"]
+    parts = [p async for p in client.runs.stream(
+        thread_id, "agent", input=said("echo ping"), stream_mode=modes,
+    )]
+    assert parts[0].event == "metadata" and parts[-1].event == "end"
+    state = await client.threads.get_state(thread_id)
+    stored = {m["id"]: m for m in state["values"]["messages"]}
+
+    # messages: metadata before each message, the answer's partials, then each message complete.
+    complete = [m for p in parts if p.event == "messages/complete" for m in p.data]
+    assert [m["type"] for m in complete] == ["ai", "tool", "ai"]
+    assert {m["id"] for m in complete} <= set(stored)
+    assert complete[0]["tool_calls"][0]["name"] == "tools__echo" and complete[-1]["content"] == "Echoed."
+    partials = [p.data[0] for p in parts if p.event == "messages/partial"]
+    assert partials and partials[-1]["content"] == "Echoed." and partials[-1]["id"] == complete[-1]["id"]
+    announced = {k for p in parts if p.event == "messages/metadata" for k in p.data}
+    assert announced == {m["id"] for m in complete}
+
+    # tasks: each node's start and result, with LangGraph's task ids.
+    tasks = [p.data for p in parts if p.event == "tasks"]
+    starts = [t for t in tasks if "triggers" in t]
+    results = [t for t in tasks if "result" in t]
+    assert [t["name"] for t in starts] == [t["name"] for t in results] == ["agent", "tools", "agent"]
+    assert [t["id"] for t in starts] == [t["id"] for t in results]
+    assert results[1]["result"]["messages"][0]["content"] and results[-1]["error"] is None
+
+    # checkpoints: after each step and at the end, the last one the thread's state.
+    checkpoints = [p.data for p in parts if p.event == "checkpoints"]
+    assert len(checkpoints) == 4  # its input taken, the model's turn, the tool, the answer (the end)
+    last = checkpoints[-1]
+    assert last["config"]["configurable"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    assert last["values"] == state["values"] and last["next"] == [] and last["metadata"]["step"] >= 3
+    assert [c["next"] for c in checkpoints[:3]] == [["agent"], ["tools"], ["agent"]]
+    history = await client.threads.get_history(thread_id, limit=20)
+    assert {c["config"]["configurable"]["checkpoint_id"] for c in checkpoints} <= {
+        h["checkpoint"]["checkpoint_id"] for h in history
+    }
+
+    # debug: the same checkpoints, task starts and results, wrapped.
+    debug = [p.data for p in parts if p.event == "debug"]
+    assert [d["type"] for d in debug].count("checkpoint") == 4
+    assert [d["payload"]["id"] for d in debug if d["type"] == "task"] == [t["id"] for t in starts]
+
+    # events: astream_events of the graph, its nodes, the model's tokens and the tool.
+    events = [p.data for p in parts if p.event == "events"]
+    assert (events[0]["event"], events[-1]["event"]) == ("on_chain_start", "on_chain_end")
+    kinds = {e["event"] for e in events}
+    assert {"on_chat_model_stream", "on_chat_model_end", "on_tool_end"} <= kinds
+    tokens = "".join(e["data"]["chunk"]["content"] for e in events if e["event"] == "on_chat_model_stream")
+    assert tokens == "Echoed."
+
+    # A rejoin from the start tells the same parts (bar debug's task timestamps).
+    replay = [p async for p in client.runs.join_stream(
+        thread_id, parts[0].data["run_id"], last_event_id="-1", stream_mode=modes,
+    )]
+    assert [(p.id, p.data) for p in replay if p.event == "checkpoints"] == [
+        (p.id, p.data) for p in parts if p.event == "checkpoints"
+    ]
+    assert [(p.id, p.data) for p in replay if p.event == "tasks"] == [
+        (p.id, p.data) for p in parts if p.event == "tasks"
+    ]
