@@ -1,17 +1,21 @@
 """The rest of the Agent Protocol's surface (docs/agent-protocol.md), driven by the real
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
-module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)."""
+module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
+and runs without a thread (``on_completion`` ``delete`` and ``keep``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
+from langgraph_sdk.errors import NotFoundError
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.stacks import approval_stack
 
@@ -99,3 +103,49 @@ async def test_the_step_stream_modes_in_the_sdks_shapes(client: LangGraphClient,
     assert [(p.id, p.data) for p in replay if p.event == "tasks"] == [
         (p.id, p.data) for p in parts if p.event == "tasks"
     ]
+
+
+async def gone(client: LangGraphClient, thread_id: str) -> bool:
+    try:
+        await client.threads.get(thread_id)
+    except NotFoundError:
+        return True
+    return False
+
+
+@shared_stack
+async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama) -> None:
+    """A run on a temporary thread: deleted once the run ended (``delete``, the default), or kept."""
+    before = await client.threads.count()
+    model.script(Text("Waited."))
+    values: Any = await client.runs.wait(None, "agent", input=said("hi"))
+    assert [m["content"] for m in values["messages"]] == ["hi", "Waited."]
+    await wait_for_async(lambda: _count_is(client, before), message="the temporary thread deleted")
+
+    model.script(Text("Kept."))
+    parts = [p async for p in client.runs.stream(
+        None, "agent", input=said("keep it"), on_completion="keep", stream_mode="values",
+    )]
+    kept = parts[0].data["thread_id"]
+    assert parts[-1].event == "end"
+    thread = await client.threads.get(kept)
+    assert [m["content"] for m in thread["values"]["messages"]] == ["keep it", "Kept."]
+    assert await client.threads.count() == before + 1
+
+    model.script(Text("In the background."))
+    run = await client.runs.create(None, "agent", input=said("later"))
+    assert run["thread_id"] not in (None, kept)
+    await wait_for_async(lambda: gone(client, run["thread_id"]), message="the background thread deleted")
+
+    # Refused runs leave no thread behind.
+    with pytest.raises(httpx.HTTPStatusError) as conflict:  # nothing to resume on a new thread
+        await client.runs.wait(None, "agent", input=None)
+    assert conflict.value.response.status_code == 409
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        await client.runs.create(None, "agent", input=said("x"), on_completion="later")  # type: ignore[arg-type]
+    assert refused.value.response.status_code == 422 and "on_completion" in refused.value.response.text
+    assert await client.threads.count() == before + 1
+
+
+async def _count_is(client: LangGraphClient, count: int) -> bool:
+    return await client.threads.count() == count

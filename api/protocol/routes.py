@@ -4,6 +4,7 @@ parse, call the thread or run service, shape the answer (docs/agent-protocol.md)
 from __future__ import annotations
 
 import functools
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
@@ -294,12 +295,16 @@ def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:
 async def _stream(
     resources: Resources, thread_id: str, run_id: str, modes: tuple[str, ...], after: tuple[int, int],
     *, metadata: bool, headers: dict[str, str], cancel_on_disconnect: bool = False,
+    then: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
 ) -> Stream:
+    """The run's stream as an answer; ``then`` wraps its content (what follows it)."""
     stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, modes, after)
     await stream.open()  # before the answer starts: its errors still get an envelope
     content = stream.sse(metadata=metadata)
     if cancel_on_disconnect:
         content = cancelled_when_left(content, resources, run_id)
+    if then is not None:
+        content = then(content)
     return Stream(metrics.counted(content), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
 
 
