@@ -23,6 +23,7 @@ from api.ops import routes as ops_routes
 from api.protocol.errors import protocol_exception_handlers
 from api.protocol.routes import ROUTES as PROTOCOL_ROUTES
 from api.protocol.stateless import ROUTES as STATELESS_ROUTES
+from api.protocol.updates import ROUTES as UPDATE_ROUTES
 from api.resources import Resources, lifespan
 from api.runs import routes as run_routes
 from shared.settings import Settings
@@ -91,7 +92,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     # same guard: the SDKs present a key as x-api-key, a JWT as a bearer token.
     protocol = Router(
         path="/",
-        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES],
+        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES, *UPDATE_ROUTES],
         guards=[identify],
         security=[{"bearer": []}],
         exception_handlers=protocol_exception_handlers(),

@@ -1,7 +1,7 @@
 """The rest of the Agent Protocol's surface (docs/agent-protocol.md), driven by the real
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
-and runs without a thread (``on_completion`` ``delete`` and ``keep``)."""
+runs without a thread (``on_completion`` ``delete`` and ``keep``), and ``update_state``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
-from langgraph_sdk.errors import NotFoundError
+from langgraph_sdk.errors import APIStatusError, NotFoundError
 
-from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.stacks import approval_stack
@@ -149,3 +149,49 @@ async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama)
 
 async def _count_is(client: LangGraphClient, count: int) -> bool:
     return await client.threads.count() == count
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    assert isinstance(exc, httpx.HTTPStatusError | APIStatusError)
+    return exc.response.status_code, exc.response.text
+
+
+@shared_stack
+async def test_update_state_corrects_the_thread_as_a_node(client: LangGraphClient, model: FakeOllama) -> None:
+    model.script(Text("Helo wrold."))
+    thread_id = (await client.threads.create())["thread_id"]
+    await client.runs.wait(thread_id, "agent", input=said("greet me"))
+    answer = (await client.threads.get_state(thread_id))["values"]["messages"][-1]
+
+    fixed = {"id": answer["id"], "role": "assistant", "content": "Hello world."}
+    updated = await client.threads.update_state(thread_id, {"messages": [fixed]}, as_node="agent")
+    state = await client.threads.get_state(thread_id)
+    assert updated["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    assert [m["content"] for m in state["values"]["messages"]] == ["greet me", "Hello world."]
+    assert state["values"]["messages"][-1]["id"] == answer["id"]  # replaced, not added
+    assert state["metadata"]["source"] == "update" and state["next"] == []
+    assert len(await client.runs.list(thread_id)) == 1  # the update is no run of the client's
+
+    # The next run continues from the corrected thread.
+    model.script(Text("Again."))
+    values: Any = await client.runs.wait(thread_id, "agent", input=said("and?"))
+    assert [m["content"] for m in values["messages"]] == ["greet me", "Hello world.", "and?", "Again."]
+
+    # Refused while a run holds the thread, by name; nothing changed.
+    hang = Hang(text="Busy.")
+    model.script(hang)
+    run = await client.runs.create(thread_id, "agent", input=said("hold it"))
+    await hang.wait_started_async(20)
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as busy:
+        await client.threads.update_state(thread_id, {"messages": [fixed]}, as_node="agent")
+    assert status_of(busy.value)[0] == 409 and "SESSION_IN_PROGRESS" in status_of(busy.value)[1]
+    hang.release()
+    await client.runs.join(thread_id, run["run_id"])
+
+    for values_, as_node in (({"messages": [fixed]}, "approval"), ({"todo": []}, "agent"),
+                             ({"messages": [{"role": "robot", "content": "x"}]}, None)):
+        with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+            await client.threads.update_state(thread_id, values_, as_node=as_node)
+        assert status_of(refused.value)[0] == 422, status_of(refused.value)
+    last = (await client.threads.get_state(thread_id))["values"]["messages"][-1]
+    assert last["content"] == "Busy."

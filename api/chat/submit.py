@@ -317,6 +317,23 @@ class ChatService:
         )
         return await self._enqueue(job, row.title, None, False, None, owner=row.owner)
 
+    async def update_state(
+        self, conversation_id: str, values: dict[str, Any], as_node: str | None
+    ) -> ChatAccepted:
+        """Write ``values`` into the thread's state as ``as_node`` would (the Agent Protocol's
+        ``update_state``): a run of kind ``update``, through the same checks, claim and queue
+        (a busy conversation is 409, as for a message). A thread created empty takes it too."""
+        structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
+        row, _ = await self._open(conversation_id, may_be_new=True)
+        job = RunJob(
+            run_id=new_id(), conversation_id=conversation_id, kind=JobKind.UPDATE, message=None,
+            enqueued_at=time.time(), new_conversation=row is None,
+            checkpoint_id=row.branch_head if row is not None else None,
+            update={"values": values, "as_node": as_node},
+        )
+        title = row.title if row is not None else title_of(None)
+        return await self._enqueue(job, title, None, row is None, None, owner=row.owner if row else None)
+
     async def _decide(self, request: ChatRequest, idempotency_key: str | None) -> ChatAccepted:
         if request.conversation is None:
             raise BadRequest("decisions need a conversation")

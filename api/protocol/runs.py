@@ -63,6 +63,9 @@ MAX_WAITING_RUNS = 16
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
+#: runs of Sophos's own, which the client did not ask for as runs: a rollback's switch
+#: (api/protocol/forks.py) and an update_state (api/protocol/updates.py); not in runs.list
+OWN_KINDS = (JobKind.SWITCH, JobKind.UPDATE)
 
 
 class RunCreate(msgspec.Struct):
@@ -368,13 +371,13 @@ class ProtocolRuns:
         page = await self.runs.page(status=None, conversation_id=thread_id, limit=want, cursor=None)
         # A rollback's switch run (api/protocol/forks.py) is Sophos's, not one the client asked for:
         # left out, so a full page that held one is read further.
-        if len(page.runs) == want < RUNS_LIST_MAX and any(r.kind is JobKind.SWITCH for r in page.runs):
+        if len(page.runs) == want < RUNS_LIST_MAX and any(r.kind in OWN_KINDS for r in page.runs):
             page = await self.runs.page(
                 status=None, conversation_id=thread_id, limit=RUNS_LIST_MAX, cursor=None
             )
         infos = [
             r for r in page.runs
-            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status, _code(r)) == status)
+            if r.kind not in OWN_KINDS and (status is None or run_status(r.status, _code(r)) == status)
         ]
         shown = infos[offset : offset + limit]
         return [run_shape(info, await self.options(info.id)) for info in shown]

@@ -17,6 +17,9 @@ class JobKind(enum.StrEnum):
     DECIDE = "decide"  # continue a thread waiting for an approval with the user's decisions
     #: make another branch of the thread the current one (``checkpoint_id``: its latest checkpoint)
     SWITCH = "switch"
+    #: write the thread's state as a node would (the Agent Protocol's ``update_state``:
+    #: ``update`` holds its ``values`` and ``as_node``)
+    UPDATE = "update"
 
 
 # --- jobs -----------------------------------------------------------------------
@@ -50,6 +53,8 @@ class RunJob:
     #: operator may ask on a user's conversation); DESIGN.md "People and what they may touch"
     owner: str = "local"
     started_by: str | None = None
+    #: an ``update`` job's ``{"values": ..., "as_node": ...}`` (worker/run/updates.py)
+    update: dict[str, Any] | None = None
 
 
 class DecisionAction(enum.StrEnum):

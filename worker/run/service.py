@@ -74,6 +74,7 @@ from worker.run.outcomes import UnrecordedOutcomes
 from worker.run.progress import RunTracker
 from worker.run.stopping import LiveRun, LiveRuns, Recorded, close_thread
 from worker.run.stream import FinalState, RunStream, trace_cut
+from worker.run.updates import apply_update
 from worker.store import RunStore, is_database_unavailable
 from worker.tools.ledger import CallRef, Ledger
 
@@ -288,6 +289,8 @@ class RunService:
             branch = await self.graph.aget_state(at)
             return FinalState(len((branch.values or {}).get("messages", [])), pending=bool(branch.tasks))
         config = self._config(job, at)
+        if job.kind is JobKind.UPDATE:
+            return await apply_update(self.graph, job, config)
         given = await graph_input(self.graph, job, run.live.input, at)
         stream = RunStream(run.events, run.live, run.tracker)
         async for item in self.graph.astream(
