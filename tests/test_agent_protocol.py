@@ -337,7 +337,7 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
         await client.runs.create(thread_id, "agent", input=said("hi"), multitask_strategy=unknown_strategy)
     with pytest.raises(UnprocessableEntityError, match="stream_mode"):
-        await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="debug")
+        await client.runs.create(thread_id, "agent", input=said("hi"), stream_mode="lifecycle")
     with pytest.raises(NotFoundError):
         await client.runs.create(thread_id, "other", input=said("hi"))
     with pytest.raises(NotFoundError):

@@ -195,3 +195,24 @@ async def test_update_state_corrects_the_thread_as_a_node(client: LangGraphClien
         assert status_of(refused.value)[0] == 422, status_of(refused.value)
     last = (await client.threads.get_state(thread_id))["values"]["messages"][-1]
     assert last["content"] == "Busy."
+
+
+@shared_stack
+async def test_a_command_with_goto_and_update_is_a_runs_input(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    model.script(Text("First."))
+    thread_id = (await client.threads.create())["thread_id"]
+    await client.runs.wait(thread_id, "agent", input=said("one"))
+    model.script(Text("Went there."))
+    update = {"messages": [{"role": "user", "content": "also this"}]}
+    values: Any = await client.runs.wait(thread_id, "agent", command={"update": update, "goto": "agent"})
+    assert [m["content"] for m in values["messages"]] == ["one", "First.", "also this", "Went there."]
+    model.script(Text("Once more."))  # goto alone: the model's turn again
+    values = await client.runs.wait(thread_id, "agent", command={"goto": "agent"})
+    assert [m["content"] for m in values["messages"]][-1] == "Once more."
+    for command in ({"goto": "tools"}, {"update": {"todo": 1}}, {"goto": "agent", "graph": "x"}):
+        with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+            await client.runs.create(thread_id, "agent", command=command)  # type: ignore[arg-type]
+        assert status_of(refused.value)[0] == 422, status_of(refused.value)
+    assert len(await client.runs.list(thread_id)) == 3

@@ -151,7 +151,7 @@ class ChatService:
 
     async def submit_to_thread(
         self, conversation_id: str, message: str | None, *, may_be_new: bool,
-        checkpoint_id: str | None = None, enqueue: bool = False,
+        checkpoint_id: str | None = None, enqueue: bool = False, command: dict[str, Any] | None = None,
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
@@ -160,19 +160,20 @@ class ChatService:
         fork, api/protocol/forks.py, which checked that checkpoint: a resume needs its tasks).
         ``enqueue``: on a busy conversation the run is accepted behind the run that holds it
         (shared/redis/queue.py), and the worker checks the thread again when its turn comes
-        (worker/run/turns.py)."""
+        (worker/run/turns.py). ``command``: without a message, LangGraph's ``Command`` (``goto``,
+        ``update``) is the run's input, which needs no step left to resume."""
         request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
         if message is not None:
             self._message(request)
         return await self._submit(
             request, message, conversation_id, False, None, may_be_new=may_be_new,
-            checkpoint_id=checkpoint_id, enqueue=enqueue,
+            checkpoint_id=checkpoint_id, enqueue=enqueue, command=command,
         )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
         idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
-        enqueue: bool = False,
+        enqueue: bool = False, command: dict[str, Any] | None = None,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
@@ -182,7 +183,9 @@ class ChatService:
         if not new:
             row, holder = await self._open(conversation_id, may_be_new=may_be_new, enqueue=enqueue)
             # Behind a run, what the thread will hold is not known yet: the worker checks it.
-            resumable = checkpoint_id is not None or (row is not None and row.pending_tasks)
+            resumable = (
+                checkpoint_id is not None or command is not None or (row is not None and row.pending_tasks)
+            )
             if request.resume and holder is None and not resumable:
                 raise RunNotResumable(f"conversation {conversation_id} has no unfinished run to resume")
             title = row.title if row is not None else title_of(message)
@@ -200,6 +203,7 @@ class ChatService:
             new_conversation=new,
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
             may_wait=enqueue,
+            command=command,
         )
         return await self._enqueue(
             job, title, message, new, idempotency, enqueue=enqueue, owner=row.owner if row else None

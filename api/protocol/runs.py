@@ -26,6 +26,7 @@ from api.chat.relay import run_of_conversation
 from api.chat.schemas import ChatAccepted, ChatRequest
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
+from api.protocol.commands import command_of
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
@@ -149,7 +150,7 @@ def resume_of(body: RunCreate) -> Any:
     command = body.command or {}
     other = sorted(set(command) - {"resume"})
     if other:
-        raise _unserved(f"command.{other[0]}", "; a command carries resume (the decisions) only")
+        raise _unserved(f"command.{other[0]} with resume", "; decisions come alone")
     if "resume" not in command:
         raise BadRequest("command must carry resume: {\"resume\": {\"decisions\": [...]}}")
     if body.input:
@@ -229,7 +230,13 @@ class ProtocolRuns:
                 raise BadRequest(str(exc)) from None
         options = Options(body.metadata or {}, stream_modes(body.stream_mode), strategy_of(body))
         fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
-        if body.command is not None:
+        # A command without resume (goto, update) is the run's input (api/protocol/commands.py).
+        command = None
+        if body.command is not None and "resume" not in body.command:
+            command = command_of(body.command, body.input)
+            if fork is not None:
+                raise BadRequest("checkpoint_id is not taken with command: a command continues the thread")
+        if body.command is not None and command is None:
             if fork is not None:
                 raise BadRequest(
                     "checkpoint_id is not taken with command: decisions continue the thread where it waits"
@@ -265,7 +272,7 @@ class ProtocolRuns:
             thread_id, options,
             lambda rolled_back_to: self.chat.submit_to_thread(
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
-                enqueue=options.multitask_strategy == "enqueue",
+                enqueue=options.multitask_strategy == "enqueue", command=command,
             ),
         )
         return await self._created(

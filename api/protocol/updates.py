@@ -18,24 +18,16 @@ from litestar import Controller, post
 
 from api.http.limits import limit_submissions
 from api.http.openapi import errors
+from api.protocol.commands import as_node_of, values_of
 from api.protocol.routes import DEPENDENCIES, TAGS, ThreadId
 from api.protocol.runs import ProtocolRuns
 from api.protocol.stream import ProtocolStream
 from api.protocol.threads import thread_id_of
 from api.resources import Resources
 from shared.contracts.protocol import ASSISTANT_ID
-from shared.contracts.runs import AGENT, TOOLS
 from shared.errors import BadRequest
 
 log = structlog.get_logger(__name__)
-
-#: the nodes an update may be written as (the approval node only ever asks)
-AS_NODES = (AGENT, TOOLS)
-#: the roles (or LangChain types) a message of an update may have
-ROLES = ("user", "human", "assistant", "ai", "system", "tool")
-#: at most this many messages in one update
-MAX_MESSAGES = 100
-
 
 class ThreadStateUpdate(msgspec.Struct):
     """Body of ``POST /threads/{id}/state`` (the SDK's ``threads.update_state``)."""
@@ -46,37 +38,13 @@ class ThreadStateUpdate(msgspec.Struct):
     checkpoint_id: str | None = None
 
 
-def values_of(values: Any) -> dict[str, Any]:
-    """The update's values, checked: ``{"messages": [message, ...]}``, the agent's one channel."""
-    if not isinstance(values, dict) or set(values) != {"messages"}:
-        raise BadRequest('values must be {"messages": [...]}: the state of the agent is its messages')
-    messages = values["messages"]
-    if not isinstance(messages, list) or not 1 <= len(messages) <= MAX_MESSAGES:
-        raise BadRequest(f"values.messages must be a list of 1 to {MAX_MESSAGES} messages")
-    for n, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(f"values.messages[{n}] must be a message (role, content)")
-        role = message.get("role") or message.get("type")
-        if role not in ROLES:
-            raise BadRequest(f"values.messages[{n}]: role must be one of {', '.join(ROLES)}")
-        if not isinstance(message.get("content"), str | list):
-            raise BadRequest(f"values.messages[{n}]: content must be text or a list of blocks")
-        if "id" in message and not isinstance(message["id"], str):
-            raise BadRequest(f"values.messages[{n}]: id must be a string (a stored message's: replaced)")
-        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise BadRequest(f"values.messages[{n}]: a tool message needs its tool_call_id")
-    return {"messages": messages}
-
-
 def check(body: ThreadStateUpdate) -> tuple[dict[str, Any], str | None]:
     if body.checkpoint is not None or body.checkpoint_id is not None:
         raise BadRequest(
             "checkpoint is not served on update_state by Sophos: an update follows the thread's "
             "current branch (docs/agent-protocol.md)"
         )
-    if body.as_node is not None and body.as_node not in AS_NODES:
-        raise BadRequest(f"as_node must be one of {', '.join(AS_NODES)}")
-    return values_of(body.values), body.as_node
+    return values_of(body.values), as_node_of(body.as_node)
 
 
 class ThreadStateController(Controller):

@@ -55,6 +55,9 @@ class RunJob:
     started_by: str | None = None
     #: an ``update`` job's ``{"values": ..., "as_node": ...}`` (worker/run/updates.py)
     update: dict[str, Any] | None = None
+    #: a ``resume`` job's Agent Protocol ``command`` without ``resume``: ``{"goto", "update"}``,
+    #: given to the graph as LangGraph's ``Command`` (worker/run/inputs.py)
+    command: dict[str, Any] | None = None
 
 
 class DecisionAction(enum.StrEnum):

@@ -40,6 +40,11 @@ async def graph_input(
     if message is not None:
         await _check_message(graph, job, at)
         return {"messages": [message]}
+    if job.command is not None:
+        # LangGraph's Command as the run's input: its update written, then its goto run (or, with
+        # no goto, the graph's start). Not over a pending decision, which comes first.
+        await _check_message(graph, job, at)
+        return Command(goto=job.command.get("goto") or (), update=job.command.get("update"))
     return await _continuation(graph, job, at)
 
 

@@ -107,7 +107,7 @@ async def _recheck(
             f"(an approval); {what}: send the decisions first"
             + (", then the message again" if job.kind is JobKind.RUN else ""),
         )
-    if job.kind is JobKind.RESUME and not state.tasks:
+    if job.kind is JobKind.RESUME and job.command is None and not state.tasks:  # a Command needs none
         return Outcome(
             RunStatus.FAILED, RunErrorCode.RUN_NOT_RESUMABLE.value,
             "while this run waited, the thread came to have nothing left to resume",
