@@ -37,6 +37,8 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PATCH", "/api/conversations/{conversation_id}"): {"title": "renamed by someone"},
     ("PATCH", "/threads/{thread_id}"): {"metadata": {"touched": True}},
     ("POST", "/threads/{thread_id}/history"): {"limit": 10},
+    ("POST", "/threads/{thread_id}/state"): {
+        "values": {"messages": [{"role": "user", "content": "sneaked in"}]}, "as_node": "agent"},
     ("POST", "/threads/{thread_id}/state/checkpoint"): {"checkpoint": {"checkpoint_id": "{checkpoint_id}"}},
     ("POST", "/threads/{thread_id}/runs"): {"assistant_id": "agent", "input": {"messages": [
         {"role": "user", "content": "hi"}]}},
