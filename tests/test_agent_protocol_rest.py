@@ -216,3 +216,30 @@ async def test_a_command_with_goto_and_update_is_a_runs_input(
             await client.runs.create(thread_id, "agent", command=command)  # type: ignore[arg-type]
         assert status_of(refused.value)[0] == 422, status_of(refused.value)
     assert len(await client.runs.list(thread_id)) == 3
+
+
+@shared_stack
+async def test_a_run_stops_at_a_breakpoint_and_a_run_without_input_resumes_it(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
+    thread_id = (await client.threads.create())["thread_id"]
+    values: Any = await client.runs.wait(thread_id, "agent", input=said("echo"), interrupt_before=["tools"])
+    assert [m["type"] for m in values["messages"]] == ["human", "ai"]  # the call asked, not made
+    state = await client.threads.get_state(thread_id)
+    assert state["next"] == ["tools"] and (await client.threads.get(thread_id))["status"] == "interrupted"
+    assert (await client.runs.list(thread_id))[0]["status"] == "success"
+    values = await client.runs.wait(thread_id, "agent", input=None)
+    assert [m["type"] for m in values["messages"]] == ["human", "ai", "tool", "ai"]
+    assert values["messages"][-1]["content"] == "Echoed."
+
+    model.script(ToolCalls([("tools__echo", {"text": "pong"})]), Text("Done."))
+    values = await client.runs.wait(thread_id, "agent", input=said("again"), interrupt_after="agent")
+    assert values["messages"][-1]["type"] == "ai" and (await client.threads.get_state(thread_id))["next"] == [
+        "tools"
+    ]
+    values = await client.runs.wait(thread_id, "agent")
+    assert values["messages"][-1]["content"] == "Done."
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+        await client.runs.create(thread_id, "agent", input=said("x"), interrupt_before=["approval"])
+    assert status_of(refused.value)[0] == 422 and "interrupt_before" in status_of(refused.value)[1]

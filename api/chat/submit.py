@@ -152,6 +152,7 @@ class ChatService:
     async def submit_to_thread(
         self, conversation_id: str, message: str | None, *, may_be_new: bool,
         checkpoint_id: str | None = None, enqueue: bool = False, command: dict[str, Any] | None = None,
+        breakpoints: dict[str, Any] | None = None,
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
@@ -161,19 +162,21 @@ class ChatService:
         ``enqueue``: on a busy conversation the run is accepted behind the run that holds it
         (shared/redis/queue.py), and the worker checks the thread again when its turn comes
         (worker/run/turns.py). ``command``: without a message, LangGraph's ``Command`` (``goto``,
-        ``update``) is the run's input, which needs no step left to resume."""
+        ``update``) is the run's input, which needs no step left to resume. ``breakpoints``: the
+        nodes the run stops before or after (``interrupt_before``, ``interrupt_after``)."""
         request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
         if message is not None:
             self._message(request)
         return await self._submit(
             request, message, conversation_id, False, None, may_be_new=may_be_new,
-            checkpoint_id=checkpoint_id, enqueue=enqueue, command=command,
+            checkpoint_id=checkpoint_id, enqueue=enqueue, command=command, breakpoints=breakpoints,
         )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
         idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
         enqueue: bool = False, command: dict[str, Any] | None = None,
+        breakpoints: dict[str, Any] | None = None,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
@@ -204,6 +207,7 @@ class ChatService:
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
             may_wait=enqueue,
             command=command,
+            breakpoints=breakpoints,
         )
         return await self._enqueue(
             job, title, message, new, idempotency, enqueue=enqueue, owner=row.owner if row else None

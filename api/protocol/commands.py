@@ -72,3 +72,20 @@ def command_of(command: dict[str, Any], graph_input: Any) -> dict[str, Any]:
             "calls a model's answer asks for"
         )
     return {"goto": goto, "update": values_of(update, "command.update") if update is not None else None}
+
+
+def breakpoints_of(before: str | list[str] | None, after: str | list[str] | None) -> dict[str, Any] | None:
+    """``interrupt_before`` and ``interrupt_after``, checked: ``"*"`` or nodes of the agent; None
+    for neither."""
+    stops: dict[str, Any] = {}
+    for name, nodes in (("before", before), ("after", after)):
+        if nodes is None or nodes == []:
+            continue
+        if nodes == "*":
+            stops[name] = "*"
+            continue
+        listed = [nodes] if isinstance(nodes, str) else nodes
+        if not isinstance(listed, list) or any(n not in AS_NODES for n in listed):
+            raise BadRequest(f"interrupt_{name} must be '*' or nodes of the agent: {', '.join(AS_NODES)}")
+        stops[name] = list(dict.fromkeys(listed))
+    return stops or None

@@ -26,7 +26,7 @@ from api.chat.relay import run_of_conversation
 from api.chat.schemas import ChatAccepted, ChatRequest
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
-from api.protocol.commands import command_of
+from api.protocol.commands import breakpoints_of, command_of
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
@@ -115,8 +115,7 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
-    for name in ("interrupt_before", "interrupt_after",
-                 "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
+    for name in ("after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
     if body.config or body.context:
@@ -236,7 +235,10 @@ class ProtocolRuns:
             command = command_of(body.command, body.input)
             if fork is not None:
                 raise BadRequest("checkpoint_id is not taken with command: a command continues the thread")
+        breakpoints = breakpoints_of(body.interrupt_before, body.interrupt_after)
         if body.command is not None and command is None:
+            if breakpoints is not None:
+                raise BadRequest("interrupt_before and interrupt_after are not taken with command.resume")
             if fork is not None:
                 raise BadRequest(
                     "checkpoint_id is not taken with command: decisions continue the thread where it waits"
@@ -272,7 +274,7 @@ class ProtocolRuns:
             thread_id, options,
             lambda rolled_back_to: self.chat.submit_to_thread(
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
-                enqueue=options.multitask_strategy == "enqueue", command=command,
+                enqueue=options.multitask_strategy == "enqueue", command=command, breakpoints=breakpoints,
             ),
         )
         return await self._created(

@@ -58,6 +58,9 @@ class RunJob:
     #: a ``resume`` job's Agent Protocol ``command`` without ``resume``: ``{"goto", "update"}``,
     #: given to the graph as LangGraph's ``Command`` (worker/run/inputs.py)
     command: dict[str, Any] | None = None
+    #: where the run stops, the Agent Protocol's ``interrupt_before`` and ``interrupt_after``:
+    #: ``{"before": [node, ...] | "*", "after": ...}`` (worker/run/service.py)
+    breakpoints: dict[str, Any] | None = None
 
 
 class DecisionAction(enum.StrEnum):

@@ -293,11 +293,16 @@ class RunService:
             return await apply_update(self.graph, job, config)
         given = await graph_input(self.graph, job, run.live.input, at)
         stream = RunStream(run.events, run.live, run.tracker)
+        stops = job.breakpoints or {}
         async for item in self.graph.astream(
             given, config,
             stream_mode=["messages", "tasks", "values"], durability="sync", control=run.live.control,
+            interrupt_before=stops.get("before"), interrupt_after=stops.get("after"),
         ):
             await stream.tell(cast(tuple[str, Any], item))
+        if stops and stream.final.requests is None:
+            # Stopped at a breakpoint, or ended: the thread is resumable when tasks are left.
+            stream.final.pending = bool((await self.graph.aget_state(thread_at(job.conversation_id))).tasks)
         return stream.final
 
     def _config(self, job: RunJob, at: RunnableConfig) -> RunnableConfig:
