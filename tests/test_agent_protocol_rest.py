@@ -1,10 +1,12 @@
 """The rest of the Agent Protocol's surface (docs/agent-protocol.md), driven by the real
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
-runs without a thread (``on_completion`` ``delete`` and ``keep``), and ``update_state``."""
+runs without a thread (``on_completion`` ``delete`` and ``keep``), ``update_state``, ``command``
+``goto`` and ``update``, breakpoints, and ``after_seconds`` across a restart."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,7 +19,8 @@ from langgraph_sdk.errors import APIStatusError, NotFoundError
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
-from tests.support.stacks import approval_stack
+from tests.support.redis_server import RedisServer
+from tests.support.stacks import Stack, module_stack
 
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_rest")
 
@@ -27,9 +30,22 @@ def said(text: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
-    with approval_stack(tmp_path_factory.mktemp("rest"), fake_ollama) as env:
-        yield env
+def whole(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[Stack]:
+    """The module's worker and API, on a Redis of their own (as tests/support/stacks.py's
+    approval_stack), the processes at hand: a test restarts them."""
+    root = tmp_path_factory.mktemp("rest")
+    redis_server = RedisServer(root / "redis", appendonly=False)
+    redis_server.start()
+    try:
+        with module_stack(root, redis_server.url, fake_ollama, approval=["add"]) as started:
+            yield started
+    finally:
+        redis_server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(whole: Stack) -> SophosEnv:
+    return whole.env
 
 
 @pytest.fixture
@@ -243,3 +259,38 @@ async def test_a_run_stops_at_a_breakpoint_and_a_run_without_input_resumes_it(
     with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
         await client.runs.create(thread_id, "agent", input=said("x"), interrupt_before=["approval"])
     assert status_of(refused.value)[0] == 422 and "interrupt_before" in status_of(refused.value)[1]
+
+
+#: a delayed run's delay: longer than a restart of the worker and the API takes
+DELAY = 8
+
+
+@shared_stack
+async def test_a_delayed_run_waits_its_time_across_a_restart(
+    client: LangGraphClient, model: FakeOllama, whole: Stack
+) -> None:
+    model.script(Text("Later."))
+    thread_id = (await client.threads.create())["thread_id"]
+    began = time.monotonic()
+    run = await client.runs.create(thread_id, "agent", input=said("in a while"), after_seconds=DELAY)
+    assert run["status"] == "pending" and (await client.threads.get(thread_id))["status"] == "busy"
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as busy:  # it holds the thread meanwhile
+        await client.runs.create(thread_id, "agent", input=said("now"), multitask_strategy="reject")
+    assert status_of(busy.value)[0] == 409
+
+    # The worker and the API killed and started again: the run is still there, still waiting.
+    for process in [p for p in whole.group.processes if p.alive]:
+        process.kill()
+        process.wait(10)
+    whole.group.start_worker(whole.env)
+    whole.group.start_api(whole.env)  # on the same port: the client's
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "pending"
+    assert time.monotonic() - began < DELAY, "the restart took longer than the delay: nothing was shown"
+
+    values: Any = await client.runs.join(thread_id, run["run_id"])
+    assert time.monotonic() - began >= DELAY
+    assert [m["content"] for m in values["messages"]] == ["in a while", "Later."]
+    assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+        await client.runs.create(thread_id, "agent", input=said("x"), after_seconds=90_000)
+    assert status_of(refused.value)[0] == 422 and "after_seconds" in status_of(refused.value)[1]

@@ -152,7 +152,7 @@ class ChatService:
     async def submit_to_thread(
         self, conversation_id: str, message: str | None, *, may_be_new: bool,
         checkpoint_id: str | None = None, enqueue: bool = False, command: dict[str, Any] | None = None,
-        breakpoints: dict[str, Any] | None = None,
+        breakpoints: dict[str, Any] | None = None, after_seconds: float = 0.0,
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
@@ -163,20 +163,22 @@ class ChatService:
         (shared/redis/queue.py), and the worker checks the thread again when its turn comes
         (worker/run/turns.py). ``command``: without a message, LangGraph's ``Command`` (``goto``,
         ``update``) is the run's input, which needs no step left to resume. ``breakpoints``: the
-        nodes the run stops before or after (``interrupt_before``, ``interrupt_after``)."""
+        nodes the run stops before or after (``interrupt_before``, ``interrupt_after``).
+        ``after_seconds``: the run is due that much later (it holds the conversation meanwhile)."""
         request = ChatRequest(message=message, conversation=conversation_id, resume=message is None)
         if message is not None:
             self._message(request)
         return await self._submit(
             request, message, conversation_id, False, None, may_be_new=may_be_new,
             checkpoint_id=checkpoint_id, enqueue=enqueue, command=command, breakpoints=breakpoints,
+            after_seconds=after_seconds,
         )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
         idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
         enqueue: bool = False, command: dict[str, Any] | None = None,
-        breakpoints: dict[str, Any] | None = None,
+        breakpoints: dict[str, Any] | None = None, after_seconds: float = 0.0,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
         title = title_of(message)
@@ -197,17 +199,19 @@ class ChatService:
             new = row is None and holder is None
             head = checkpoint_id or (row.branch_head if row is not None else None)
 
+        now = time.time()
         job = RunJob(
             run_id=new_id(),
             conversation_id=conversation_id,
             kind=JobKind.RESUME if request.resume else JobKind.RUN,
             message=message,
-            enqueued_at=time.time(),
+            enqueued_at=now,
             new_conversation=new,
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
             may_wait=enqueue,
             command=command,
             breakpoints=breakpoints,
+            due_at=now + after_seconds if after_seconds > 0 else None,
         )
         return await self._enqueue(
             job, title, message, new, idempotency, enqueue=enqueue, owner=row.owner if row else None

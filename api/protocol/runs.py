@@ -64,6 +64,8 @@ MAX_WAITING_RUNS = 16
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
+#: the longest ``after_seconds``: a queued job's record is kept a day from its submission
+MAX_AFTER_SECONDS = 23 * 3600
 #: runs of Sophos's own, which the client did not ask for as runs: a rollback's switch
 #: (api/protocol/forks.py) and an update_state (api/protocol/updates.py); not in runs.list
 OWN_KINDS = (JobKind.SWITCH, JobKind.UPDATE)
@@ -115,7 +117,7 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
     """Refuse what Sophos does not do yet, naming it, rather than ignore it."""
-    for name in ("after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
+    for name in ("feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
     if body.config or body.context:
@@ -134,6 +136,8 @@ def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
         raise _unserved(f"durability {body.durability!r}", "; every step is checkpointed (sync)")
     if body.if_not_exists not in (None, "reject", "create"):
         raise BadRequest("if_not_exists must be 'reject' or 'create'")
+    if body.after_seconds is not None and not 0 <= body.after_seconds <= MAX_AFTER_SECONDS:
+        raise BadRequest(f"after_seconds must be 0 to {MAX_AFTER_SECONDS} (a queued job is kept a day)")
 
 
 def strategy_of(body: RunCreate) -> str:
@@ -236,7 +240,10 @@ class ProtocolRuns:
             if fork is not None:
                 raise BadRequest("checkpoint_id is not taken with command: a command continues the thread")
         breakpoints = breakpoints_of(body.interrupt_before, body.interrupt_after)
+        delayed = bool(body.after_seconds)
         if body.command is not None and command is None:
+            if delayed:
+                raise BadRequest("after_seconds is not taken with command.resume: decisions are acted on now")
             if breakpoints is not None:
                 raise BadRequest("interrupt_before and interrupt_after are not taken with command.resume")
             if fork is not None:
@@ -259,7 +266,7 @@ class ProtocolRuns:
         if fork is not None:
             await self.threads.find(thread_id)
             await self.forks.check(thread_id, fork, message)
-        if options.multitask_strategy == "enqueue":
+        if options.multitask_strategy == "enqueue" and not delayed:
             await self._room_to_wait(thread_id)
         record = await self.threads.record(thread_id)
         if record is None:
@@ -274,7 +281,9 @@ class ProtocolRuns:
             thread_id, options,
             lambda rolled_back_to: self.chat.submit_to_thread(
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
-                enqueue=options.multitask_strategy == "enqueue", command=command, breakpoints=breakpoints,
+                # A delayed run waits for its time, not behind another run: on a busy thread it is 409.
+                enqueue=options.multitask_strategy == "enqueue" and not delayed, command=command,
+                breakpoints=breakpoints, after_seconds=float(body.after_seconds or 0),
             ),
         )
         return await self._created(

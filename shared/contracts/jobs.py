@@ -61,6 +61,9 @@ class RunJob:
     #: where the run stops, the Agent Protocol's ``interrupt_before`` and ``interrupt_after``:
     #: ``{"before": [node, ...] | "*", "after": ...}`` (worker/run/service.py)
     breakpoints: dict[str, Any] | None = None
+    #: when the run is due (epoch seconds), for a run created with ``after_seconds``: its job's
+    #: score in the queue, so no worker takes it before (shared/redis/queue.py)
+    due_at: float | None = None
 
 
 class DecisionAction(enum.StrEnum):

@@ -113,7 +113,8 @@ async def submit(
     claim still refuses it). ``limit``: refuse the run when its owner has that many runs queued
     or running already (0: no limit; the run is counted all the same).
     """
-    enqueue_ms = int(job.enqueued_at * 1000)
+    # Its score: due now, or (``after_seconds``) later: no worker takes a job before its score.
+    enqueue_ms = int(max(job.enqueued_at, job.due_at or 0.0) * 1000)
     payload = job_record(JOB_FUNCTION, job, job.enqueued_at)
     fields: dict[str, Any] = {
         "conversation": job.conversation_id,
