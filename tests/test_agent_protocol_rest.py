@@ -277,6 +277,9 @@ async def test_a_delayed_run_waits_its_time_across_a_restart(
     with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as busy:  # it holds the thread meanwhile
         await client.runs.create(thread_id, "agent", input=said("now"), multitask_strategy="reject")
     assert status_of(busy.value)[0] == 409
+    async with httpx.AsyncClient(base_url=whole.api) as http:  # it waits for its time, not a worker
+        shown = (await http.get(f"/api/runs/{run['run_id']}")).json()
+        assert shown["waitedMs"] == 0, shown
 
     # The worker and the API killed and started again: the run is still there, still waiting.
     for process in [p for p in whole.group.processes if p.alive]:

@@ -42,6 +42,8 @@ class QueuedRun:
     #: whose run it is, and who asked for it
     owner: str = "local"
     started_by: str | None = None
+    #: when a delayed run (``after_seconds``) is due: it waits for its time, not for a worker
+    due_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
         new_conversation=fields.get("new_conversation") == "1",
         owner=fields.get("owner") or "local",
         started_by=fields.get("started_by") or None,
+        due_at=float(fields["due_at"]) if fields.get("due_at") else None,
     )
 
 

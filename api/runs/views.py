@@ -134,7 +134,9 @@ def from_queued(run: live.QueuedRun, position: int, now: float | None = None) ->
         run,
         RunStatus.QUEUED,
         position=position,
-        waited_ms=_millis((now or time.time()) - run.enqueued_at) if run.enqueued_at else 0,
+        # A delayed run has waited for a worker only since it was due.
+        waited_ms=_millis(max(0.0, (now or time.time()) - max(run.enqueued_at, run.due_at or 0.0)))
+        if run.enqueued_at else 0,
     )
 
 

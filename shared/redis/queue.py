@@ -124,6 +124,7 @@ async def submit(
         "new_conversation": "1" if job.new_conversation else "0",
         "owner": job.owner,
         "started_by": job.started_by or job.owner,
+        **({"due_at": f"{job.due_at:.6f}"} if job.due_at else {}),
     }
     flat = [x for kv in fields.items() for x in kv]
     answer = ""
