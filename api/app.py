@@ -21,6 +21,7 @@ from api.http.errors import exception_handlers
 from api.http.limits import StreamLimit, SubmissionLimit
 from api.ops import routes as ops_routes
 from api.protocol.errors import protocol_exception_handlers
+from api.protocol.prune import ROUTES as PRUNE_ROUTES
 from api.protocol.routes import ROUTES as PROTOCOL_ROUTES
 from api.protocol.stateless import ROUTES as STATELESS_ROUTES
 from api.protocol.updates import ROUTES as UPDATE_ROUTES
@@ -92,7 +93,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     # same guard: the SDKs present a key as x-api-key, a JWT as a bearer token.
     protocol = Router(
         path="/",
-        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES, *UPDATE_ROUTES],
+        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES, *UPDATE_ROUTES, *PRUNE_ROUTES],
         guards=[identify],
         security=[{"bearer": []}],
         exception_handlers=protocol_exception_handlers(),

@@ -2,10 +2,11 @@
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
 runs without a thread (``on_completion`` ``delete`` and ``keep``), ``update_state``, ``command``
-``goto`` and ``update``, breakpoints, and ``after_seconds`` across a restart."""
+``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, and ``threads.prune``."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
@@ -297,3 +298,18 @@ async def test_a_delayed_run_waits_its_time_across_a_restart(
     with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
         await client.runs.create(thread_id, "agent", input=said("x"), after_seconds=90_000)
     assert status_of(refused.value)[0] == 422 and "after_seconds" in status_of(refused.value)[1]
+
+
+@shared_stack
+async def test_prune_deletes_the_threads_it_names(client: LangGraphClient, model: FakeOllama) -> None:
+    model.script(Text("Soon gone."))
+    used = (await client.threads.create())["thread_id"]
+    await client.runs.wait(used, "agent", input=said("hi"))
+    empty = (await client.threads.create())["thread_id"]
+    kept = (await client.threads.create())["thread_id"]
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+        await client.threads.prune([used], strategy="keep_latest")
+    assert status_of(refused.value)[0] == 422 and "keep_latest" in status_of(refused.value)[1]
+    answer = await client.threads.prune([used, empty, used, str(uuid.uuid4())])
+    assert answer == {"pruned_count": 2}  # the unknown id is not counted
+    assert await gone(client, used) and await gone(client, empty) and not await gone(client, kept)

@@ -51,6 +51,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "input": {"messages": [{"role": "user", "content": "hi"}]}},
     ("POST", "/threads"): {"thread_id": "{thread_id}", "if_exists": "do_nothing"},
     ("POST", "/threads/search"): {"limit": 100},
+    ("POST", "/threads/prune"): {"thread_ids": ["{thread_id}"]},
     ("POST", "/runs/crons/search"): {"limit": 100},
     ("POST", "/assistants/search"): {},
     ("POST", "/runs/crons"): {"assistant_id": "agent", "schedule": "0 0 1 1 *",
