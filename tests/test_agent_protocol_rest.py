@@ -313,3 +313,20 @@ async def test_prune_deletes_the_threads_it_names(client: LangGraphClient, model
     answer = await client.threads.prune([used, empty, used, str(uuid.uuid4())])
     assert answer == {"pruned_count": 2}  # the unknown id is not counted
     assert await gone(client, used) and await gone(client, empty) and not await gone(client, kept)
+
+
+@shared_stack
+async def test_a_cron_in_a_time_zone(client: LangGraphClient) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    cron = await client.crons.create_for_thread(
+        thread_id, "agent", schedule="0 9 * * *", timezone="Asia/Tokyo", input=said("good morning"),
+    )
+    assert cron["schedule"] == "0 9 * * *" and cron["timezone"] == "Asia/Tokyo"
+    [found] = await client.crons.search(thread_id=thread_id)
+    assert (found["schedule"], found["timezone"]) == ("0 9 * * *", "Asia/Tokyo")
+    fires = datetime.fromisoformat(found["next_run_date"])
+    assert (fires.hour, fires.minute) == (0, 0)  # 09:00 in Tokyo (UTC+9, no summer time)
+    await client.crons.delete(cron["cron_id"])
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
+        await client.crons.create_for_thread(thread_id, "agent", schedule="0 9 * * *", timezone="Mars/Base")
+    assert status_of(refused.value)[0] == 422 and "Mars/Base" in status_of(refused.value)[1]

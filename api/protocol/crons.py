@@ -105,8 +105,6 @@ def refuse_unserved(body: CronBody, *, on_thread: bool) -> None:
             raise _unserved(name)
     if body.enabled is False:
         raise _unserved("enabled: false", "; a cron fires until it is deleted")
-    if body.timezone not in (None, "UTC", "Etc/UTC"):
-        raise _unserved(f"timezone {body.timezone!r}", "; schedules are in UTC")
     if body.multitask_strategy not in (None, "reject"):
         raise _unserved(
             f"multitask_strategy {body.multitask_strategy!r}", "; a tick on a busy thread is skipped (reject)"
@@ -123,13 +121,14 @@ def refuse_unserved(body: CronBody, *, on_thread: bool) -> None:
 def cron_shape(row: CronRow) -> dict[str, Any]:
     """The SDK's ``Cron``, with what its ticks did (``fired``, ``skipped``, ``last_tick``)."""
     metadata = json.loads(row.metadata)
+    schedule = Schedule.parse(row.schedule)
     last = None
     if row.last_tick is not None:
         last = {"tick": iso(row.last_tick), "outcome": row.last_outcome, "run_id": row.last_run_id}
     return {
         "cron_id": row.id, "assistant_id": ASSISTANT_ID, "thread_id": row.thread_id,
         "on_run_completed": None if row.thread_id else "keep", "end_time": None,
-        "schedule": row.schedule, "timezone": None,
+        "schedule": schedule.expression, "timezone": schedule.zone,
         "created_at": row.created_at, "updated_at": row.updated_at,
         "payload": {
             "assistant_id": ASSISTANT_ID, "input": {"messages": [{"role": "user", "content": row.message}]},
@@ -149,7 +148,7 @@ class Crons:
 
     async def create(self, thread_id: str | None, body: CronBody) -> dict[str, Any]:
         assistant_of(body.assistant_id)
-        schedule = Schedule.parse(body.schedule)
+        schedule = Schedule.parse(body.schedule, body.timezone)
         refuse_unserved(body, on_thread=thread_id is not None)
         message = message_of(body.input)
         if message is None:

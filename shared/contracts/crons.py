@@ -10,6 +10,9 @@ day-of-week), or six with seconds first (``*/2 * * * * *``: every two seconds), 
 numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, and lists of those; months and week days
 take their English names too (``jan``, ``mon``). As in cron, when both day fields are
 restricted a day matching either fires. The next fire time is arq's :func:`arq.cron.next_cron`.
+A schedule in another time zone (the protocol's ``timezone``, an IANA name) is stored as cron's
+``CRON_TZ=<zone> <expression>``: its fields are then that zone's wall-clock time, daylight
+saving time included (:meth:`Schedule.parse`).
 
 A tick is the schedule's time that fires, in whole seconds since the epoch. Its run's id is a
 UUID made from the cron and the tick (:func:`tick_run_id`): every worker that would fire the
@@ -22,8 +25,9 @@ import calendar
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from arq.cron import next_cron
 from redis.asyncio import Redis
@@ -95,6 +99,7 @@ class Schedule:
     """A parsed schedule: the values each field matches (None: any). Week days are Python's
     (Monday 0); seconds are {0} for a five-field schedule."""
 
+    #: as stored: the expression, after ``CRON_TZ=<zone> `` when it has a zone
     text: str
     second: frozenset[int]
     minute: frozenset[int] | None
@@ -102,14 +107,35 @@ class Schedule:
     day: frozenset[int] | None
     month: frozenset[int] | None
     weekday: frozenset[int] | None
+    #: the IANA time zone its fields are in; None: UTC
+    zone: str | None = None
+
+    @property
+    def expression(self) -> str:
+        """The cron expression, without its zone."""
+        return self.text.split(None, 1)[1] if self.text.startswith(_ZONE_PREFIX) else self.text
 
     @classmethod
-    def parse(cls, text: Any) -> Schedule:
-        """The schedule, or BadRequest naming what is wrong with it."""
+    def parse(cls, text: Any, timezone: str | None = None) -> Schedule:
+        """The schedule (in ``timezone``, or the zone a ``CRON_TZ=`` prefix names, else UTC), or
+        BadRequest naming what is wrong with it."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("schedule must be a cron expression, e.g. '0 9 * * *' (UTC)")
+        text = text.strip()
+        if text.startswith(_ZONE_PREFIX):
+            prefix, _, text = text.partition(" ")
+            if timezone is not None:
+                raise BadRequest("give the time zone once: as timezone or as CRON_TZ=, not both")
+            timezone = prefix.removeprefix(_ZONE_PREFIX)
         if len(text) > SCHEDULE_MAX_CHARS:
             raise BadRequest(f"schedule must be at most {SCHEDULE_MAX_CHARS} characters")
+        zone = zone_of(timezone)
+        if zone is not None:
+            return cls._parse(text, zone, f"{_ZONE_PREFIX}{zone} {text}")
+        return cls._parse(text, None, text)
+
+    @classmethod
+    def _parse(cls, text: str, zone: str | None, stored: str) -> Schedule:
         expression = _MACROS.get(text.strip().lower(), text)
         fields = expression.split()
         if len(fields) not in (5, 6):
@@ -121,7 +147,8 @@ class Schedule:
         minute, hour, day, month, weekday = fields
         days = _field(weekday, "day-of-week", 0, 7, _DAYS)
         schedule = cls(
-            text=text.strip(),
+            text=stored,
+            zone=zone,
             second=_field(second_text, "second", 0, 59) or frozenset(range(60)),
             minute=_field(minute, "minute", 0, 59),
             hour=_field(hour, "hour", 0, 23),
@@ -140,7 +167,8 @@ class Schedule:
 
     def next_after(self, ts: float) -> int:
         """The first tick strictly after ``ts`` (seconds since the epoch), in whole seconds."""
-        previous = datetime.fromtimestamp(int(ts), UTC)
+        where: tzinfo = ZoneInfo(self.zone) if self.zone is not None else UTC
+        previous = datetime.fromtimestamp(int(ts), where)
         options: dict[str, Any] = {
             "month": _arg(self.month), "hour": _arg(self.hour), "minute": _arg(self.minute),
             "second": _arg(self.second), "microsecond": 0,
@@ -153,6 +181,22 @@ class Schedule:
             return int(min(candidates).timestamp())
         found = next_cron(previous, **options, day=_arg(self.day), weekday=_arg(self.weekday))
         return int(found.timestamp())
+
+
+_ZONE_PREFIX = "CRON_TZ="
+
+
+def zone_of(timezone: Any) -> str | None:
+    """An IANA time zone's name, checked; None for none, and for UTC (the default)."""
+    if timezone is None or timezone in ("UTC", "Etc/UTC"):
+        return None
+    if not isinstance(timezone, str) or not timezone or len(timezone) > 64 or timezone.startswith("/"):
+        raise BadRequest("timezone must be an IANA time zone name, e.g. 'Europe/Paris'")
+    try:
+        ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise BadRequest(f"timezone {timezone[:64]!r} is not a time zone this server knows") from None
+    return timezone
 
 
 def _arg(values: frozenset[int] | None) -> set[int] | None:
