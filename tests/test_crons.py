@@ -281,7 +281,7 @@ async def test_refusals_name_the_problem_and_change_nothing(
             ({"schedule": "0 0 31 2 *"}, "never fires"),
             ({"schedule": EVERY_2S, "input": None}, "input must be one user message"),
             ({"schedule": EVERY_2S, "webhook": "http://example.test/"}, "webhook is not served"),
-            ({"schedule": EVERY_2S, "timezone": "Europe/Paris"}, "timezone 'Europe/Paris' is not served"),
+            ({"schedule": EVERY_2S, "timezone": "Europe/Nowhere"}, "'Europe/Nowhere' is not a time zone"),
             ({"schedule": EVERY_2S, "multitask_strategy": "enqueue"}, "multitask_strategy 'enqueue'"),
         ]
         for options, named in cases:

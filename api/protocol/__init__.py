@@ -14,5 +14,10 @@ state and history in the SDK's shape, read in a reader process), ``assistant`` (
 graph and schemas), ``threads`` and ``runs`` (the services), ``forks`` (a run from a checkpoint,
 and rollbacks, onto Sophos's branches), ``crons`` (schedules of runs: stored, fired and deleted
 by the workers; its own controller), ``routes`` (the controllers, which
-only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
+only translate), ``errors`` (their error answers). Beside them, each with its own controller
+where it has routes: ``modes`` (the step stream modes: ``messages``, ``tasks``, ``checkpoints``,
+``debug``, ``events``, pure) and ``messages`` (the message shapes streams send), ``commands``
+(what a client may write: ``update_state``'s values, ``command.goto``/``update``, breakpoints;
+pure), ``updates`` (``update_state``), ``stateless`` (runs without a thread) and ``prune``
+(``threads.prune``). docs/agent-protocol.md is the manual.
 """
