@@ -19,6 +19,7 @@ from api.auth.scope import owned
 from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
+from shared.contracts.assistants import ASSISTANT_COLUMNS, AssistantRow
 from shared.contracts.crons import CRON_COLUMNS, CronRow
 from shared.contracts.runs import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
@@ -250,6 +251,23 @@ class Store:
             (*(v for v in (cron_id, thread_id) if v is not None), *who, limit, offset),
         )
         return [CronRow.from_row(tuple(r)) for r in rows]
+
+    async def assistants(
+        self, *, assistant_id: str | None = None, versions: bool = False, limit: int = 1000,
+    ) -> list[AssistantRow]:
+        """The caller's stored assistants (shared/contracts/assistants.py) at their latest
+        version, newest first; or, with ``versions``, every version of ``assistant_id``, newest
+        first."""
+        mine, who = owned("a.owner")
+        joined = "v.version = a.latest" if not versions else "1 = 1"
+        where = ["a.id = ?"] if assistant_id is not None else []
+        rows = await self._fetch(
+            f"SELECT {ASSISTANT_COLUMNS} FROM assistants a JOIN assistant_versions v ON v.id = a.id"
+            f" AND {joined} WHERE {' AND '.join([*where, mine])}"
+            " ORDER BY a.created_at DESC, a.id, v.version DESC LIMIT ?",
+            (*([assistant_id] if assistant_id is not None else []), *who, limit),
+        )
+        return [AssistantRow.from_row(tuple(r)) for r in rows]
 
     async def running_count(self) -> int:
         """How many runs are recorded ``running`` (a search of the status index, not a scan)."""

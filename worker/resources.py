@@ -173,6 +173,7 @@ def _agent(
         needs_approval=load_approvals(settings.mcp_config_path),
         ledger=ledger,
         model_calls=ModelCalls(redis),
+        models=lambda name: build_model(settings, name),
     )
     return graph, ledger
 

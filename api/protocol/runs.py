@@ -26,6 +26,7 @@ from api.chat.relay import run_of_conversation
 from api.chat.schemas import ChatAccepted, ChatRequest
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
+from api.protocol.assistants import Assistants
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
@@ -105,8 +106,6 @@ def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
                  "after_seconds", "feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
-    if body.config or body.context:
-        raise _unserved("config" if body.config else "context")
     # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
     # stream is the same with it or without it.
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
@@ -195,8 +194,10 @@ class ProtocolRuns:
         """Accept a run on the thread (busy: 409, or with ``interrupt`` cancel the run holding it
         first); its ``Run`` and options. ``command.resume`` decides a waiting thread. ``streamed``:
         the run is streamed to its creator (``on_disconnect: cancel`` is served then)."""
-        assistant_of(body.assistant_id)
         refuse_unserved(body, streamed=streamed)
+        agent = await Assistants(self.runs.store, self.redis).agent_for_run(
+            body.assistant_id, body.config, body.context
+        )
         if body.webhook is not None:
             try:
                 await WebhookPolicy.of(self.runs.settings).check(body.webhook)
@@ -240,7 +241,7 @@ class ProtocolRuns:
             thread_id, options,
             lambda rolled_back_to: self.chat.submit_to_thread(
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
-                enqueue=options.multitask_strategy == "enqueue",
+                enqueue=options.multitask_strategy == "enqueue", agent=agent,
             ),
         )
         return await self._created(
