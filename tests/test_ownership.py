@@ -2,7 +2,7 @@
 own OpenAPI document: a route added tomorrow is in it, and fails here if it forgets the check.
 
 Alice makes one of everything a user owns (a conversation and its run, a thread and its run, a
-thread created empty, a cron, an answered Idempotency-Key). Then, for every route of the
+thread created empty, a cron, an assistant, an answered Idempotency-Key). Then, for every route of the
 document, Bob asks about Alice's ids and about ids that exist nowhere: the two answers must be
 the same (404, or the same refusal of the same bad request), so nothing of Alice's is revealed
 to him, by status or by error code. Lists, searches and counts must not mention Alice's ids at
@@ -51,6 +51,11 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/threads/search"): {"limit": 100},
     ("POST", "/runs/crons/search"): {"limit": 100},
     ("POST", "/assistants/search"): {},
+    ("POST", "/assistants/count"): {},
+    ("POST", "/assistants"): {"graph_id": "agent", "name": "bob's own"},
+    ("PATCH", "/assistants/{assistant_id}"): {"name": "renamed by someone"},
+    ("POST", "/assistants/{assistant_id}/versions"): {"limit": 10},
+    ("POST", "/assistants/{assistant_id}/latest"): {"version": 1},
     ("POST", "/runs/crons"): {"assistant_id": "agent", "schedule": "0 0 1 1 *",
                               "input": {"messages": [{"role": "user", "content": "hi"}]}},
 }
@@ -135,17 +140,22 @@ def test_another_users_resources_are_absent_on_every_route(
         ("POST", "/threads/{thread_id}/runs/crons")])
     assert cron.status_code == 200, cron.text
     cron_id = cron.json()["cron_id"]
+    assistant = alice.ask("POST", "/assistants", body={"graph_id": "agent", "name": "alice's secret helper",
+                                                       "context": {"system_prompt": "alice's secret"}})
+    assert assistant.status_code == 200, assistant.text
+    assistant_id = assistant.json()["assistant_id"]
     state = alice.ask("GET", f"/threads/{thread_id}/state").json()
     checkpoint_id = state["checkpoint"]["checkpoint_id"]
     # The server says whose a thread is; a client cannot say otherwise.
     assert alice.ask("GET", f"/threads/{thread_id}").json()["metadata"] == {"owner": "alice", "mine": 1}
 
-    secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, "alice's secret"}
+    secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, assistant_id,
+               "alice's secret"}
     theirs = {"conversation_id": conversation_id, "thread_id": thread_id, "run_id": run_id,
-              "cron_id": cron_id, "checkpoint_id": checkpoint_id}
+              "cron_id": cron_id, "checkpoint_id": checkpoint_id, "assistant_id": assistant_id}
 
     def nowhere() -> dict[str, str]:
-        fresh = ("conversation_id", "thread_id", "run_id", "cron_id")
+        fresh = ("conversation_id", "thread_id", "run_id", "cron_id", "assistant_id")
         return {**theirs, **{k: str(uuid.uuid4()) for k in fresh}}
 
     checked = 0
@@ -154,14 +164,14 @@ def test_another_users_resources_are_absent_on_every_route(
         ids_in = set(re.findall(r"\{(\w+)\}", path)) | {
             m for t in (BODIES.get(key), QUERIES.get(key)) if t for m in re.findall(r"\{(\w+)\}", str(t))
         }
-        owned = ids_in - {"assistant_id", "checkpoint_id"}
+        owned = ids_in - {"checkpoint_id"}
         mine = dict(theirs)
         if path.startswith("/threads/{thread_id}/runs/{run_id}"):
             mine["run_id"] = thread_run_id
 
         def request(who: Caller, ids: dict[str, str], path: str = path, key: tuple[str, str] = key,
                     method: str = method) -> httpx.Response:
-            return who.ask(method, fill(path, {**ids, "assistant_id": "agent"}),
+            return who.ask(method, fill(path, ids),
                            params=fill(QUERIES.get(key), ids), body=fill(BODIES.get(key), ids))
 
         if path in OPERATOR_ONLY:
@@ -189,6 +199,16 @@ def test_another_users_resources_are_absent_on_every_route(
             assert request(alice, mine).status_code != 404, (key, "Alice could not find her own")
         checked += 1
     assert checked >= 20, checked
+
+    # Alice's assistant runs nothing of Bob's; the default is everyone's.
+    bob_thread = bob.ask("POST", "/threads", body={}).json()["thread_id"]
+    runs = f"/threads/{bob_thread}/runs"
+    run_body = BODIES[("POST", "/threads/{thread_id}/runs")]
+    hers = bob.ask("POST", runs, body={**run_body, "assistant_id": assistant_id})
+    unknown = bob.ask("POST", runs, body={**run_body, "assistant_id": str(uuid.uuid4())})
+    assert answer_of(hers) == answer_of(unknown) == (404, "NOT_FOUND") and "alice" not in hers.text
+    assert bob.ask("GET", "/assistants/agent").status_code == 200
+    assert bob.ask("POST", "/assistants/count", body={}).json() == 2  # his own and the default
 
     # The empty thread (kept only in Redis) and Alice's thread in Bob's eyes and in hers.
     assert bob.ask("GET", f"/threads/{empty_id}").status_code == 404
