@@ -5,6 +5,8 @@ system prompt, the model and the tools a run of an assistant was given."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -117,6 +119,8 @@ async def test_assistants_are_created_versioned_searched_and_deleted(client: Lan
     for refused in (client.assistants.delete("agent"), client.assistants.update("agent", name="x")):
         with pytest.raises(ConflictError, match="default assistant"):
             await refused
+    with pytest.raises(UnprocessableEntityError, match="delete_threads"):
+        await client.assistants.delete(pirate, delete_threads=True)
     await client.assistants.delete(other["assistant_id"])
     await client.assistants.delete(pirate)
     with pytest.raises(NotFoundError):
@@ -126,7 +130,7 @@ async def test_assistants_are_created_versioned_searched_and_deleted(client: Lan
 
 @shared_stack
 async def test_a_run_is_the_agent_its_assistant_configures(
-    client: LangGraphClient, model: FakeOllama
+    client: LangGraphClient, model: FakeOllama, stack: SophosEnv
 ) -> None:
     model.models = ["test-model:latest", "other-model:latest"]
     helper = (await client.assistants.create(
@@ -141,6 +145,11 @@ async def test_a_run_is_the_agent_its_assistant_configures(
     asked = model.requests[-1]
     assert system_prompt(asked) == "You are Helper." and asked["model"] == "test-model"
     assert tools_offered(asked) == {"tools__echo"}  # only the tools it may use
+    model.script(ToolCalls([("tools__add", {"a": 1, "b": 2})]), Text("Could not."))
+    values = await client.runs.wait(thread_id, helper, input=said("add anyway"))
+    refused = values["messages"][-2]
+    assert refused["type"] == "tool" and "not a valid tool" in refused["content"], refused
+    assert "add" not in (stack.tools_log.read_text() if stack.tools_log.exists() else "")
 
     # A run's context overrides what the assistant marks configurable, and nothing else.
     model.script(Text("Hm."))
@@ -192,12 +201,19 @@ def test_a_conversation_begun_with_an_assistant_keeps_it(stack: SophosEnv, model
         made = http.post("/assistants", json={"graph_id": "agent",
                                               "context": {"system_prompt": "You are Poet."}})
         poet = made.json()["assistant_id"]
-        model.script(Text("Roses."), Text("Violets."))
+        model.script(Text("Roses."), Text("Violets."), Text("Tulips."))
         accepted = http.post("/api/chat", json={"message": "a poem", "assistant": poet}).json()
         assert read_sse(stack.api_url, accepted["conversation"])[-1].event == "end"
         assert system_prompt(model.requests[-1]) == "You are Poet."
         again = http.post("/api/chat", json={"message": "more", "conversation": accepted["conversation"]})
         assert read_sse(stack.api_url, again.json()["conversation"])[-1].event == "end"
+        assert system_prompt(model.requests[-1]) == "You are Poet."
+        told = subprocess.run(
+            [sys.executable, "-m", "sophos_cli", "chat", "--assistant", poet, "one more poem"],
+            env={**stack, "SOPHOS_URL": stack.api_url},
+            capture_output=True, text=True, timeout=60,
+        )
+        assert told.returncode == 0 and "Tulips." in told.stdout, told.stderr
         assert system_prompt(model.requests[-1]) == "You are Poet."
         unknown = http.post("/api/chat", json={"message": "x", "assistant": "nobody"})
         assert unknown.status_code == 404 and "nobody" in unknown.json()["error"]["message"]
