@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.contracts.codec import decode
 from shared.errors import BadRequest
 
 #: the arq function that writes assistants (worker/upkeep/assistants.py)
@@ -59,21 +60,6 @@ class AgentConfig:
     def requires(self, tool: str) -> bool:
         return _names(tool, self.require_approval)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "assistant_id": self.assistant_id, "version": self.version, "system_prompt": self.system_prompt,
-            "model": self.model, "tools": None if self.tools is None else list(self.tools),
-            "require_approval": list(self.require_approval),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> AgentConfig:
-        tools = raw.get("tools")
-        return cls(
-            str(raw["assistant_id"]), int(raw["version"]), raw.get("system_prompt"), raw.get("model"),
-            None if tools is None else tuple(tools), tuple(raw.get("require_approval") or ()),
-        )
-
 
 def _names(tool: str, names: tuple[str, ...]) -> bool:
     """Is ``tool`` (``server__tool``, as the model sees it) named by ``names`` (servers or tools)?"""
@@ -86,7 +72,7 @@ def agent_in(config: Mapping[str, Any] | None) -> AgentConfig | None:
     raw = ((config or {}).get("configurable") or {}).get(CONFIG_KEY)
     if isinstance(raw, AgentConfig):
         return raw
-    return AgentConfig.from_dict(raw) if isinstance(raw, Mapping) else None
+    return decode(AgentConfig, raw) if isinstance(raw, Mapping) else None
 
 
 # --- what an assistant and a run may say ------------------------------------------

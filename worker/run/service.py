@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from shared import tracing
 from shared.contracts.assistants import CONFIG_KEY as AGENT_KEY
 from shared.contracts.assistants import AgentConfig
+from shared.contracts.codec import decode, encode
 from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.redis.keys import TAKEN_SECONDS, taken_key
@@ -304,8 +305,8 @@ class RunService:
         # The assistant's configuration of the agent, for the graph (worker/agent/graph.py), and
         # on the run's checkpoints, where the thread's next run without one finds it.
         # (LangGraph copies only plain values of a run's metadata onto its checkpoints: JSON text.)
-        chosen = {AGENT_KEY: agent.as_dict()} if agent is not None else {}
-        recorded = {AGENT_KEY: json.dumps(agent.as_dict())} if agent is not None else {}
+        chosen = {AGENT_KEY: encode(agent)} if agent is not None else {}
+        recorded = {AGENT_KEY: json.dumps(encode(agent))} if agent is not None else {}
         return {
             # With a checkpoint id, the run forks the thread there (an edit, a regenerate) or
             # continues the branch the conversation follows: its checkpoints are children of it.
@@ -325,7 +326,7 @@ class RunService:
             return None
         saved = await saver.aget_tuple(at)
         raw = (saved.metadata or {}).get(AGENT_KEY) if saved is not None else None
-        return AgentConfig.from_dict(json.loads(raw)) if isinstance(raw, str) else None
+        return decode(AgentConfig, json.loads(raw)) if isinstance(raw, str) else None
 
     async def _failure(self, exc: Exception) -> Outcome:
         """The outcome of a run whose graph raised ``exc``."""
@@ -369,7 +370,7 @@ class RunService:
         # The checkpoint that closes the thread keeps the run's agent for the thread's next run.
         config: RunnableConfig = {
             **thread,
-            "metadata": {"run_id": job.run_id, **({AGENT_KEY: json.dumps(agent.as_dict())} if agent else {})},
+            "metadata": {"run_id": job.run_id, **({AGENT_KEY: json.dumps(encode(agent))} if agent else {})},
         }
         if job.checkpoint_id is not None and not await self._wrote(job):
             # A fork cut before its first checkpoint: the thread's latest checkpoint is another
