@@ -76,6 +76,9 @@ async def test_assistants_are_created_versioned_searched_and_deleted(client: Lan
     assert (made["version"], made["name"], made["graph_id"]) == (1, "Pirate", "agent")
     assert made["context"] == {"system_prompt": "You are a terse pirate.", "model": "test-model"}
     assert await client.assistants.get(pirate) == made
+    schemas = await client.assistants.get_schemas(pirate)
+    assert set(schemas["context_schema"]["properties"]) == {
+        "system_prompt", "model", "tools", "require_approval", "configurable"}
 
     # An update is a new version, made the latest: the fields given replace, metadata merges.
     updated = await client.assistants.update(
@@ -159,6 +162,7 @@ async def test_a_run_is_the_agent_its_assistant_configures(
     assert system_prompt(asked) == "You are Overridden." and asked["model"] == "other-model"
     with pytest.raises(UnprocessableEntityError, match="tools"):
         await client.runs.create(thread_id, helper, input=said("no"), context={"tools": []})
+    assert {r["assistant_id"] for r in await client.runs.list(thread_id)} == {helper}
 
     # The default, `agent`: config/'s prompt and every tool; its prompt and model are configurable.
     model.script(Text("Plain."))

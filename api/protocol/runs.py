@@ -162,11 +162,16 @@ class Options:
     multitask_strategy: str = "reject"
     #: its webhook's delivery, when it has one (shared/contracts/webhooks.py)
     webhook: dict[str, Any] | None = None
+    #: the assistant it was made with
+    assistant_id: str = ASSISTANT_ID
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Options:
         record = RunRecord.parse(fields)
-        return cls(record.metadata, record.stream_mode, record.multitask_strategy, record.webhook_state())
+        return cls(
+            record.metadata, record.stream_mode, record.multitask_strategy, record.webhook_state(),
+            record.assistant_id,
+        )
 
 
 def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
@@ -175,7 +180,7 @@ def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
         run_id=info.id, thread_id=info.conversation, status=info.status, created_at=info.enqueued_at,
         started_at=info.started_at, finished_at=info.finished_at, metadata=options.metadata,
         multitask_strategy=options.multitask_strategy, stream_mode=options.stream_mode,
-        webhook=options.webhook,
+        webhook=options.webhook, assistant_id=options.assistant_id,
     )
 
 
@@ -204,7 +209,8 @@ class ProtocolRuns:
             except WebhookRefused as exc:
                 raise BadRequest(str(exc)) from None
         options = Options(
-            body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject"
+            body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject",
+            assistant_id=agent.assistant_id,
         )
         fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
         if body.command is not None:
@@ -294,6 +300,7 @@ class ProtocolRuns:
                 "metadata": msgspec.json.encode(options.metadata).decode(),
                 "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
                 "multitask_strategy": options.multitask_strategy,
+                "assistant_id": options.assistant_id,
                 # Whatever ends the run enqueues its delivery (shared/contracts/webhooks.py).
                 **({"webhook": webhook} if webhook is not None else {}),
             })
