@@ -291,7 +291,8 @@ class RunService:
             # The row names the branch now (worker/store.py start_run); the ending records its shape.
             branch = await self.graph.aget_state(at)
             return FinalState(len((branch.values or {}).get("messages", [])), pending=bool(branch.tasks))
-        config = self._config(job, at, job.agent or await self._thread_agent(at))
+        agent = job.agent or (None if job.new_conversation else await self._thread_agent(at))
+        config = self._config(job, at, agent)
         given = await graph_input(self.graph, job, run.live.input, at)
         stream = RunStream(run.events, run.live, run.tracker)
         async for item in self.graph.astream(
