@@ -5,6 +5,7 @@ system prompt, the model and the tools a run of an assistant was given."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -16,11 +17,11 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
-from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import read_sse
+from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.client import read_sse, wait_for_async
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
 from tests.support.redis_server import RedisServer
-from tests.support.stacks import module_stack
+from tests.support.stacks import Stack, module_stack
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_assistants")
@@ -42,9 +43,9 @@ def tools_offered(request: dict[str, Any]) -> set[str]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def stack(
+def service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama
-) -> Iterator[SophosEnv]:
+) -> Iterator[Stack]:
     """One API and worker per engine for the module, on a Redis of its own."""
     overrides: dict[str, str] = {}
     if request.param == "postgresql":
@@ -55,9 +56,14 @@ def stack(
     redis_server.start()
     try:
         with module_stack(root, redis_server.url, fake_ollama, **overrides) as started:
-            yield started.env
+            yield started
     finally:
         redis_server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(service: Stack) -> SophosEnv:
+    return service.env
 
 
 @pytest.fixture
@@ -222,3 +228,28 @@ def test_a_conversation_begun_with_an_assistant_keeps_it(stack: SophosEnv, model
         unknown = http.post("/api/chat", json={"message": "x", "assistant": "nobody"})
         assert unknown.status_code == 404 and "nobody" in unknown.json()["error"]["message"]
         assert http.delete(f"/assistants/{poet}").status_code == 204
+
+
+@shared_stack
+async def test_a_run_of_an_assistant_cut_by_a_crash_resumes_as_that_assistant(
+    client: LangGraphClient, model: FakeOllama, service: Stack
+) -> None:
+    durable = (await client.assistants.create("agent", context={"system_prompt": "You are Durable."}))
+    thread_id = (await client.threads.create())["thread_id"]
+    hang = Hang(text="half an ")
+    model.script(hang, Text("answer, after the crash."))
+    run = await client.runs.create(thread_id, durable["assistant_id"], input=said("go"))
+    await hang.wait_started_async(20)
+    service.worker.kill()
+    assert service.worker.wait(10) == -signal.SIGKILL
+    service.worker = service.group.start_worker(service.env)
+
+    async def interrupted() -> bool:
+        return (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
+
+    await wait_for_async(interrupted, timeout=30, message="the crashed run recorded interrupted")
+    # A resume that names no assistant (the page's, the CLI's) is the agent the run was.
+    resumed = await client.http.post("/api/chat", json={"resume": True, "conversation": thread_id})
+    values = await client.runs.join(thread_id, resumed["run"])
+    assert values["messages"][-1]["content"] == "answer, after the crash."
+    assert system_prompt(model.requests[-1]) == "You are Durable."
