@@ -14,6 +14,7 @@
     ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
     ├── AssistantExists         409 ASSISTANT_EXISTS (POST /assistants of an id taken, if_exists=raise)
     ├── DefaultAssistant        409 DEFAULT_ASSISTANT (the default, `agent`, is config/'s: not changed)
+    ├── WaitingListFull         409 WAITING_LIST_FULL (the Agent Protocol: enqueue on a full thread)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
     ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
@@ -106,6 +107,13 @@ class DefaultAssistant(SophosError):
     """A delete, update or version change of ``agent``, the assistant made from config/."""
 
     code = "DEFAULT_ASSISTANT"
+    status = 409
+
+
+class WaitingListFull(SophosError):
+    """The Agent Protocol: a run enqueued on a thread that has as many waiting as it may hold."""
+
+    code = "WAITING_LIST_FULL"
     status = 409
 
 
