@@ -90,7 +90,7 @@ class Receiver:
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     hooks = Receiver()
-    thread = threading.Thread(target=hooks.server.serve_forever, daemon=True)
+    thread = threading.Thread(target=hooks.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield hooks
