@@ -2,7 +2,7 @@
 
 :func:`module_stack` is the one set-up (tests/test_branches.py, tests/test_fuzz.py,
 tests/test_tracing.py); :func:`approval_stack` is it on a Redis of its own with ``add`` asking
-for approval (the Agent Protocol's modules).
+for approval (the Agent Protocol's modules, tests/test_cli_approve.py).
 """
 
 from __future__ import annotations
