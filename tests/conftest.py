@@ -51,7 +51,7 @@ ONE_WORKER_MODULES = frozenset({
     "test_agent_protocol.py", "test_agent_protocol_enqueue.py", "test_agent_protocol_forks.py",
     "test_approvals.py", "test_branches.py", "test_cli_approve.py", "test_fuzz.py", "test_identities.py",
     "test_kill_points.py", "test_packaging.py", "test_tracing.py", "test_web.py", "test_web_basics.py",
-    "test_web_branches.py", "test_web_people.py",
+    "test_web_branches.py", "test_web_people.py", "test_webhooks.py",
 })
 
 
