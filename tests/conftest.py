@@ -49,9 +49,11 @@ PROCESS_FIXTURES = frozenset({
 #: xdist worker runs all of a module's tests, so it is started once.
 ONE_WORKER_MODULES = frozenset({
     "test_agent_protocol.py", "test_agent_protocol_enqueue.py", "test_agent_protocol_forks.py",
-    "test_approvals.py", "test_branches.py", "test_cli_approve.py", "test_fuzz.py", "test_identities.py",
+    "test_branches.py", "test_fuzz.py",
     "test_kill_points.py", "test_packaging.py", "test_tracing.py", "test_web.py", "test_web_basics.py",
-    "test_web_branches.py", "test_web_people.py", "test_webhooks.py",
+    "test_web_branches.py", "test_web_people.py",
+    # a module-scoped stack (tests/support/stacks.py) beside tests with stacks of their own
+    "test_approvals.py", "test_cli.py", "test_cli_approve.py", "test_identities.py", "test_webhooks.py",
 })
 
 
