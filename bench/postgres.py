@@ -92,8 +92,14 @@ def _start_workers(stack: Stack, n: int) -> list[ServiceProcess]:
 
 
 def _stop(workers: list[ServiceProcess]) -> None:
+    """SIGTERM to every worker at once (each drains and exits by itself), then wait for each."""
     for worker in workers:
-        worker.stop(timeout=30)
+        worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(30)
+        except TimeoutError:
+            worker.kill_group()
 
 
 async def _level(stack: Stack, n: int, quick: bool) -> Workers:
