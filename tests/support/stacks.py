@@ -76,7 +76,8 @@ def own_redis_stack(root: Path, model: FakeOllama, **options: Any) -> Iterator[S
 
 
 @contextlib.contextmanager
-def approval_stack(root: Path, model: FakeOllama) -> Iterator[SophosEnv]:
-    """:func:`own_redis_stack` with the fake tools server's ``add`` asking for approval."""
-    with own_redis_stack(root, model, approval=["add"]) as stack:
+def approval_stack(root: Path, model: FakeOllama, **overrides: str) -> Iterator[SophosEnv]:
+    """:func:`own_redis_stack` with the fake tools server's ``add`` asking for approval; with the
+    environment's ``overrides``."""
+    with own_redis_stack(root, model, approval=["add"], safe_to_repeat=True, **overrides) as stack:
         yield stack.env
