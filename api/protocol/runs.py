@@ -30,7 +30,7 @@ from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
-from api.protocol.threads import ThreadCreate, Threads
+from api.protocol.threads import Found, ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
 from api.runs.schemas import RunInfo
@@ -207,12 +207,10 @@ class ProtocolRuns:
         )
         fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
         if body.command is not None:
-            if fork is not None:
-                raise BadRequest(
-                    "checkpoint_id is not taken with command: decisions continue the thread where it waits"
-                )
             resume = resume_of(body)
-            await self.threads.find(thread_id)
+            found = await self.threads.find(thread_id)
+            if fork is not None:
+                await self._at_head(found, fork)
             # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
             accepted = await self._decide(thread_id, resume)
             return await self._created(thread_id, accepted, options, kind="decide", webhook=body.webhook)
@@ -246,6 +244,17 @@ class ProtocolRuns:
         return await self._created(
             thread_id, accepted, options, kind="resume" if message is None else "run", webhook=body.webhook
         )
+
+    async def _at_head(self, found: Found, checkpoint_id: str) -> None:
+        """A command's checkpoint must be the thread's head, where it waits for the decisions
+        (agent-chat-ui's ``useStream`` sends the head it read with every run); any other would
+        fork, and decisions continue the thread where it waits."""
+        head = (await self.threads.state_of(found)).get("checkpoint") or {}
+        if checkpoint_id != head.get("checkpoint_id"):
+            raise BadRequest(
+                f"checkpoint_id {checkpoint_id} is not the head of thread {found.id}: a command "
+                "continues the thread where it waits (send its head, or no checkpoint)"
+            )
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the

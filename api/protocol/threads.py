@@ -5,7 +5,10 @@ metadata) and indexes it in ``PROTOCOL_THREADS``. Until its first run the record
 thread (status ``idle``, no values); the first run creates its conversation under the same id
 (``ChatService.submit_to_thread``), and from then on the conversation is the thread and the
 record only keeps its metadata (the database has no column for it). A conversation started on
-the native routes is a thread too, with empty metadata. Deleting the conversation, by either
+the native routes is a thread too, with empty metadata. Some metadata is the server's to say
+(:data:`SERVER_METADATA`): ``owner`` always, and ``graph_id`` and ``assistant_id`` once the thread
+has a run, as the Agent Server sets them on a run's thread (agent-chat-ui lists its threads by
+``metadata.graph_id``). Deleting the conversation, by either
 route or by retention, deletes the record (worker/upkeep/deletion.py).
 """
 
@@ -32,6 +35,7 @@ from api.protocol.state import empty_state, thread_history, thread_state, thread
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.runs import live
 from api.store import ConversationRow, Store
+from shared.contracts.protocol import ASSISTANT_ID, GRAPH_ID
 from shared.errors import BadRequest, NotFound, ThreadExists
 from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
 from shared.users import LOCAL_USER
@@ -42,6 +46,8 @@ log = structlog.get_logger(__name__)
 SEARCH_SCAN = 5000
 _PAGE = 500
 SEARCH_LIMIT_MAX = 1000
+#: metadata keys the server sets and a client cannot
+SERVER_METADATA = frozenset({"owner", "graph_id", "assistant_id"})
 
 
 class ThreadCreate(msgspec.Struct):
@@ -155,6 +161,12 @@ class Found:
             return self.info.owner  # a conversation's row (or queued run) says whose it is
         return self.record.owner if self.record is not None else LOCAL_USER
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The client's metadata with the server's (:data:`SERVER_METADATA`) over it."""
+        ran = {"graph_id": GRAPH_ID, "assistant_id": ASSISTANT_ID} if self.info is not None else {}
+        return {**(self.record.metadata if self.record is not None else {}), **ran, "owner": self.owner}
+
     def shape(
         self, values: dict[str, Any] | None = None, interrupts: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -167,7 +179,7 @@ class Found:
             "thread_id": self.id,
             "created_at": created,
             "updated_at": updated,
-            "metadata": {**(self.record.metadata if self.record is not None else {}), "owner": self.owner},
+            "metadata": self.metadata,
             "status": self.status,
             "values": values if values is not None else {},
             "interrupts": interrupts or {},
@@ -179,13 +191,13 @@ class Found:
 def _matches(found: Found, query: ThreadSearch) -> bool:
     if query.status is not None and found.status != query.status:
         return False
-    metadata = {**(found.record.metadata if found.record is not None else {}), "owner": found.owner}
+    metadata = found.metadata
     return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
 
 
 def _settable(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """What a client may set of a thread's metadata: all but ``owner``, which is the server's."""
-    return {k: v for k, v in (metadata or {}).items() if k != "owner"}
+    """What a client may set of a thread's metadata: all but :data:`SERVER_METADATA`."""
+    return {k: v for k, v in (metadata or {}).items() if k not in SERVER_METADATA}
 
 
 def _interrupts_by_task(state: dict[str, Any]) -> dict[str, Any]:
@@ -368,9 +380,15 @@ class Threads:
             found = [f for f in [await self._maybe(i) for i in dict.fromkeys(ids)] if f is not None]
         else:
             found = await self._all()
-        shapes = [f.shape() for f in found if _matches(f, query)]
-        shapes.sort(key=lambda t: (t[sort_by] or "", t["thread_id"]), reverse=query.sort_order != "asc")
-        return shapes[query.offset : query.offset + query.limit]
+        matched = [(f, f.shape()) for f in found if _matches(f, query)]
+        matched.sort(key=lambda m: (m[1][sort_by] or "", m[1]["thread_id"]), reverse=query.sort_order != "asc")
+        # Each thread with its values, as the Agent Server answers (a UI titles a thread by its
+        # first message): one state read per thread of the page, never of the whole scan.
+        page = []
+        for found_one, _ in matched[query.offset : query.offset + query.limit]:
+            state = await self.state_of(found_one)
+            page.append(found_one.shape(state["values"], _interrupts_by_task(state)))
+        return page
 
     async def _maybe(self, thread_id: str) -> Found | None:
         try:
