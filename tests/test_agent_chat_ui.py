@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.browser import Offline, screenshot
 from tests.support.chat_ui import build, static_site
-from tests.support.client import get_json, wait_for
+from tests.support.client import get_json, tool_calls, wait_for
 from tests.support.redis_server import RedisServer
 from tests.support.stacks import Stack, module_stack
 
@@ -85,3 +85,123 @@ def test_an_answer_streams_a_second_message_follows_and_the_history_shows_titles
     # The thread history: found by metadata.graph_id, titled by its first message.
     expect(ui.locator("aside .thread").first).to_have_text("What is the capital of France?")
     screenshot(ui, tmp_path, "agent-chat-ui-history")
+
+
+def asked_to_add(page: Page, model: FakeOllama, a: int, b: int, *then: Text) -> None:
+    """A new thread whose model asks for ``add(a, b)``: the approval shows."""
+    page.get_by_role("button", name="+ New thread").click()
+    model.script(ToolCalls([("tools__add", {"a": a, "b": b})]), *then)
+    send(page, f"Add {a} and {b}")
+    expect(page.get_by_label("Approval")).to_contain_text("Tool execution requires approval")
+    idle(page)
+
+
+def test_an_approval_is_approved_in_the_ui_and_the_tool_runs(
+    ui: Page, model: FakeOllama, tmp_path: Path
+) -> None:
+    asked_to_add(ui, model, 2, 3, Text("The sum is 5."))
+    screenshot(ui, tmp_path, "agent-chat-ui-approval")
+    ui.get_by_role("button", name="Approve").click()
+    expect(ui.get_by_label("Tool result")).to_have_text("tools__add: 5")
+    expect(ui.locator(".ai .answer").last).to_have_text("The sum is 5.")
+    expect(ui.get_by_label("Approval")).to_have_count(0)
+    idle(ui)
+    screenshot(ui, tmp_path, "agent-chat-ui-approved")
+
+
+def test_an_approval_is_edited_in_the_ui_and_the_tool_runs_with_the_new_arguments(
+    ui: Page, model: FakeOllama
+) -> None:
+    asked_to_add(ui, model, 2, 2, Text("The sum is 10."))
+    ui.get_by_label("Arguments").fill('{"a": 5, "b": 5}')
+    ui.get_by_role("button", name="Edit").click()
+    expect(ui.get_by_label("Tool result")).to_have_text("tools__add: 10")
+    expect(ui.locator(".ai .answer").last).to_have_text("The sum is 10.")
+
+
+def test_an_approval_is_rejected_in_the_ui_and_the_tool_never_runs(
+    ui: Page, model: FakeOllama, stack: Stack
+) -> None:
+    asked_to_add(ui, model, 7, 7, Text("Fine, I will not add them."))
+    ui.get_by_label("Response").fill("Not today")
+    ui.get_by_role("button", name="Reject").click()
+    expect(ui.locator(".ai .answer").last).to_have_text("Fine, I will not add them.")
+    expect(ui.get_by_label("Tool result")).to_contain_text("Not today")
+    assert [c for c in tool_calls(stack.env.tools_log, "add") if c["args"] == {"a": 7, "b": 7}] == []
+
+
+def test_mark_as_resolved_is_refused_and_the_ui_says_why(ui: Page, model: FakeOllama, tmp_path: Path) -> None:
+    asked_to_add(ui, model, 1, 2)
+    ui.get_by_role("button", name="Mark as resolved").click()
+    expect(ui.get_by_role("alert")).to_contain_text("command.goto is not served by Sophos")
+    screenshot(ui, tmp_path, "agent-chat-ui-resolve-refused")
+    # The approval still waits, and can still be answered.
+    model.script(Text("The sum is 3."))
+    ui.reload()
+    ui.get_by_role("button", name="Approve").click()
+    expect(ui.locator(".ai .answer").last).to_have_text("The sum is 3.")
+
+
+def test_a_message_typed_while_an_approval_waits_rejects_the_call_then_is_answered(
+    ui: Page, model: FakeOllama, stack: Stack, tmp_path: Path
+) -> None:
+    asked_to_add(ui, model, 4, 4, Text("All right, I did not add them."), Text("Why did the chicken cross?"))
+    send(ui, "Never mind, tell me a joke")
+    expect(ui.locator(".ai .answer")).to_have_text(["All right, I did not add them.", "Why did the chicken cross?"])
+    expect(ui.get_by_label("Approval")).to_have_count(0)
+    idle(ui)
+    screenshot(ui, tmp_path, "agent-chat-ui-message-over-approval")
+    assert [c for c in tool_calls(stack.env.tools_log, "add") if c["args"] == {"a": 4, "b": 4}] == []
+    # What the model was told: the call rejected with the UI's text, then the new message.
+    told = model.requests[-1]["messages"]
+    assert "rejected" in told[-3]["content"] and told[-1]["content"] == "Never mind, tell me a joke"
+
+
+def test_a_reload_mid_answer_shows_the_thread_and_the_answer_once_it_ended(
+    ui: Page, model: FakeOllama, stack: Stack
+) -> None:
+    ui.get_by_role("button", name="+ New thread").click()
+    hang = Hang(text="Once upon ", then=Text("a time."))
+    model.script(hang)
+    send(ui, "Tell me a story")
+    expect(ui.locator(".ai .answer")).to_have_text("Once upon ")
+    thread_id = thread_of(ui)
+    ui.reload()
+    # agent-chat-ui does not rejoin a run after a reload (no reconnectOnMount): it shows the
+    # thread as its history has it, the message, while the run goes on.
+    expect(ui.locator(".human")).to_have_text("Tell me a story")
+    hang.release()
+    wait_for(lambda: get_json(stack.api, f"/threads/{thread_id}")["status"] == "idle", message="the run ended")
+    ui.reload()
+    expect(ui.locator(".ai .answer")).to_have_text("Once upon a time.")
+    expect(ui.locator(".human")).to_have_count(1)
+
+
+def test_a_crashed_run_says_so_after_a_reload_and_a_new_message_goes_on(
+    ui: Page, model: FakeOllama, stack: Stack, tmp_path: Path
+) -> None:
+    """Last in the module: it kills the module's worker (SIGKILL) and starts another."""
+    ui.get_by_role("button", name="+ New thread").click()
+    hang = Hang(text="Half an ")
+    model.script(hang)
+    send(ui, "Write a long answer")
+    expect(ui.locator(".ai .answer")).to_have_text("Half an ")
+    thread_id = thread_of(ui)
+    stack.worker.signal(signal.SIGKILL)
+    stack.worker.wait()
+    model.reset()
+    stack.worker = stack.group.start_worker(stack.env)
+    wait_for(lambda: get_json(stack.api, f"/threads/{thread_id}")["status"] != "busy", message="the run ended")
+    ui.reload()
+    # The partial answer was never checkpointed: gone, and the UI says why and what to do.
+    expect(ui.get_by_role("alert")).to_contain_text("was not kept. Send a new message to go on")
+    expect(ui.locator(".human")).to_have_text("Write a long answer")
+    expect(ui.locator(".ai")).to_have_count(0)
+    expect(ui.get_by_label("Interrupt")).to_have_count(0)  # not shown as a bare breakpoint
+    screenshot(ui, tmp_path, "agent-chat-ui-crashed")
+    model.script(Text("Here is a shorter one."))
+    send(ui, "Please try again")
+    expect(ui.locator(".ai .answer")).to_have_text("Here is a shorter one.")
+    expect(ui.get_by_role("alert")).to_have_count(0)
+    told = [m["content"] for m in model.requests[-1]["messages"][1:]]
+    assert told == ["Write a long answer", "Please try again"]

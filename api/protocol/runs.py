@@ -23,7 +23,7 @@ import structlog
 from redis.asyncio import Redis
 
 from api.chat.relay import run_of_conversation
-from api.chat.schemas import ChatAccepted, ChatRequest
+from api.chat.schemas import ChatAccepted, ChatRequest, DecisionBody
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
 from api.protocol.forks import Forks, checkpoint_of
@@ -127,6 +127,11 @@ def resume_of(body: RunCreate) -> Any:
     """``command.resume``: the decisions that continue a thread waiting for them."""
     command = body.command or {}
     other = sorted(set(command) - {"resume"})
+    if "goto" in other:  # agent-chat-ui's "Mark as resolved": goto END over a pending approval
+        raise _unserved(
+            "command.goto", "; a waiting thread goes on only by its decisions: approve, edit or reject "
+            "each pending call, or send a new message, which rejects them"
+        )
     if other:
         raise _unserved(f"command.{other[0]}", "; a command carries resume (the decisions) only")
     if "resume" not in command:
@@ -134,6 +139,27 @@ def resume_of(body: RunCreate) -> Any:
     if body.input:
         raise BadRequest("a run takes input or command.resume, not both")
     return command["resume"]
+
+
+def answers_of(graph_input: dict[str, Any] | None) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The tool messages that come before a run's new user message (agent-chat-ui adds one for each
+    call still without a result when a message is sent over a pending approval), by tool call id,
+    and the input without them."""
+    messages = (graph_input or {}).get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return {}, graph_input
+    *tools, last = messages
+    if not all(isinstance(m, dict) and (m.get("type") or m.get("role")) == "tool" for m in tools):
+        return {}, graph_input
+    answers: dict[str, str] = {}
+    for message in tools:
+        call_id, content = message.get("tool_call_id"), message.get("content")
+        if not isinstance(call_id, str) or not call_id:
+            raise BadRequest("a tool message in the input must name its tool_call_id")
+        if not isinstance(content, str | list):
+            raise BadRequest("a tool message's content must be text or a list of text blocks")
+        answers[call_id] = text_of(content)
+    return answers, {**(graph_input or {}), "messages": [last]}
 
 
 def message_of(graph_input: dict[str, Any] | None) -> str | None:
@@ -214,7 +240,16 @@ class ProtocolRuns:
             # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
             accepted = await self._decide(thread_id, resume)
             return await self._created(thread_id, accepted, options, kind="decide", webhook=body.webhook)
-        message = message_of(body.input)
+        answers, graph_input = answers_of(body.input)
+        message = message_of(graph_input)
+        if answers:
+            if message is None:
+                raise BadRequest("tool messages in the input must be followed by a new user message")
+            found = await self.threads.find(thread_id)
+            if fork is not None:
+                await self._at_head(found, fork)
+            await self._answer(thread_id, answers, options)
+            fork, options = None, Options(options.metadata, options.stream_mode, "enqueue")
         if options.multitask_strategy == "rollback" and message is None:
             raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
         if fork is not None and options.multitask_strategy == "enqueue":
@@ -255,6 +290,27 @@ class ProtocolRuns:
                 f"checkpoint_id {checkpoint_id} is not the head of thread {found.id}: a command "
                 "continues the thread where it waits (send its head, or no checkpoint)"
             )
+
+    async def _answer(self, thread_id: str, answers: dict[str, str], options: Options) -> None:
+        """Tool messages for the calls a thread waits on, sent with a new message: each call is
+        rejected (never sent), the tool message's text told to the model as the reason, before
+        the message runs. The Agent Server takes them as the calls' results; Sophos's approvals
+        give a call a result only by running it, so they are its rejections."""
+        pending = await self.threads.store.read_thread(thread_id, pending_of)
+        requests = [r for _, rs in pending or [] for r in rs]
+        if not requests:
+            raise NoApprovalPending(
+                f"thread {thread_id} waits for no decision: tool messages in the input answer pending calls only"
+            )
+        waiting = [str(r["id"]) for r in requests]
+        if sorted(answers) != sorted(waiting):
+            raise BadRequest(
+                f"the input's tool messages answer {', '.join(sorted(answers))}, but the thread waits on "
+                f"{', '.join(waiting)}: answer every pending call, or none"
+            )
+        decisions = [DecisionBody(id=i, action="reject", message=answers[i] or None) for i in waiting]
+        decided = await self.chat.submit(ChatRequest(conversation=thread_id, decisions=decisions))
+        await self._created(thread_id, decided, options, kind="decide")
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the

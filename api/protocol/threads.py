@@ -34,8 +34,10 @@ from api.http.timefmt import iso_from_timestamp
 from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.runs import live
+from api.runs.schemas import RunError
 from api.store import ConversationRow, Store
 from shared.contracts.protocol import ASSISTANT_ID, GRAPH_ID
+from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, ThreadExists
 from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
 from shared.users import LOCAL_USER
@@ -205,6 +207,26 @@ def _interrupts_by_task(state: dict[str, Any]) -> dict[str, Any]:
     return {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
 
 
+#: what a thread whose run was cut (a crash, a drain) adds to its head's unfinished task
+CUT_HINT = (
+    " What was streamed of the step in flight was not kept. Send a new message to go on from the "
+    "last step kept, or start a run with no input to resume the step."
+)
+
+
+def with_cut_noted(info: ConversationInfo | None, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a head) with its last unfinished task's ``error`` set when the thread's last run
+    was cut: a UI (the SDK's ``useStream``) shows it, instead of a bare pending step, as the
+    reason the answer it streamed is gone. Other states as they are."""
+    tasks = state.get("tasks") or []
+    error = info.error if info is not None and info.status == RunStatus.INTERRUPTED else None
+    if not tasks or not isinstance(error, RunError) or any(t["interrupts"] or t["error"] for t in tasks):
+        return state
+    noted = {"error": error.code, "message": f"{error.message}.{CUT_HINT}".replace("..", ".")}
+    last = {**tasks[-1], "error": msgspec.json.encode(noted).decode()}
+    return {**state, "tasks": [*tasks[:-1], last]}
+
+
 @dataclass(frozen=True, slots=True)
 class Threads:
     store: Store
@@ -289,7 +311,7 @@ class Threads:
         if found.info is None:
             return empty_state(found.id)
         state = await self.store.read_thread(found.id, thread_state)
-        return state if state is not None else empty_state(found.id)
+        return with_cut_noted(found.info, state) if state is not None else empty_state(found.id)
 
     async def history(self, thread_id: str, query: ThreadHistory) -> list[dict[str, Any]]:
         """The thread's checkpoints, newest first (an empty thread has none)."""
@@ -311,7 +333,10 @@ class Threads:
         if found.info is None:
             return []
         read = functools.partial(thread_history, query.limit, before, query.metadata)
-        return await self.store.read_thread(thread_id, read) or []
+        states = await self.store.read_thread(thread_id, read) or []
+        if states and before is None and not query.metadata:  # the first is the head
+            states[0] = with_cut_noted(found.info, states[0])
+        return states
 
     async def update(self, thread_id: str, body: ThreadUpdate) -> dict[str, Any]:
         """Merge ``body.metadata`` into the thread's (a conversation started on the native routes
