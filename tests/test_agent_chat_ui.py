@@ -3,19 +3,18 @@
 Every flow of the UI, through the calls it makes (tests/support/chat_ui.py: the UI is not on a
 package registry, so a replica built from tests/agent_chat_ui/ makes them with the SDK version the
 UI pins), against one worker and API shared by the module, the fake tools server's ``add`` asking
-for approval. ``SOPHOS_SCREENSHOTS=docs/img/agent-chat-ui`` writes the manual's screenshots.
+for approval. ``SOPHOS_SCREENSHOTS=docs/screenshots`` writes the manual's screenshots.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.browser import Offline, screenshot
@@ -62,6 +61,10 @@ def idle(page: Page) -> None:
     expect(page.get_by_role("button", name="Send")).to_be_visible()
 
 
+def status_of(stack: Stack, thread_id: str) -> str:
+    return str(get_json(stack.api, f"/threads/{thread_id}")["status"])
+
+
 def thread_of(page: Page) -> str:
     wait_for(lambda: "threadId=" in page.url, message="a thread id in the URL")
     return page.url.split("threadId=", 1)[1].split("&", 1)[0]
@@ -79,7 +82,9 @@ def test_an_answer_streams_a_second_message_follows_and_the_history_shows_titles
     expect(ui.locator(".ai .answer")).to_have_text("Paris is the capital of France.")
     idle(ui)
     send(ui, "How many people live there?")
-    expect(ui.locator(".ai .answer")).to_have_text(["Paris is the capital of France.", "About 2.1 million people."])
+    expect(ui.locator(".ai .answer")).to_have_text(
+        ["Paris is the capital of France.", "About 2.1 million people."]
+    )
     idle(ui)
     expect(ui.locator(".human")).to_have_count(2)
     # The thread history: found by metadata.graph_id, titled by its first message.
@@ -147,7 +152,9 @@ def test_a_message_typed_while_an_approval_waits_rejects_the_call_then_is_answer
 ) -> None:
     asked_to_add(ui, model, 4, 4, Text("All right, I did not add them."), Text("Why did the chicken cross?"))
     send(ui, "Never mind, tell me a joke")
-    expect(ui.locator(".ai .answer")).to_have_text(["All right, I did not add them.", "Why did the chicken cross?"])
+    expect(ui.locator(".ai .answer")).to_have_text(
+        ["All right, I did not add them.", "Why did the chicken cross?"]
+    )
     expect(ui.get_by_label("Approval")).to_have_count(0)
     idle(ui)
     screenshot(ui, tmp_path, "agent-chat-ui-message-over-approval")
@@ -171,7 +178,7 @@ def test_a_reload_mid_answer_shows_the_thread_and_the_answer_once_it_ended(
     # thread as its history has it, the message, while the run goes on.
     expect(ui.locator(".human")).to_have_text("Tell me a story")
     hang.release()
-    wait_for(lambda: get_json(stack.api, f"/threads/{thread_id}")["status"] == "idle", message="the run ended")
+    wait_for(lambda: status_of(stack, thread_id) == "idle", message="the run ended")
     ui.reload()
     expect(ui.locator(".ai .answer")).to_have_text("Once upon a time.")
     expect(ui.locator(".human")).to_have_count(1)
@@ -191,13 +198,14 @@ def test_a_crashed_run_says_so_after_a_reload_and_a_new_message_goes_on(
     stack.worker.wait()
     model.reset()
     stack.worker = stack.group.start_worker(stack.env)
-    wait_for(lambda: get_json(stack.api, f"/threads/{thread_id}")["status"] != "busy", message="the run ended")
+    wait_for(lambda: status_of(stack, thread_id) != "busy", message="the run ended")
     ui.reload()
     # The partial answer was never checkpointed: gone, and the UI says why and what to do.
     expect(ui.get_by_role("alert")).to_contain_text("was not kept. Send a new message to go on")
     expect(ui.locator(".human")).to_have_text("Write a long answer")
     expect(ui.locator(".ai")).to_have_count(0)
     expect(ui.get_by_label("Interrupt")).to_have_count(0)  # not shown as a bare breakpoint
+    expect(ui.locator("aside .thread").first).to_have_text("Write a long answer")
     screenshot(ui, tmp_path, "agent-chat-ui-crashed")
     model.script(Text("Here is a shorter one."))
     send(ui, "Please try again")

@@ -300,7 +300,8 @@ class ProtocolRuns:
         requests = [r for _, rs in pending or [] for r in rs]
         if not requests:
             raise NoApprovalPending(
-                f"thread {thread_id} waits for no decision: tool messages in the input answer pending calls only"
+                f"thread {thread_id} waits for no decision: tool messages in the input answer "
+                "pending calls only"
             )
         waiting = [str(r["id"]) for r in requests]
         if sorted(answers) != sorted(waiting):

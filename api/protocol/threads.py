@@ -406,7 +406,9 @@ class Threads:
         else:
             found = await self._all()
         matched = [(f, f.shape()) for f in found if _matches(f, query)]
-        matched.sort(key=lambda m: (m[1][sort_by] or "", m[1]["thread_id"]), reverse=query.sort_order != "asc")
+        matched.sort(
+            key=lambda m: (m[1][sort_by] or "", m[1]["thread_id"]), reverse=query.sort_order != "asc"
+        )
         # Each thread with its values, as the Agent Server answers (a UI titles a thread by its
         # first message): one state read per thread of the page, never of the whole scan.
         page = []

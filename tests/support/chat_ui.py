@@ -14,6 +14,7 @@ install fails. :class:`StaticSite` serves the build on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import shutil
@@ -74,17 +75,15 @@ def build() -> Path:
               "--jsx=automatic", "--define:process.env.NODE_ENV=\"production\"", "--outfile=dist/app.js"],
              staging, BUILD_TIMEOUT, "esbuild of the agent-chat-ui replica", skip=False)
         shutil.copyfile(staging / "index.html", staging / "dist" / "index.html")
-        try:
+        with contextlib.suppress(OSError):  # OSError: another process built it meanwhile
             staging.rename(target)  # whole or not at all
-        except OSError:  # another process built it meanwhile
-            pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / "dist"
 
 
 class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
