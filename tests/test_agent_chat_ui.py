@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
+import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
@@ -151,6 +152,14 @@ def test_a_message_typed_while_an_approval_waits_rejects_the_call_then_is_answer
     ui: Page, model: FakeOllama, stack: Stack, tmp_path: Path
 ) -> None:
     asked_to_add(ui, model, 4, 4, Text("All right, I did not add them."), Text("Why did the chicken cross?"))
+    thread_id = thread_of(ui)
+    # Tool messages must answer every pending call, and only on a thread that waits for them.
+    stray = {"assistant_id": "agent", "input": {"messages": [
+        {"type": "tool", "tool_call_id": "not-a-pending-call", "content": "done"},
+        {"type": "human", "content": "hi"},
+    ]}}
+    refused = httpx.post(f"{stack.api}/threads/{thread_id}/runs", json=stray, timeout=10)
+    assert refused.status_code == 422 and "answer every pending call" in refused.json()["error"]["message"]
     send(ui, "Never mind, tell me a joke")
     expect(ui.locator(".ai .answer")).to_have_text(
         ["All right, I did not add them.", "Why did the chicken cross?"]
@@ -162,6 +171,8 @@ def test_a_message_typed_while_an_approval_waits_rejects_the_call_then_is_answer
     # What the model was told: the call rejected with the UI's text, then the new message.
     told = model.requests[-1]["messages"]
     assert "rejected" in told[-3]["content"] and told[-1]["content"] == "Never mind, tell me a joke"
+    refused = httpx.post(f"{stack.api}/threads/{thread_id}/runs", json=stray, timeout=10)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "NO_APPROVAL_PENDING"
 
 
 def test_a_reload_mid_answer_shows_the_thread_and_the_answer_once_it_ended(
