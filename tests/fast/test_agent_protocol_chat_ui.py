@@ -29,7 +29,8 @@ def info(status: RunStatus, error: RunError | None = None) -> ConversationInfo:
     extra = {"error": error} if error is not None else {}
     when = "2026-12-07T00:00:00Z"
     return ConversationInfo(
-        id="c", title="t", created_at=when, updated_at=when, message_count=1, status=status, resumable=True, **extra
+        id="c", title="t", created_at=when, updated_at=when, message_count=1, status=status,
+        resumable=True, **extra,
     )
 
 
