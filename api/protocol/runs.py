@@ -162,6 +162,14 @@ def answers_of(graph_input: dict[str, Any] | None) -> tuple[dict[str, str], dict
     return answers, {**(graph_input or {}), "messages": [last]}
 
 
+def unanswered_calls(messages: list[dict[str, Any]]) -> list[str]:
+    """The tool calls of a thread's messages that no tool message answers (a run cut while they
+    were out), by id: those agent-chat-ui adds a tool message for."""
+    answered = {m.get("tool_call_id") for m in messages if m.get("type") == "tool"}
+    calls = [c.get("id") for m in messages if m.get("type") == "ai" for c in m.get("tool_calls") or []]
+    return [str(c) for c in calls if c and c not in answered]
+
+
 def message_of(graph_input: dict[str, Any] | None) -> str | None:
     """The new user message of a run's input; None for no input (the run resumes the thread)."""
     if not graph_input or graph_input == {"messages": []}:
@@ -248,8 +256,8 @@ class ProtocolRuns:
             found = await self.threads.find(thread_id)
             if fork is not None:
                 await self._at_head(found, fork)
-            await self._answer(thread_id, answers, options)
-            fork, options = None, Options(options.metadata, options.stream_mode, "enqueue")
+            if await self._answer(found, answers, options):
+                fork, options = None, Options(options.metadata, options.stream_mode, "enqueue")
         if options.multitask_strategy == "rollback" and message is None:
             raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
         if fork is not None and options.multitask_strategy == "enqueue":
@@ -291,17 +299,24 @@ class ProtocolRuns:
                 "continues the thread where it waits (send its head, or no checkpoint)"
             )
 
-    async def _answer(self, thread_id: str, answers: dict[str, str], options: Options) -> None:
+    async def _answer(self, found: Found, answers: dict[str, str], options: Options) -> bool:
         """Tool messages for the calls a thread waits on, sent with a new message: each call is
         rejected (never sent), the tool message's text told to the model as the reason, before
-        the message runs. The Agent Server takes them as the calls' results; Sophos's approvals
-        give a call a result only by running it, so they are its rejections."""
+        the message runs (True: a decision run was submitted). The Agent Server takes them as the
+        calls' results; Sophos's approvals give a call a result only by running it, so they are
+        its rejections. On a thread whose run was cut while its calls were out (no decision
+        pending), they are left out: the message runs as it would alone (False), from the last
+        step kept, and those calls are not sent again."""
+        thread_id = found.id
         pending = await self.threads.store.read_thread(thread_id, pending_of)
         requests = [r for _, rs in pending or [] for r in rs]
         if not requests:
+            messages = (await self.threads.state_of(found))["values"].get("messages") or []
+            if answers and sorted(answers) == sorted(unanswered_calls(messages)):
+                return False
             raise NoApprovalPending(
                 f"thread {thread_id} waits for no decision: tool messages in the input answer "
-                "pending calls only"
+                "pending calls, or calls a cut run left without a result, only"
             )
         waiting = [str(r["id"]) for r in requests]
         if sorted(answers) != sorted(waiting):
@@ -312,6 +327,7 @@ class ProtocolRuns:
         decisions = [DecisionBody(id=i, action="reject", message=answers[i] or None) for i in waiting]
         decided = await self.chat.submit(ChatRequest(conversation=thread_id, decisions=decisions))
         await self._created(thread_id, decided, options, kind="decide")
+        return True
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the
