@@ -207,16 +207,18 @@ def test_a_reload_mid_answer_shows_the_thread_and_the_answer_once_it_ended(
     expect(ui.locator(".human")).to_have_count(1)
 
 
-def kill_the_worker(stack: Stack, thread_id: str) -> None:
+def kill_the_worker(stack: Stack, model: FakeOllama, thread_id: str) -> None:
     """SIGKILL the module's worker, start another, wait until it has ended the thread's cut run
     (recorded: the thread's head says so)."""
     stack.worker.signal(signal.SIGKILL)
     stack.worker.wait()
+    model.reset()  # after the kill: a reply cut before it would fail the run instead
     stack.worker = stack.group.start_worker(stack.env)
 
     def noted() -> bool:
         tasks = get_json(stack.api, f"/threads/{thread_id}/state")["tasks"]
-        return status_of(stack, thread_id) != "busy" and bool(tasks) and tasks[-1]["error"] is not None
+        said = tasks[-1]["error"] if tasks else None
+        return status_of(stack, thread_id) != "busy" and "not kept" in (said or "")
 
     wait_for(noted, message="the cut run ended and recorded")
 
@@ -230,8 +232,7 @@ def test_a_crashed_run_says_so_after_a_reload_and_a_new_message_goes_on(
     send(ui, "Write a long answer")
     expect(ui.locator(".ai .answer")).to_have_text("Half an ")
     thread_id = thread_of(ui)
-    model.reset()
-    kill_the_worker(stack, thread_id)
+    kill_the_worker(stack, model, thread_id)
     ui.reload()
     # The partial answer was never checkpointed: gone, and the UI says why and what to do.
     expect(ui.get_by_role("alert")).to_contain_text("was not kept. Send a new message to go on")
@@ -246,7 +247,7 @@ def test_a_crashed_run_says_so_after_a_reload_and_a_new_message_goes_on(
     send(ui, "Please try again")
     # (Sophos sends values at the run's end: the page shows the call once the run is over.)
     pumping(ui, lambda: tool_calls(stack.env.tools_log, "slow"), "the slow call sent")
-    kill_the_worker(stack, thread_id)
+    kill_the_worker(stack, model, thread_id)
     ui.reload()
     expect(ui.get_by_role("alert")).to_contain_text("Send a new message to go on")
     expect(ui.get_by_label("Tool call")).to_contain_text("tools__slow")
