@@ -77,6 +77,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             ops_routes.healthz,
             ops_routes.readyz,
             auth_routes.whoami,
+            auth_routes.signin,
         ],
         guards=[identify],
         security=[{"bearer": []}],
@@ -104,7 +105,7 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         components=components,
     )
     return Litestar(
-        route_handlers=[api, scrape, protocol, *web.routes()],  # the page at / (api/web.py)
+        route_handlers=[api, scrape, protocol, *web.routes(settings)],  # the page at / (api/web.py)
         lifespan=[lifespan(settings, draining)],
         state=State(
             {"draining": draining, "submission_limit": SubmissionLimit(settings.rate_limit_per_minute)}

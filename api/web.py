@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar import Response, Router, get
 from litestar.enums import MediaType
 from litestar.openapi.plugins import OpenAPIRenderPlugin, SwaggerRenderPlugin
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
+
+from shared.settings import Settings
 
 #: Model text is untrusted: even if a reply slipped past the renderer, the browser would
 #: run no inline script, load nothing from elsewhere and send nothing elsewhere.
@@ -49,14 +52,26 @@ def web_dir() -> Path:
     return candidates[0]
 
 
-def _with_page_headers(response: Response[Any]) -> Response[Any]:
-    response.headers.update(PAGE_HEADERS)
-    return response
+def page_headers(settings: Settings) -> dict[str, str]:
+    """:data:`PAGE_HEADERS`, the page's sign-in provider let in: the page fetches its discovery
+    document and its token endpoint (``AUTH_OIDC_PAGE_CLIENT``, web/js/signin.js)."""
+    if settings.auth_oidc_issuer is None or settings.auth_oidc_page_client is None:
+        return PAGE_HEADERS
+    issuer = urlsplit(settings.auth_oidc_issuer)
+    policy = PAGE_HEADERS["Content-Security-Policy"].replace(
+        "connect-src 'self'", f"connect-src 'self' {issuer.scheme}://{issuer.netloc}"
+    )
+    return {**PAGE_HEADERS, "Content-Security-Policy": policy}
 
 
-def routes() -> list[Any]:
+def routes(settings: Settings) -> list[Any]:
     """``GET /`` (the page), ``/web/*`` (its files) and ``/docs``, left out of the OpenAPI document."""
     folder = web_dir()
+    headers = page_headers(settings)
+
+    def with_page_headers(response: Response[Any]) -> Response[Any]:
+        response.headers.update(headers)
+        return response
 
     @get("/docs", include_in_schema=False, sync_to_thread=False)
     def docs() -> Redirect:
@@ -66,11 +81,11 @@ def routes() -> list[Any]:
     @get("/", include_in_schema=False, media_type=MediaType.HTML, sync_to_thread=False)
     def page() -> Response[bytes]:
         # Read per request: the file is small, and an edit shows on reload.
-        return Response((folder / "index.html").read_bytes(), media_type=MediaType.HTML, headers=PAGE_HEADERS)
+        return Response((folder / "index.html").read_bytes(), media_type=MediaType.HTML, headers=headers)
 
     files: Router = create_static_files_router(
         path="/web", directories=[folder], name="web", include_in_schema=False,
-        after_request=_with_page_headers,
+        after_request=with_page_headers,
     )
     return [page, docs, files]
 

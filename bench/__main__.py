@@ -6,7 +6,10 @@ figure 15 (the cost of exporting traces), ``--only memory`` for figure 16 (the p
 memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENCY`` 1 and 4),
 ``--only hops`` for figure 18 (thread hops per run), ``--only switches`` for figure 12 (the
 speed switches, the API's HTTP parser among them), ``--only servers`` for figure 19 (uvicorn and
-Granian; needs the ``bench`` extra, and is measured only then).
+Granian; needs the ``bench`` extra, and is measured only then), ``--only fairness`` for figure 20
+(a user's queue wait behind another user's many queued runs), ``--only identity`` for figure 21
+(what a key or an OIDC JWT costs a request against no identity), ``--only crossing`` for figure 22
+(system calls, context switches and Redis commands per run, per process, against the floor).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -34,7 +37,19 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import hops, ledger, memory, profiling, servers, solo, tracing, variants
+from bench import (
+    crossing,
+    fairness,
+    hops,
+    identity,
+    ledger,
+    memory,
+    profiling,
+    servers,
+    solo,
+    tracing,
+    variants,
+)
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -124,11 +139,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=6, help="seed of the interleaving order")
     p.add_argument(
         "--only",
-        choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers"],
+        choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers", "fairness",
+                 "identity", "crossing"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
-        "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19) and replace only its "
-        "section of the results",
+        "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19; fairness: figure 20; "
+        "identity: figure 21; crossing: figure 22) and replace only its section of the results",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -334,6 +350,37 @@ def solo_phase(args: argparse.Namespace, overrides: dict[str, str], command: str
     return result, text
 
 
+def fairness_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[fairness.Fairness, str]:
+    """Figure 20 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 20: fair shares, a stack of its own with two users")
+    result = fairness.measure(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+    return result, fairness.section(result, stamp=_stamp(command, load_start))
+
+
+def identity_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[identity.Identity, str]:
+    """Figure 21 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 21: what knowing the caller costs a request, two APIs of their own")
+    result = identity.measure(quick=args.quick, rng=random.Random(args.seed), overrides=overrides,
+                              keep=args.keep, say=say)
+    return result, identity.section(result, stamp=_stamp(command, load_start))
+
+
+def crossing_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[crossing.Crossing, str]:
+    """Figure 22 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 22: the crossing, a stack of its own and the floor, counted per process")
+    result = crossing.measure(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+    return result, crossing.section(result, stamp=_stamp(command, load_start))
+
+
 def _stamp(command: str, load_start: str) -> str:
     """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -377,7 +424,7 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     the results file."""
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
-        | servers.Servers
+        | servers.Servers | fairness.Fairness | identity.Identity | crossing.Crossing
     )
     try:
         if args.only == "ledger":
@@ -398,6 +445,15 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "servers":
             measured, section = servers_phase(args, overrides, command)
             heading = servers.HEADING
+        elif args.only == "fairness":
+            measured, section = fairness_phase(args, overrides, command)
+            heading = fairness.HEADING
+        elif args.only == "identity":
+            measured, section = identity_phase(args, overrides, command)
+            heading = identity.HEADING
+        elif args.only == "crossing":
+            measured, section = crossing_phase(args, overrides, command)
+            heading = crossing.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -481,6 +537,15 @@ def main(argv: list[str] | None = None) -> int:
             results.elapsed_s += servers_result.elapsed_s
         else:
             results.sections.append(servers.not_measured())
+        fairness_result, fairness_text = fairness_phase(args, overrides, command)
+        results.sections.append(fairness_text)
+        results.elapsed_s += fairness_result.elapsed_s
+        identity_result, identity_text = identity_phase(args, overrides, command)
+        results.sections.append(identity_text)
+        results.elapsed_s += identity_result.elapsed_s
+        crossing_result, crossing_text = crossing_phase(args, overrides, command)
+        results.sections.append(crossing_text)
+        results.elapsed_s += crossing_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

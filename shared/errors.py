@@ -17,6 +17,7 @@
     ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
     ├── InvalidTitle            422 INVALID_TITLE (a rename to a blank or too long title)
     ├── RateLimited             429 RATE_LIMITED (Retry-After when known)
+    │   └── TooManyActiveRuns   429 TOO_MANY_ACTIVE_RUNS (USER_MAX_ACTIVE_RUNS, with Retry-After)
     ├── QueueUnavailable        503 QUEUE_UNAVAILABLE
     ├── DatabaseUnavailable     503 DATABASE_UNAVAILABLE
     ├── ReadTimedOut            503 READ_TIMEOUT
@@ -129,6 +130,12 @@ class RateLimited(SophosError):
         super().__init__(message)
         #: seconds until a retry can succeed, sent as ``Retry-After``
         self.retry_after = retry_after
+
+
+class TooManyActiveRuns(RateLimited):
+    """The caller has ``USER_MAX_ACTIVE_RUNS`` runs queued or running already."""
+
+    code = "TOO_MANY_ACTIVE_RUNS"
 
 
 class QueueUnavailable(SophosError):

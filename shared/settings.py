@@ -285,6 +285,9 @@ class Settings:
     rate_limit_per_minute: int = 60
     # Open event streams per client address, per API process; 0 turns the limit off.
     max_streams_per_client: int = 32
+    # Runs queued or running per user (not operators), counted in Redis by the submit script
+    # (shared/redis/scripts.py); the next is 429 with Retry-After. 0 turns the limit off.
+    user_max_active_runs: int = 8
     # Identities (api/auth/, docs/security.md): an OpenID Connect issuer whose bearer JWTs are
     # users (its discovery document names the JWKS), the audience its tokens must name, the
     # claim naming the user, and the claim and value that make one an operator.
@@ -293,6 +296,10 @@ class Settings:
     auth_oidc_user_claim: str = "sub"
     auth_oidc_operator_claim: str | None = None
     auth_oidc_operator_value: str | None = None
+    # The page's sign-in through that issuer (authorization code with PKCE, a public client):
+    # the client id registered for the page, and the scopes it asks for. Unset: keys only.
+    auth_oidc_page_client: str | None = None
+    auth_oidc_page_scope: str = "openid profile"
     # Who owns what was stored before identities (an old database upgraded in place); None:
     # the local user.
     auth_adopt_owner: str | None = None
@@ -406,6 +413,7 @@ class Settings:
             allow_unauthenticated=_bool(env, "ALLOW_UNAUTHENTICATED", d.allow_unauthenticated),
             forwarded_allow_ips=_addresses(env, "FORWARDED_ALLOW_IPS", d.forwarded_allow_ips),
             rate_limit_per_minute=_int(env, "RATE_LIMIT_PER_MINUTE", d.rate_limit_per_minute),
+            user_max_active_runs=_int(env, "USER_MAX_ACTIVE_RUNS", d.user_max_active_runs),
             max_streams_per_client=_int(env, "MAX_STREAMS_PER_CLIENT", d.max_streams_per_client),
             cors_origins=_origins(env, "CORS_ORIGINS"),
             auth_oidc_issuer=oidc.issuer,
@@ -413,6 +421,8 @@ class Settings:
             auth_oidc_user_claim=oidc.user_claim,
             auth_oidc_operator_claim=oidc.operator_claim,
             auth_oidc_operator_value=oidc.operator_value,
+            auth_oidc_page_client=oidc.page_client,
+            auth_oidc_page_scope=env.get("AUTH_OIDC_PAGE_SCOPE") or d.auth_oidc_page_scope,
             auth_adopt_owner=_user_name(env, "AUTH_ADOPT_OWNER"),
             webhook_allow_http=_bool(env, "WEBHOOK_ALLOW_HTTP", d.webhook_allow_http),
             webhook_allow_private=_bool(env, "WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private),
@@ -520,6 +530,7 @@ class _Oidc:
     user_claim: str
     operator_claim: str | None
     operator_value: str | None
+    page_client: str | None
 
 
 def _oidc(env: Mapping[str, str]) -> _Oidc:
@@ -541,5 +552,8 @@ def _oidc(env: Mapping[str, str]) -> _Oidc:
     if (claim is None) != (value is None):
         raise SettingsError("AUTH_OIDC_OPERATOR_VALUE" if value is None else "AUTH_OIDC_OPERATOR_CLAIM",
                             "AUTH_OIDC_OPERATOR_CLAIM and AUTH_OIDC_OPERATOR_VALUE go together")
+    page_client = env.get("AUTH_OIDC_PAGE_CLIENT") or None
+    if page_client is not None and issuer is None:
+        raise SettingsError("AUTH_OIDC_PAGE_CLIENT", "the page signs in through AUTH_OIDC_ISSUER: set it too")
     return _Oidc(issuer.rstrip("/") if issuer else None, audience,
-                 env.get("AUTH_OIDC_USER_CLAIM") or "sub", claim, value)
+                 env.get("AUTH_OIDC_USER_CLAIM") or "sub", claim, value, page_client)

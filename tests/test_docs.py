@@ -116,8 +116,9 @@ def test_docs_leads_to_the_api_document() -> None:
     from litestar.testing import TestClient
 
     from api import web
+    from shared.settings import Settings
 
-    with TestClient(Litestar(route_handlers=web.routes())) as client:
+    with TestClient(Litestar(route_handlers=web.routes(Settings()))) as client:
         answer = client.get("/docs", follow_redirects=False)
     assert answer.status_code in (302, 307), answer.text
     assert answer.headers["location"] == "/schema"

@@ -70,6 +70,8 @@ def test_keys_are_in_force_once_a_user_exists_and_a_revoked_key_fails_on_every_a
     first = start_api(sophos_env)
     # Before any user: the local user, an operator, as before identities.
     assert whoami(first.url).json() == {"name": "local", "operator": True, "via": "local"}
+    # A stray credential (a key of another service, an old SOPHOS_TOKEN) changes nothing then.
+    assert whoami(first.url, "sk-sophos-" + "x" * 43).json()["name"] == "local"
 
     alice = add_user(sophos_env, "alice")
     root = add_user(sophos_env, "root", "--operator")

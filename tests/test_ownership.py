@@ -60,7 +60,7 @@ QUERIES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/runs"): {"conversation": "{conversation_id}"},
 }
 #: routes that are everyone's to read (no user's resource behind them)
-PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami"}
+PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami", "/api/signin"}
 OPERATOR_ONLY = {"/metrics"}
 #: routes that create what they name: a free id is the caller's to take
 CREATES = {("POST", "/threads")}

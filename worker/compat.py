@@ -27,6 +27,8 @@ class HookedWorker(Worker):
     - :meth:`take` replaces how ``start_jobs`` takes a due job: arq's WATCH, EXISTS, ZSCORE
       and MULTI/EXEC. The rest of ``start_jobs`` below is arq 0.28.0's own, copied (it has no
       hook): the semaphore, the job counter, the job's task and its done-callback.
+    - :meth:`order` chooses the order in which ``start_jobs`` tries the due jobs arq read
+      (arq's own: queue order).
     - :meth:`after_poll` runs after each ``_poll_iteration`` (arq's look at the queue, which
       calls ``start_jobs``), instead of arq's own ``poll_delay`` sleep (set it to 0).
     """
@@ -34,6 +36,10 @@ class HookedWorker(Worker):
     async def take(self, job_id: str) -> float | None:
         """Mark ``job_id`` in progress if it is due and not taken; its queue score, or None."""
         raise NotImplementedError
+
+    async def order(self, job_ids: list[bytes]) -> list[bytes]:
+        """The due jobs ``job_ids`` (queue order) in the order to try to take them."""
+        return job_ids
 
     async def after_poll(self) -> None:
         """What the worker does between two looks at its queue."""
@@ -48,8 +54,8 @@ class HookedWorker(Worker):
         self._pool = pool
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """arq's ``start_jobs``, each job taken by :meth:`take`."""
-        for job_id_b in job_ids:
+        """arq's ``start_jobs``, the jobs in :meth:`order`, each taken by :meth:`take`."""
+        for job_id_b in await self.order(job_ids):
             await self.sem.acquire()
             if self.job_counter >= self.max_jobs:
                 self.sem.release()

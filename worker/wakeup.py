@@ -13,6 +13,8 @@ four round trips on the path of every run (issue 6). :meth:`WakeableWorker.take`
 same check-and-mark in one script, which is atomic where WATCH is optimistic. arq has no
 hook for either; worker/compat.py makes them (``HookedWorker``, on arq's private loop), and
 tests/test_arq_contract.py fails when the worker stops taking the jobs arq's own would.
+
+Which due job first: round-robin across the runs' owners (worker/fair.py), not queue order.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from arq.utils import timestamp_ms
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from shared.redis.keys import WAKE_LIST
+from shared.redis.keys import OWNERS_TAKEN, WAKE_LIST, run_key
 from shared.redis.scripts import scripts
 from shared.speedups import use_parser
 from worker.compat import HookedWorker
+from worker.fair import fair_order
 
 
 class WakeableWorker(HookedWorker):
@@ -61,10 +64,14 @@ class WakeableWorker(HookedWorker):
         if self._take is None:
             self._take = scripts(self.pool).take
         score = await self._take(
-            keys=[in_progress_key_prefix + job_id, self.queue_name],
+            keys=[in_progress_key_prefix + job_id, self.queue_name, OWNERS_TAKEN, run_key(job_id)],
             args=[job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)],
         )
         return None if score is None else float(score)
+
+    async def order(self, job_ids: list[bytes]) -> list[bytes]:
+        """Round-robin across the runs' owners (worker/fair.py)."""
+        return await fair_order(self.pool, job_ids)
 
     async def after_poll(self) -> None:
         running = [t for t in self.tasks.values() if not t.done()]

@@ -46,10 +46,11 @@ class Authenticator:
 
     async def identify(self, presented: str | None) -> Caller | None:
         """The caller ``presented`` proves; None when nothing was presented and nothing needs to be."""
+        configured = self.settings.auth_configured or await self.keys.in_force()
+        if not configured:
+            return None  # no identities: whatever was presented changes nothing, as before them
         if presented is None:
-            if self.settings.auth_configured or await self.keys.in_force():
-                raise Unauthorized("a bearer token is required (Authorization: Bearer, or x-api-key)")
-            return None
+            raise Unauthorized("a bearer token is required (Authorization: Bearer, or x-api-key)")
         if self._token is not None and hmac.compare_digest(digest(presented), self._token):
             return TOKEN
         if presented.startswith(KEY_PREFIX):
@@ -59,8 +60,6 @@ class Authenticator:
             return Caller(user.name, operator=user.operator, how="key")
         if self.oidc is not None and presented.count(".") == 2:
             return await self.oidc.caller(presented)
-        if not self.settings.auth_configured and not await self.keys.in_force():
-            return None  # no identities: a stray header changes nothing, as before them
         raise Unauthorized("the bearer token is not valid")
 
 

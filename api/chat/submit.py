@@ -61,6 +61,7 @@ from shared.errors import (
     NotFound,
     RunNotResumable,
     SessionInProgress,
+    TooManyActiveRuns,
 )
 from shared.redis.queue import FirstAnswer, Idempotency, submit
 from shared.settings import Settings
@@ -99,6 +100,11 @@ def _answer(first: FirstAnswer, idempotency: Idempotency) -> ChatAccepted:
 
 def _busy(conversation_id: str, holder: str) -> SessionInProgress:
     return SessionInProgress(f"conversation {conversation_id} already has a run in progress ({holder})")
+
+
+#: ``Retry-After`` of a run refused by ``USER_MAX_ACTIVE_RUNS``: when one of the user's runs ends
+#: is not known; most runs of a chat take seconds.
+ACTIVE_RUNS_RETRY_SECONDS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,9 +363,20 @@ class ChatService:
         }, kind="producer"):
             # The worker continues this trace from the job (shared/tracing.py).
             job = dataclasses.replace(job, traceparent=tracing.traceparent())
-            submitted = await submit(self.redis, job, title=title, idempotency=idempotency, enqueue=enqueue)
+            # A user's share (DESIGN.md "Fair shares"); an operator's runs are counted, not limited.
+            limit = 0 if caller().operator else self.settings.user_max_active_runs
+            submitted = await submit(
+                self.redis, job, title=title, idempotency=idempotency, enqueue=enqueue, limit=limit,
+            )
         if submitted.first is not None and idempotency is not None:
             return _answer(submitted.first, idempotency)
+        if submitted.active is not None:
+            log.warning("limit.active_runs", owner=job.owner, active=submitted.active, limit=limit)
+            raise TooManyActiveRuns(
+                f"{job.owner} has {submitted.active} runs queued or running, the most a user may have "
+                f"(USER_MAX_ACTIVE_RUNS={limit}); retry when one ends",
+                retry_after=ACTIVE_RUNS_RETRY_SECONDS,
+            )
         # A holder equal to our own run id means a retried script had already run.
         if submitted.holder is not None and submitted.holder != job.run_id:
             raise _busy(conversation_id, submitted.holder)

@@ -29,8 +29,19 @@ def worker_heartbeat_key(worker_id: str) -> str:
 
 
 def run_key(run_id: str) -> str:
-    """Hash describing a queued run (conversation, kind, title, enqueued_at)."""
+    """Hash describing a queued run (conversation, kind, title, enqueued_at, owner)."""
     return f"sophos:run:{run_id}"
+
+
+#: Hash: owner -> when (ms) the worker last took one of their runs, what the fair order of the
+#: queue reads (worker/fair.py): the least recently served owner goes first.
+OWNERS_TAKEN = "sophos:owners-taken"
+
+
+def user_runs_key(owner: str) -> str:
+    """Set: ``owner``'s runs queued or running, what ``USER_MAX_ACTIVE_RUNS`` counts (a run
+    leaves it when it ends, or when the submit script finds its job gone: SUBMIT_LUA)."""
+    return f"sophos:user-runs:{owner}"
 
 
 #: How long a request's ``Idempotency-Key`` keeps its first answer.

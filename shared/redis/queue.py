@@ -45,6 +45,7 @@ from shared.redis.keys import (
     events_key,
     idempotency_key,
     run_key,
+    user_runs_key,
     waiting_key,
 )
 from shared.redis.metrics import METRICS_KEY, RUNS_FINISHED, counter_field
@@ -77,13 +78,14 @@ class FirstAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """Accepted (all None), refused (``holder``), answered before (``first``), or accepted
-    behind the conversation's active run (``behind``: the run holding it, or else the first one
-    still waiting for its turn)."""
+    """Accepted (all None), refused (``holder``; ``active``: the owner's count of active runs,
+    at their limit), answered before (``first``), or accepted behind the conversation's active
+    run (``behind``: the run holding it, or else the first one still waiting for its turn)."""
 
     holder: str | None = None
     first: FirstAnswer | None = None
     behind: str | None = None
+    active: int | None = None
 
 
 async def first_answer(redis: Redis, idempotency: Idempotency) -> FirstAnswer | None:
@@ -103,11 +105,13 @@ async def submit_run(redis: Redis, job: RunJob, *, title: str) -> str | None:
 
 async def submit(
     redis: Redis, job: RunJob, *, title: str, idempotency: Idempotency | None = None, enqueue: bool = False,
+    limit: int = 0,
 ) -> Submission:
     """Enqueue ``job`` unless its conversation is held, or its idempotency key was answered.
 
     ``enqueue``: a held conversation takes the run into its waiting list instead (a delete's
-    claim still refuses it).
+    claim still refuses it). ``limit``: refuse the run when its owner has that many runs queued
+    or running already (0: no limit; the run is counted all the same).
     """
     enqueue_ms = int(job.enqueued_at * 1000)
     payload = job_record(JOB_FUNCTION, job, job.enqueued_at)
@@ -137,6 +141,7 @@ async def submit(
             idempotency_key(idempotency.key, idempotency.owner)
             if idempotency is not None else idempotency_key(""),
             waiting_key(job.conversation_id),
+            user_runs_key(job.owner),
         ],
         args=[
             job.conversation_id,
@@ -147,6 +152,7 @@ async def submit(
             str(IDEMPOTENCY_TTL_SECONDS if idempotency is not None else 0),
             answer,
             "1" if enqueue else "0",
+            str(limit),
             *flat,
         ],
     )
@@ -157,6 +163,8 @@ async def submit(
         return Submission(first=FirstAnswer.parse(value))
     if kind == "behind":
         return Submission(behind=value)
+    if kind == "quota":
+        return Submission(active=int(value))
     return Submission(holder=value)
 
 

@@ -24,10 +24,11 @@ from redis.commands.core import AsyncScript
 
 from shared.contracts.events import ENDS_NORMALLY, EventType
 from shared.contracts.jobs import delete_claim
-from shared.redis.keys import arq_in_progress_key, arq_job_key
+from shared.redis.keys import arq_in_progress_key, arq_job_key, run_key, user_runs_key
 
 # --- a run's ending -------------------------------------------------------------
 
+_RUN, _USER_RUNS = run_key(""), user_runs_key("")
 _NORMAL = " or ".join(f"status == '{s.value}'" for s in ENDS_NORMALLY)
 
 #: Lua: a run's ending in Redis, prepended to every script that ends a run (the worker's
@@ -37,12 +38,17 @@ _NORMAL = " or ".join(f"status == '{s.value}'" for s in ENDS_NORMALLY)
 #: :func:`shared.contracts.events.terminal_event` to the run's stream, with ids after both the
 #: stream's last entry and ``first_id``, sets the stream's expiry and counts the outcome.
 #: It returns the terminal event's id. A stream that already ends with this very terminal
-#: event is left as it is (the ending is safe to retry).
+#: event is left as it is (the ending is safe to retry). The run leaves its owner's active runs
+#: (``user_runs_key``, named from the owner its description holds: one Redis, not a cluster).
 END_LUA = f"""
 local function end_run(active, stream, metrics, conversation, run, status, code, message,
                        requests, first_id, ttl, counter)
   if active and redis.call('HGET', active, conversation) == run then
     redis.call('HDEL', active, conversation)
+  end
+  local owner = redis.call('HGET', '{_RUN}' .. run, 'owner')
+  if owner then
+    redis.call('SREM', '{_USER_RUNS}' .. owner, run)
   end
   local event = '{EventType.END.value}'
   local body = {{conversation = conversation, run = run, status = status}}
@@ -143,15 +149,19 @@ return 0
 """
 
 # Accept a run (shared/redis/queue.py).
-# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key, waiting list
+# KEYS: active hash, arq job key, arq queue, run hash, wake list, idempotency key, waiting list,
+#       the owner's active runs (``user_runs_key``)
 # ARGV: conversation, run, job bytes, job ttl ms, score, idempotency ttl s ('0': no key),
 #       this request's answer (for the idempotency key), enqueue ('1': wait behind a busy
-#       conversation's run instead of refusing), then run-hash field/value pairs
+#       conversation's run instead of refusing), the owner's limit of active runs ('0': none),
+#       then run-hash field/value pairs
 # false: accepted with the claim; {'behind', holder}: accepted into the waiting list (enqueue);
-# {'held', holder}: refused; {'first', answer}: answered before. A conversation is held by its
-# claim, or else by a run still waiting for its turn (so nothing overtakes the waiting runs),
-# and a delete's claim is never waited behind.
-SUBMIT_LUA = LIVE_HEAD_LUA + f"local delete_prefix = '{_DELETE}'\n" + """
+# {'held', holder}: refused; {'first', answer}: answered before; {'quota', count}: refused, the
+# owner has ``limit`` runs queued or running already. A conversation is held by its claim, or
+# else by a run still waiting for its turn (so nothing overtakes the waiting runs), and a
+# delete's claim is never waited behind. An owner's runs leave their set when they end
+# (END_LUA); one whose job is gone otherwise (arq dropped it) is pruned here before counting.
+SUBMIT_LUA = LIVE_HEAD_LUA + f"local delete_prefix, job, taken = '{_DELETE}', '{_JOB}', '{_TAKEN}'\n" + """
 if ARGV[6] ~= '0' then
   local first = redis.call('GET', KEYS[6])
   if first then
@@ -165,6 +175,17 @@ end
 if holder and (ARGV[8] ~= '1' or string.sub(holder, 1, #delete_prefix) == delete_prefix) then
   return {'held', holder}
 end
+if ARGV[9] ~= '0' and redis.call('SISMEMBER', KEYS[8], ARGV[2]) == 0 then
+  for _, other in ipairs(redis.call('SMEMBERS', KEYS[8])) do
+    if redis.call('EXISTS', job .. other) == 0 and redis.call('EXISTS', taken .. other) == 0 then
+      redis.call('SREM', KEYS[8], other)
+    end
+  end
+  local count = redis.call('SCARD', KEYS[8])
+  if count >= tonumber(ARGV[9]) then
+    return {'quota', tostring(count)}
+  end
+end
 if holder then
   redis.call('RPUSH', KEYS[7], ARGV[2])
   redis.call('PEXPIRE', KEYS[7], ARGV[4])
@@ -173,8 +194,10 @@ else
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
-redis.call('HSET', KEYS[4], unpack(ARGV, 9))
+redis.call('HSET', KEYS[4], unpack(ARGV, 10))
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
+redis.call('SADD', KEYS[8], ARGV[2])
+redis.call('PEXPIRE', KEYS[8], ARGV[4])
 if ARGV[6] ~= '0' then
   redis.call('SET', KEYS[6], ARGV[7], 'EX', ARGV[6])
 end
@@ -353,8 +376,11 @@ return false
 """
 
 # Take a queued job for the worker (worker/wakeup.py).
-# KEYS: the job's in-progress key, the queue. ARGV: job id, now (ms), in-progress ttl (ms).
-# The job's score if it was queued, due and not taken (and is now marked taken); else nil.
+# KEYS: the job's in-progress key, the queue, the owners' last takes (``OWNERS_TAKEN``), the
+#       job's run description (``run_key``: a run's names its owner).
+# ARGV: job id, now (ms), in-progress ttl (ms).
+# The job's score if it was queued, due and not taken (and is now marked taken, its owner's
+# last take now); else nil.
 TAKE_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return false
@@ -364,7 +390,27 @@ if not score or tonumber(score) > tonumber(ARGV[2]) then
   return false
 end
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+local owner = redis.call('HGET', KEYS[4], 'owner')
+if owner then
+  redis.call('HSET', KEYS[3], owner, ARGV[2])
+end
 return score
+"""
+
+# The owners of due jobs and when each owner's run was last taken (worker/fair.py).
+# KEYS: the owners' last takes (``OWNERS_TAKEN``), then each job's run description.
+# Per job, {owner, last take in ms}: {'', '0'} for a job that is not a run.
+OWNERS_LUA = """
+local out = {}
+for i = 2, #KEYS do
+  local owner = redis.call('HGET', KEYS[i], 'owner')
+  if owner then
+    out[#out + 1] = {owner, redis.call('HGET', KEYS[1], owner) or '0'}
+  else
+    out[#out + 1] = {'', '0'}
+  end
+end
+return out
 """
 
 # A worker's heartbeat (worker/resources.py), timed by Redis's clock so that workers
@@ -430,6 +476,7 @@ class Scripts:
         self.cancel_queued: AsyncScript = redis.register_script(CANCEL_QUEUED_LUA)
         self.delete: AsyncScript = redis.register_script(DELETE_LUA)
         self.take: AsyncScript = redis.register_script(TAKE_LUA)
+        self.owners: AsyncScript = redis.register_script(OWNERS_LUA)
         self.beat: AsyncScript = redis.register_script(BEAT_LUA)
         self.stop_beating: AsyncScript = redis.register_script(STOP_BEATING_LUA)
 

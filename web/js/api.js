@@ -1,10 +1,13 @@
 // Talking to the API: JSON requests, the error envelope, the key of whoever is signed in.
 //
 // The page is served by the API itself (same origin), so no CORS is involved. Once the API
-// knows identities (a user's key, or API_TOKEN), any 401 asks for a key: at first, and again
-// when the key stops working (revoked). It is kept for the tab in sessionStorage and sent as
+// knows identities (a user's key, API_TOKEN, an OIDC provider), any 401 asks for a key, or to
+// sign in through the provider (signin.js): at first, and again when the credential stops
+// working (revoked, expired). It is kept for the tab in sessionStorage and sent as
 // `Authorization: Bearer` (and as `access_token` on URLs that a browser requests by itself:
 // EventSource, download links).
+
+import { forgetProvider, offered, signInThroughProvider } from "./signin.js";
 
 const TOKEN_KEY = "sophos.token";
 
@@ -41,7 +44,13 @@ export function onSignIn(listener) {
 /** Forget the key and load the page afresh: nothing of this person's stays on screen. */
 export function signOut() {
   sessionStorage.removeItem(TOKEN_KEY);
+  forgetProvider();
   location.replace("/");
+}
+
+/** Keep the access token the provider gave (signin.js) as this tab's key. */
+export function keepToken(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
 }
 
 /**
@@ -65,6 +74,16 @@ export function askForToken(reason) {
   const form = document.getElementById("token-form");
   const input = document.getElementById("token");
   document.getElementById("token-error").textContent = reason || "";
+  const providerButton = document.getElementById("provider-sign-in");
+  offered().then((host) => {
+    document.getElementById("provider-name").textContent = host || "";
+    document.getElementById("provider-choice").hidden = !host;
+  });
+  providerButton.onclick = () => {
+    signInThroughProvider().catch((error) => {
+      document.getElementById("token-error").textContent = `${error.message}: try again.`;
+    });
+  };
   asking = new Promise((resolve) => {
     const submit = async (event) => {
       event.preventDefault();

@@ -1,9 +1,19 @@
 // The page's entry point: routes (#/, #/c/ID, #/runs) between the chat and the runs view.
 import { Account } from "./account.js";
+import { askForToken, keepToken } from "./api.js";
 import { AgentPanel } from "./agent.js";
 import { ChatView } from "./chat.js";
 import { RunsView } from "./runs.js";
 import { Sidebar } from "./sidebar.js";
+import { completeSignIn } from "./signin.js";
+
+// Back from the OIDC provider: its access token is this tab's key before anything is asked.
+try {
+  const accessToken = await completeSignIn();
+  if (accessToken) keepToken(accessToken);
+} catch (error) {
+  askForToken(`Signing in through the provider failed (${error.message}).`);
+}
 
 const chatView = document.getElementById("chat-view");
 const runsView = document.getElementById("runs-view");

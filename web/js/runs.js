@@ -13,6 +13,14 @@ function seconds(ms) {
   return ms < 10000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;
 }
 
+/** Whose run it is, and who else started or cancelled it (the runs' `owner`, `startedBy`, `cancelledBy`). */
+function who(run) {
+  const parts = [run.owner || ""];
+  if (run.startedBy && run.startedBy !== run.owner) parts.push(`started by ${run.startedBy}`);
+  if (run.cancelledBy) parts.push(`cancelled by ${run.cancelledBy}`);
+  return parts.filter(Boolean).join(", ");
+}
+
 function cell(text, className) {
   const td = document.createElement("td");
   if (className) td.className = className;
@@ -144,6 +152,7 @@ export class RunsView {
       cell(seconds(r.waitedMs), "waited"),
       cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
       cell(r.kind),
+      cell(who(r), "who"),
       cell(this.cancelButton(r)),
     ], "No run is waiting.");
     this.fill("runs-running", running, (r) => [
@@ -151,6 +160,7 @@ export class RunsView {
       cell(String(r.stepCount ?? 0), "step"),
       cell(seconds(r.elapsedMs), "elapsed"),
       cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
+      cell(who(r), "who"),
       cell(this.cancelButton(r)),
     ], "Nothing is running.");
     this.fill("runs-finished", finished, (r) => {
@@ -166,6 +176,7 @@ export class RunsView {
         cell(String(r.stepCount ?? 0)),
         cell(r.finishedAt ? when(r.finishedAt) : ""),
         cell(conversationLink(r.conversation, this.titleOf(r.conversation))),
+        cell(who(r), "who"),
       ];
     }, "No run has finished yet.");
   }
