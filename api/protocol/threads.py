@@ -410,7 +410,8 @@ class Threads:
             key=lambda m: (m[1][sort_by] or "", m[1]["thread_id"]), reverse=query.sort_order != "asc"
         )
         # Each thread with its values, as the Agent Server answers (a UI titles a thread by its
-        # first message): one state read per thread of the page, never of the whole scan.
+        # first message): one state read per thread of the page, never of the whole scan, one
+        # after the other (a read's timeout counts its wait for a reader: api/http/readers.py).
         page = []
         for found_one, _ in matched[query.offset : query.offset + query.limit]:
             state = await self.state_of(found_one)
