@@ -4,6 +4,9 @@ Every flow of the UI, through the calls it makes (tests/support/chat_ui.py: the 
 package registry, so a replica built from tests/agent_chat_ui/ makes them with the SDK version the
 UI pins), against one worker and API shared by the module, the fake tools server's ``add`` asking
 for approval. ``SOPHOS_SCREENSHOTS=docs/screenshots`` writes the manual's screenshots.
+
+One xdist worker runs the module (``ONE_WORKER_MODULES``, tests/conftest.py); its name puts it
+first in collection order, so that worker starts it first and the suite does not wait on it last.
 """
 
 from __future__ import annotations
