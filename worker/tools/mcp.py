@@ -47,6 +47,10 @@ from worker.tools.policy import NEEDS_APPROVAL, SAFE_TO_REPEAT, ApprovalPolicy, 
 from worker.tools.remote import open_remote_session
 from worker.tools.stdio import open_stdio_session
 
+#: the code of mcp's error for a request a Streamable HTTP server refused with 404 (its session is
+#: gone: the server restarted); mcp 1.30 sends it from ``_send_session_terminated_error``
+SESSION_TERMINATED = 32600
+
 __all__ = ["RETRY_FIRST", "RETRY_MAX", "McpServer", "McpToolbox", "load_config"]
 
 log = structlog.get_logger(__name__)
@@ -236,50 +240,65 @@ class McpServer:
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
         tracing.annotate({"sophos.tool.server": self.name,  # on the call's span (worker/tools/ledger.py)
                           "sophos.tool.transport": self.connection["transport"]})
+        full = f"{self.name}__{tool_name}"
+        for last in (False, True):
+            session = await self._session_for_call()
+            try:
+                with timed(TOOL_CALL, {"tool": full}):
+                    # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
+                    # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the
+                    # session is called directly.
+                    request = session.call_tool(tool_name, arguments, meta=request_meta())
+                    result = await asyncio.wait_for(request, self.call_timeout)
+            except McpError as exc:
+                if exc.error.code == SESSION_TERMINATED and not last:
+                    # A remote server restarted since the session opened: it refused the request
+                    # (404 for an unknown session), which never ran. Once more, on a new session.
+                    self._discard(session, "the server no longer knows the session")
+                    continue
+                if exc.error.code != CONNECTION_CLOSED:  # the server's answer: an outcome
+                    answer = self.secrets.redact(f"tool {full} failed: {exc.error.message}")
+                    raise ToolException(answer) from None
+                # The pipe closed or the connection was lost while the call was out: the server
+                # died mid-call. It may have acted.
+                why = f"tool server {self.name!r} went away during the call"
+                raise self._unanswered(session, why) from None
+            except TimeoutError:
+                # A hung server, or one that died with the answer's stream (mcp's HTTP client drops a
+                # cut stream silently): it may be acting still. Start afresh for the next call.
+                why = f"tool {full} did not answer within {self.call_timeout:g}s"
+                raise self._unanswered(session, why) from None
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+                # The session's own stream to its transport was closed: the request never left us.
+                message = f"tool server {self.name!r} is not available: {self._described(exc)}"
+                self._discard(session, message)
+                raise ToolException(message) from None
+            except Exception as exc:
+                # The transport failed while the call was out (an HTTP error, a reset): it may have acted.
+                raise self._unanswered(
+                    session, f"tool server {self.name!r} failed during the call: {self._described(exc)}"
+                ) from None
+            text = _result_text(result)
+            if result.isError:
+                raise ToolException(self.secrets.redact(text) or f"tool {full} failed")
+            return text
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _session_for_call(self) -> ClientSession:
         session = self.session
         if session is None:
             await self.reopen()
             session = self.session
             if session is None:  # never sent: an error the model may act on
                 raise ToolException(f"tool server {self.name!r} is not available: {self.error}")
-        full = f"{self.name}__{tool_name}"
-        try:
-            with timed(TOOL_CALL, {"tool": full}):
-                # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
-                # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the session
-                # is called directly.
-                request = session.call_tool(tool_name, arguments, meta=request_meta())
-                result = await asyncio.wait_for(request, self.call_timeout)
-        except TimeoutError:
-            # A hung server: it may be acting still. Start afresh for the next call.
-            message = f"tool {full} did not answer within {self.call_timeout:g}s"
-            self._discard(session, message)
-            unanswered(message)
-            raise ToolException(message) from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            # The session's own stream to its transport was closed: the request never left us.
-            message = f"tool server {self.name!r} is not available: {self._described(exc)}"
-            self._discard(session, message)
-            raise ToolException(message) from None
-        except McpError as exc:
-            if exc.error.code != CONNECTION_CLOSED:  # the server's answer: an outcome
-                raise ToolException(self.secrets.redact(f"tool {full} failed: {exc.error.message}")) from None
-            # The pipe closed or the connection was lost while the call was out: the server died
-            # mid-call, or the connection was reset. It may have acted.
-            message = f"tool server {self.name!r} went away during the call"
-            self._discard(session, message)
-            unanswered(message)
-            raise ToolException(message) from None
-        except Exception as exc:
-            # The transport failed while the call was out (an HTTP error, a reset): it may have acted.
-            message = f"tool server {self.name!r} failed during the call: {self._described(exc)}"
-            self._discard(session, message)
-            unanswered(message)
-            raise ToolException(message) from None
-        text = _result_text(result)
-        if result.isError:
-            raise ToolException(self.secrets.redact(text) or f"tool {full} failed")
-        return text
+        return session
+
+    def _unanswered(self, session: ClientSession, message: str) -> ToolException:
+        """A call sent and never answered: the session is replaced, the ledger told (it may have
+        acted), and the error for the model without a ledger (tests of the graph alone)."""
+        self._discard(session, message)
+        unanswered(message)
+        return ToolException(message)
 
 
 class McpToolbox:
