@@ -20,6 +20,7 @@ more for the kill.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -40,6 +41,9 @@ from tests.support.faults import accepted, call_counters, ledger_rows, recorded_
 from tests.support.ports import free_port
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
+from worker.tools.config import load_config
+from worker.tools.ledger import sending
+from worker.tools.mcp import McpServer
 
 pytestmark = [pytest.mark.fault]
 
@@ -61,10 +65,10 @@ class RemoteTools:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    def start(self) -> None:
+    def start(self, *transport: str) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, str(TOOLS_SERVER), "--http", str(self.port)],
+                [sys.executable, str(TOOLS_SERVER), "--http", str(self.port), *transport],
                 env={**self.env, "TOOLS_TOKEN": SECRET, "TOOLS_LOG": str(self.env.tools_log)},
                 stdout=out, stderr=out,
             )
@@ -259,3 +263,35 @@ def test_a_worker_killed_while_a_remote_call_runs_is_asked_about_and_sent_again_
     assert (call_counters(api) - counted)["sophos_tool_calls_repeated_total:decided"] == 1
     assert SECRET not in remote.logs() and SECRET not in survivor.log_text()
     remote.worker = survivor
+
+
+async def test_the_older_sse_transport_is_spoken_too(tmp_path: Path) -> None:
+    """``"transport": "sse"``: the same tools, the token sent, the key in ``_meta`` (no worker: the
+    session alone, against the server in its own process)."""
+    env = make_sophos_env(tmp_path, redis_url="redis://unused", ollama_url="http://unused", api_port=0)
+    server = RemoteTools(env, tmp_path / "sse-tools.log")
+    server.start("--sse")
+    try:
+        path = tmp_path / "mcp.json"
+        path.write_text(json.dumps({"mcpServers": {"old": {
+            "url": f"http://127.0.0.1:{server.port}/sse", "transport": "sse",
+            "headers": {"Authorization": "Bearer ${TOKEN}"},
+        }}}))
+        for token, up in (("wrong", False), (SECRET, True)):
+            connection = load_config(path, {"TOKEN": token})["old"]
+            old = McpServer("old", connection, start_timeout=10, call_timeout=10)
+            try:
+                assert await old.open() is up
+                if up:
+                    with sending("key-sse"):
+                        assert await old.call("echo", {"text": "over sse"}) == "over sse"
+                else:
+                    assert "401" in (old.error or "") and token not in (old.error or "")
+            finally:
+                await old.shutdown()
+        assert tool_calls(env.tools_log, "echo") == [
+            {"tool": "echo", "args": {"text": "over sse"}, "pid": server.process.pid,  # type: ignore[union-attr]
+             "key": "key-sse", "remote": True},
+        ]
+    finally:
+        server.stop()

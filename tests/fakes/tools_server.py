@@ -17,7 +17,8 @@ Like the real memory server, it says on stderr that it runs (``STARTED_LINE``): 
 worker must log that as an event, not pass it on raw.
 
 ``--http PORT`` serves the same tools as a remote server over Streamable HTTP on 127.0.0.1
-(``/mcp``), in a process of its own that outlives any worker: every request must carry
+(``/mcp``; with ``--sse``, over the older HTTP+SSE transport at ``/sse``), in a process of its own
+that outlives any worker: every request must carry
 ``Authorization: Bearer <TOOLS_TOKEN>`` (401 otherwise), and the log lines say ``"remote": true``.
 ``vanish`` ends the server's process in the middle of the call (a server that dies mid-call).
 """
@@ -61,6 +62,7 @@ def idempotency_key(ctx: Context[Any, Any, Any]) -> str | None:
 
 
 REMOTE = "--http" in sys.argv
+SSE = "--sse" in sys.argv
 
 
 def _called(tool: str, ctx: Context[Any, Any, Any], **args: Any) -> None:
@@ -110,7 +112,7 @@ def serve_http(port: int) -> None:
     import uvicorn
 
     expected = f"Bearer {os.environ['TOOLS_TOKEN']}".encode()
-    app = mcp.streamable_http_app()
+    app = mcp.sse_app() if SSE else mcp.streamable_http_app()
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
@@ -119,7 +121,8 @@ def serve_http(port: int) -> None:
             return
         await app(scope, receive, send)
 
-    print(f"{STARTED_LINE.removesuffix('stdio')}http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)
+    path = "/sse" if SSE else "/mcp"
+    print(f"{STARTED_LINE.removesuffix('stdio')}http://127.0.0.1:{port}{path}", file=sys.stderr, flush=True)
     uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
 
 

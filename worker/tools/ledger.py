@@ -84,8 +84,9 @@ UNCERTAIN_MARK = "sophos_uncertain"
 def uncertain_rejection_text(decision: Decision) -> str:
     """What the model is told of an uncertain call the user chose not to send again."""
     text = (
-        "This tool call may or may not have taken effect: the worker stopped while it was being "
-        "made. The user chose not to repeat it, so it was not sent again."
+        "This tool call may or may not have taken effect: it was sent and its answer never came (the "
+        "worker stopped, or the tool did not answer in time). The user chose not to repeat it, so it "
+        "was not sent again."
     )
     return f"{text} Their message: {decision.message}" if decision.message else text
 
@@ -103,7 +104,7 @@ def unanswered_again_text(why: str) -> str:
 UNANSWERED_RESENDS = 1
 
 @dataclass(slots=True)
-class _Attempt:
+class Attempt:
     """The request being made in this context (set by :meth:`Ledger.run`): its ``_meta``, and
     why its answer did not come, once the tool's transport says so (:func:`unanswered`)."""
 
@@ -111,7 +112,7 @@ class _Attempt:
     unanswered: str | None = None
 
 
-_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("sophos_tool_attempt", default=None)
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("sophos_tool_attempt", default=None)
 
 
 def request_meta() -> dict[str, Any] | None:
@@ -130,8 +131,9 @@ def unanswered(why: str) -> None:
 
 
 @contextmanager
-def _attempt(key: str) -> Iterator[_Attempt]:
-    attempt = _Attempt({IDEMPOTENCY_META_KEY: key})
+def sending(key: str) -> Iterator[Attempt]:
+    """The context a request of the call keyed ``key`` is made in (see :func:`request_meta`)."""
+    attempt = Attempt({IDEMPOTENCY_META_KEY: key})
     token = _ATTEMPT.set(attempt)
     try:
         yield attempt
@@ -331,7 +333,7 @@ class Ledger:
         while True:
             await self._at("after_intent", name)
             _traced("sent" if entry.attempt == 1 else f"sent_again_{'decided' if decided else 'safe'}", entry)
-            with _attempt(entry.key) as attempt:
+            with sending(entry.key) as attempt:
                 result = await send(arguments)
             if attempt.unanswered is None:
                 break
