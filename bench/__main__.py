@@ -417,8 +417,10 @@ def servers_phase(
 
 def remote_phase(args: argparse.Namespace, command: str) -> tuple[remote.RemoteCost, str]:
     """Figure 23 and its section, stamped with how it was measured."""
+    load_start = load_average()
     result = remote.measure(quick=args.quick, rng=random.Random(args.seed), say=say)
     result.command, result.code = command, code_version()
+    result.load = f"{load_start}; {load_average()}"
     result.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     return result, remote.section(result)
 

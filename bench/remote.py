@@ -62,6 +62,8 @@ class RemoteCost:
     command: str = ""
     code: str = ""
     date: str = ""
+    #: load average at start; at end
+    load: str = ""
 
 
 def _listening(port: int) -> bool:
@@ -160,7 +162,7 @@ def section(c: RemoteCost) -> str:
         f"idempotency key in `_meta`, {c.calls} calls of each shuffled into one random order. Wall is "
         "`McpServer.call`; CPU is the benchmark process's (the client side: what the worker would "
         "spend), the servers' own not counted. Loopback: a real network adds its round trips.\n\n"
-        f"Measured by `{c.command}` on {c.date} (code {c.code})"
+        f"Measured by `{c.command}` on {c.date} (code {c.code}; load average at start, at end: {c.load})"
         f"{'; quick mode, a smoke run: not a measurement' if c.quick else ''}; this figure took "
         f"{c.elapsed_s:.0f} s.\n\n" + "\n".join(lines)
     )
