@@ -295,3 +295,35 @@ async def test_the_older_sse_transport_is_spoken_too(tmp_path: Path) -> None:
         ]
     finally:
         server.stop()
+
+
+async def test_a_server_that_restarted_and_forgot_the_session_gets_the_refused_call_once_more(
+    tmp_path: Path,
+) -> None:
+    """A Streamable HTTP server restarted between two calls answers 404 for the old session: that
+    request never ran, so it goes once more on a new session, and runs once (no worker: the
+    session alone)."""
+    env = make_sophos_env(tmp_path, redis_url="redis://unused", ollama_url="http://unused", api_port=0)
+    server = RemoteTools(env, tmp_path / "http-tools.log")
+    server.start()
+    try:
+        path = tmp_path / "mcp.json"
+        path.write_text(json.dumps({"mcpServers": {"far": {
+            "url": server.url, "headers": {"Authorization": "Bearer ${TOKEN}"},
+        }}}))
+        far = McpServer("far", load_config(path, {"TOKEN": SECRET})["far"], start_timeout=10, call_timeout=10)
+        try:
+            assert await far.open()
+            first = far.session
+            server.stop()
+            server.start()
+            with sending("key-after-restart") as attempt:
+                assert await far.call("echo", {"text": "again"}) == "again"
+            assert attempt.unanswered is None and far.session is not first
+        finally:
+            await far.shutdown()
+        assert [(e["args"], e["key"]) for e in tool_calls(env.tools_log, "echo")] == [
+            ({"text": "again"}, "key-after-restart"),
+        ]
+    finally:
+        server.stop()
