@@ -52,7 +52,8 @@ ONE_WORKER_MODULES = frozenset({
     "test_agent_protocol_enqueue.py",
     "test_agent_protocol_forks.py",
     "test_branches.py", "test_fuzz.py",
-    "test_kill_points.py", "test_packaging.py", "test_tracing.py", "test_web.py", "test_web_basics.py",
+    "test_kill_points.py", "test_packaging.py", "test_remote_tools.py", "test_tracing.py", "test_web.py",
+    "test_web_basics.py",
     "test_web_branches.py", "test_web_people.py",
     # a module-scoped stack (tests/support/stacks.py) beside tests with stacks of their own
     "test_approvals.py", "test_cli.py", "test_cli_approve.py", "test_identities.py", "test_webhooks.py",
