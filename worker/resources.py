@@ -151,7 +151,7 @@ async def _open_tools(stack: AsyncExitStack, settings: Settings) -> McpToolbox:
     toolbox = McpToolbox.from_config(
         load_config(settings.mcp_config_path, variables),
         start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
-        repeat=load_repeat(settings.mcp_config_path),
+        repeat=load_repeat(settings.mcp_config_path), approvals=load_approvals(settings.mcp_config_path),
     )
     stack.push_async_callback(toolbox.close)
     await toolbox.open()
@@ -170,7 +170,7 @@ def _agent(
         tools=toolbox.current,
         system_prompt=read_system_prompt(settings.system_prompt_path),
         checkpointer=saver,
-        needs_approval=load_approvals(settings.mcp_config_path),
+        needs_approval=toolbox.needs_approval,
         ledger=ledger,
         model_calls=ModelCalls(redis),
         models=lambda name: build_model(settings, name),
