@@ -9,7 +9,10 @@ never 403, so its existence is not revealed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from api.auth.identity import caller
+from shared.storage.memory import owner_label
 
 
 def owned(column: str = "owner") -> tuple[str, tuple[str, ...]]:
@@ -35,3 +38,21 @@ def sees_everything() -> bool:
 def owner_for_new() -> str:
     """Who owns what the caller makes now (a conversation, a thread, a cron): the caller."""
     return caller().name
+
+
+def store_namespace(namespace: Sequence[str]) -> tuple[str, ...]:
+    """The Store's namespace as stored: the caller's own label, then what the caller names.
+
+    Every identity's items live under its own label, operators' too (a namespace names no owner,
+    so an operator cannot name another user's), and every read is confined to it: another
+    user's items are as absent as what does not exist. The label is the owner's name in
+    base64url (no ``.``, which separates labels, and never ``langgraph``, which LangGraph
+    reserves), so no name can reach into another's.
+    """
+    return (owner_label(caller().name), *namespace)
+
+
+def store_namespace_shown(stored: Sequence[str]) -> list[str]:
+    """A stored namespace as its owner named it: without the owner's label."""
+    return list(stored[1:])
+
