@@ -29,6 +29,7 @@ class Store:
     alice: str
     bob: str
     root: str
+    engine: str
 
     @property
     def url(self) -> str:
@@ -47,7 +48,7 @@ def store(
         overrides["DATABASE_URL"] = request.getfixturevalue("postgres_server").create_database()
     with module_stack(root, redis_server.url, fake_ollama, **overrides) as stack:
         yield Store(stack, add_user(stack.env, "alice"), add_user(stack.env, "bob"),
-                    add_user(stack.env, "root", "--operator"))
+                    add_user(stack.env, "root", "--operator"), request.param)
 
 
 def refused(url: str, key: str, method: str, path: str, **kwargs: Any) -> tuple[int, str, str]:
@@ -104,6 +105,9 @@ async def test_items_put_read_search_list_and_delete(store: Store) -> None:
         await sdk.store.delete_item(["notes", "work"], "todo")
         assert {i["key"] for i in (await sdk.store.search_items(["notes", "work"]))["items"]} == {"plan"}
 
+    if store.engine == "sqlite":  # in a file of their own beside the database
+        database = store.stack.env.database_path
+        assert (database.parent / f"{database.stem}.store.db").stat().st_size > 0
     # The items outlive the API process that stored them: another one reads them.
     other = store.stack.group.start_api(store.stack.env, port=free_port())
     async with get_client(url=str(other.url), api_key=store.alice) as sdk:
@@ -141,6 +145,7 @@ async def test_each_users_items_are_their_own(store: Store) -> None:
     ("PUT", "/store/items", {"json": {"namespace": ["a"], "key": "k", "value": {}, "index": ["t"]}}, "index"),
     ("PUT", "/store/items", {"json": {"namespace": ["a.b"], "key": "k", "value": {}}}, "'.'"),
     ("PUT", "/store/items", {"json": {"namespace": [], "key": "k", "value": {}}}, "namespace"),
+    ("PUT", "/store/items", {"json": {"namespace": ["a", "*"], "key": "k", "value": {}}}, "'*'"),
     ("PUT", "/store/items", {"json": {"namespace": ["a"], "key": "", "value": {}}}, "key"),
     ("PUT", "/store/items", {"json": {"namespace": ["a"], "key": "k", "value": "text"}}, "value"),
     ("GET", "/store/items", {"params": {"namespace": "", "key": "k"}}, "namespace"),
@@ -148,7 +153,7 @@ async def test_each_users_items_are_their_own(store: Store) -> None:
     ("POST", "/store/items/search", {"json": {"filter": {"rank": {"$near": 1}}}}, "$near"),
     ("POST", "/store/namespaces", {"json": {"max_depth": 0}}, "max_depth"),
     ("POST", "/store/namespaces", {"json": {"offset": -1}}, "offset"),
-], ids=["query", "ttl", "index", "dotted-label", "no-namespace", "no-key", "value-not-object",
+], ids=["query", "ttl", "index", "dotted-label", "no-namespace", "star-label", "no-key", "value-not-object",
         "get-no-namespace", "limit", "filter-operator", "max-depth", "offset"])
 def test_what_is_not_served_is_refused_by_name(
     store: Store, method: str, path: str, kwargs: dict[str, Any], names: str,
