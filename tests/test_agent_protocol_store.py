@@ -3,7 +3,8 @@
 replaced, searched (namespace prefix, filter, limit, offset), their namespaces listed (prefix,
 suffix, max_depth, limit, offset) and deleted; each user's items their own (another's are 404
 and in no search or list); what is not served refused by name with nothing changed; and the
-items outlive the API process that stored them."""
+items outlive the API process that stored them. The agent remembers and recalls in its run's
+owner's items, through the ledger."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Text, ToolCalls
+from tests.support.faults import ledger_rows
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.stacks import Stack, module_stack
@@ -164,3 +166,32 @@ def test_what_is_not_served_is_refused_by_name(
     listed = httpx.post(f"{store.url}/store/items/search", json={"namespace_prefix": ["a"]},
                         headers={"x-api-key": store.alice}, timeout=30).json()
     assert listed == {"items": []}
+
+
+async def test_the_agent_remembers_and_recalls_in_its_owners_store(
+    store: Store, fake_ollama: FakeOllama,
+) -> None:
+    """The agent's ``store__remember`` and ``store__recall``: the run's owner's items, through the
+    ledger like any tool call, read back over HTTP by their owner and by no one else."""
+    said = {"messages": [{"role": "user", "content": "remember my tea"}]}
+    async with (get_client(url=store.url, api_key=store.alice) as alice,
+                get_client(url=store.url, api_key=store.bob) as bob):
+        fake_ollama.script(ToolCalls([("store__remember", {"key": "tea", "text": "green, no sugar"})]),
+                           Text("Noted."))
+        thread = await alice.threads.create()
+        await alice.runs.wait(thread["thread_id"], "agent", input=said)
+        assert (await alice.store.get_item(["memories"], "tea"))["value"] == {"text": "green, no sugar"}
+        with pytest.raises(NotFoundError):
+            await bob.store.get_item(["memories"], "tea")
+        rows = ledger_rows(store.stack.env, thread["thread_id"])
+        assert [(r["tool"], r["state"]) for r in rows] == [("store__remember", "done")], rows
+
+        # A later conversation of hers recalls it; one of Bob's recalls nothing of hers.
+        answers = []
+        for sdk in (alice, bob):
+            fake_ollama.script(ToolCalls([("store__recall", {})]), Text("Recalled."))
+            other = await sdk.threads.create()
+            values = await sdk.runs.wait(other["thread_id"], "agent", input=said)
+            assert isinstance(values, dict)
+            answers.append(next(m["content"] for m in values["messages"] if m["type"] == "tool"))
+        assert answers == ["tea: green, no sugar", "Nothing remembered yet."]
