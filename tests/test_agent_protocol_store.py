@@ -9,6 +9,7 @@ owner's items, through the ledger."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,11 @@ def store(
     if request.param == "postgresql":
         overrides["DATABASE_URL"] = request.getfixturevalue("postgres_server").create_database()
     with module_stack(root, redis_server.url, fake_ollama, **overrides) as stack:
-        yield Store(stack, add_user(stack.env, "alice"), add_user(stack.env, "bob"),
-                    add_user(stack.env, "root", "--operator"), request.param)
+        # Three CLI processes at once: each is mostly Python's start-up.
+        with ThreadPoolExecutor() as pool:
+            made = [("alice",), ("bob",), ("root", "--operator")]
+            alice, bob, operator = pool.map(lambda who: add_user(stack.env, *who), made)
+        yield Store(stack, alice, bob, operator, request.param)
 
 
 def refused(url: str, key: str, method: str, path: str, **kwargs: Any) -> tuple[int, str, str]:
