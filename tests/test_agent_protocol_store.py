@@ -3,14 +3,17 @@
 replaced, searched (namespace prefix, filter, limit, offset), their namespaces listed (prefix,
 suffix, max_depth, limit, offset) and deleted; each user's items their own (another's are 404
 and in no search or list); what is not served refused by name with nothing changed; and the
-items outlive the API process that stored them. The agent remembers and recalls in its run's
-owner's items, through the ledger."""
+items outlive the API process that stored them. The JavaScript SDK keeps items too. The agent
+remembers and recalls in its run's owner's items, through the ledger."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,10 +23,13 @@ from langgraph_sdk.errors import NotFoundError
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.faults import ledger_rows
+from tests.support.js_sdk import run_script
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.stacks import Stack, module_stack
 from tests.support.users import add_user
+
+JS_DIR = Path(__file__).parent / "js"
 
 
 @dataclass
@@ -199,3 +205,15 @@ async def test_the_agent_remembers_and_recalls_in_its_owners_store(
             assert isinstance(values, dict)
             answers.append(next(m["content"] for m in values["messages"] if m["type"] == "tool"))
         assert answers == ["tea: green, no sugar", "Nothing remembered yet."]
+
+
+async def test_the_javascript_sdk_keeps_items(store: Store) -> None:
+    done = await asyncio.to_thread(run_script, JS_DIR / "store_items.mjs", store.url, store.alice)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    item = out["item"]
+    assert item["namespace"] == ["js", "notes"] and item["value"] == {"text": "from node", "rank": 1}
+    assert item["created_at"] and item["updated_at"]
+    assert [(i["key"], i["value"]["text"]) for i in out["found"]["items"]] == [("second", "also from node")]
+    assert out["listed"] == {"namespaces": [["js", "notes"]]}
+    assert out["gone"] == {"status": 404}
