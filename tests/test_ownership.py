@@ -2,12 +2,13 @@
 own OpenAPI document: a route added tomorrow is in it, and fails here if it forgets the check.
 
 Alice makes one of everything a user owns (a conversation and its run, a thread and its run, a
-thread created empty, a cron, an answered Idempotency-Key, an item in the Store). Then, for
-every route of the document, Bob asks about Alice's ids and about ids that exist nowhere: the
-two answers must be the same (404, or the same refusal of the same bad request), so nothing of
-Alice's is revealed to him, by status or by error code. Lists, searches and counts must not
-mention Alice's ids at all; an operator route is 403 for Bob. Alice, asking the same reads,
-finds her own (so the test cannot pass by finding nothing). Real processes, real Redis, on SQLite and on PostgreSQL.
+thread created empty, a cron, an answered Idempotency-Key, an item in the Store). Then, for every
+route of the document, Bob asks about Alice's ids and about ids that exist nowhere: the two
+answers must be the same (404, or the same refusal of the same bad request), so nothing of Alice's
+is revealed to him, by status or by error code. Lists, searches and counts must not mention
+Alice's ids at all; an operator route is 403 for Bob. Alice, asking the same reads, finds her own
+(so the test cannot pass by finding nothing). Real processes, real Redis, on SQLite and on
+PostgreSQL.
 """
 
 from __future__ import annotations
