@@ -12,6 +12,7 @@
     ├── RunFinished             409 RUN_FINISHED
     ├── UserExists              409 USER_EXISTS (sophos users add of a user with a key in force)
     ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
+    ├── WaitingListFull         409 WAITING_LIST_FULL (the Agent Protocol: enqueue on a full thread)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
     ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
@@ -92,6 +93,13 @@ class UserExists(SophosError):
 
 class ThreadExists(SophosError):
     code = "THREAD_EXISTS"
+    status = 409
+
+
+class WaitingListFull(SophosError):
+    """The Agent Protocol: a run enqueued on a thread that has as many waiting as it may hold."""
+
+    code = "WAITING_LIST_FULL"
     status = 409
 
 

@@ -194,9 +194,10 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     ids = [p.id for p in parts[1:]]
     assert None not in ids and len(set(ids)) == len(ids)  # every event after metadata has its own id
 
-    # Rejoin after the fact: -1 replays the whole run; an id resumes right after it.
+    # Rejoin after the fact: -1 replays the whole run, beginning with metadata; an id resumes
+    # right after it.
     replay = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id="-1")]
-    assert [(p.event, p.id) for p in replay] == [(p.event, p.id) for p in parts[1:]]
+    assert [(p.event, p.id) for p in replay] == [(p.event, p.id) for p in parts]
     middle = parts[len(parts) // 2]
     rest = [p async for p in client.runs.join_stream(thread_id, run_id, last_event_id=middle.id)]
     assert [p.id for p in rest] == [p.id for p in parts[parts.index(middle) + 1 :]]
@@ -241,13 +242,14 @@ async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) 
     run = await client.runs.create(thread_id, "agent", input=said("slowly"))
     await hang.wait_started_async(20)
     assert (await client.threads.get(thread_id))["status"] == "busy"
-    # One run per thread: a second is refused while the first holds it (multitask_strategy reject).
+    # One run per thread: a second is refused while the first holds it (multitask_strategy reject;
+    # the default, enqueue, is tests/test_agent_protocol_enqueue.py's).
     with pytest.raises(ConflictError):
-        await client.runs.create(thread_id, "agent", input=said("two"))
-    with pytest.raises(ConflictError):
-        await client.threads.delete(thread_id)
+        await client.runs.create(thread_id, "agent", input=said("two"), multitask_strategy="reject")
 
-    await client.runs.cancel(thread_id, run["run_id"], wait=True)
+    # With wait, the answer is the thread's values once the run has ended, as the Agent Server's.
+    values: Any = await client.runs.cancel(thread_id, run["run_id"], wait=True)  # type: ignore[func-returns-value]
+    assert [text_of(m) for m in values["messages"]] == ["slowly", "Thinking about it"]
     assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "idle"
@@ -659,6 +661,7 @@ async def test_the_javascript_sdk_streams_and_rejoins_a_run(stack: SophosEnv, mo
     assert [text_of(m) for m in streamed[-2]["data"]["messages"]] == ["hi from node", tokens]
     ids = [p["id"] for p in streamed[1:]]
     assert None not in ids and len(set(ids)) == len(ids)
-    assert out["rejoined"] == [{"event": p["event"], "id": p["id"]} for p in streamed[1:]]  # "-1": all
+    # "-1": all of it, beginning with metadata as the stream did
+    assert out["rejoined"] == [{"event": p["event"], "id": p["id"]} for p in streamed]
     assert out["state"]["values"] == streamed[-2]["data"] and out["run"]["status"] == "success"
     assert out["thread"]["metadata"] == {"via": "js", "owner": "local"}

@@ -137,14 +137,12 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
     assert listed == {first: "running", second["run_id"]: "pending"}
     assert (await client.threads.get(thread_id))["status"] == "busy"
     # Everything else keeps the one-run-per-conversation rule: a new message on /api/chat, a
-    # run with the default strategy, a delete.
+    # run with reject. (A delete cancels the runs, then deletes: tests/test_agent_protocol_defaults.py.)
     async with httpx.AsyncClient(base_url=stack.api_url) as http:
         native = await http.post("/api/chat", json={"message": "three", "conversation": thread_id})
     assert native.status_code == 409 and native.json()["error"]["code"] == "SESSION_IN_PROGRESS"
     with pytest.raises(ConflictError):
-        await client.runs.create(thread_id, "agent", input=said("three"))
-    with pytest.raises(ConflictError):
-        await client.threads.delete(thread_id)
+        await client.runs.create(thread_id, "agent", input=said("three"), multitask_strategy="reject")
     with pytest.raises(ConflictError, match="waits for no decision"):  # decisions are never enqueued
         await client.runs.create(thread_id, "agent", command=APPROVE, multitask_strategy="enqueue")
 
@@ -255,8 +253,10 @@ async def test_an_enqueued_message_behind_a_run_that_ends_waiting_for_an_approva
     refused = await status_of(client, thread_id, behind["run_id"], "error", "success", "interrupted")
     assert refused["status"] == "error"
     assert (await client.runs.get(thread_id, first))["status"] == "success"  # paused at its approval
-    # Never recorded (no row): runs.get knows it, runs.list does not.
-    assert [r["run_id"] for r in await client.runs.list(thread_id)] == [first]
+    # Never recorded (no row), yet listed as its Redis record says: an error.
+    listed = [(r["run_id"], r["status"]) for r in await client.runs.list(thread_id)]
+    assert listed == [(behind["run_id"], "error"), (first, "success")]
+    assert [r["run_id"] for r in await client.runs.list(thread_id, status="error")] == [behind["run_id"]]
     events = [p async for p in client.runs.join_stream(thread_id, behind["run_id"], last_event_id="-1")]
     assert [p.event for p in events[-2:]] == ["error", "end"] and events[-1].data["status"] == "error"
     assert events[-2].data["error"] == "APPROVAL_PENDING" and "decision" in events[-2].data["message"]

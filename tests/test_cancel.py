@@ -86,7 +86,8 @@ async def test_a_cancel_mid_answer_ends_the_run_at_once_and_keeps_what_was_strea
     api = start_api(env).url
     conversation, run = accepted(api, "tell me a long story")
     seen = await read_sse_async(api, conversation, stop_after=20, timeout=STREAM_TIMEOUT)
-    assert seen.types[0] == "trace" and set(seen.types[1:]) == {"token"}
+    # enter, the id the answer is stored under (worker/run/stream.py), then tokens
+    assert seen.types[:2] == ["trace", "trace"] and set(seen.types[2:]) == {"token"}
 
     took, rest = await cancel_and_time(api, conversation, run, seen)
     print(f"\ncancel to end, mid-answer: {took * 1000:.0f} ms")
@@ -203,9 +204,10 @@ async def test_a_cancel_between_steps_stops_before_the_tool_runs(
     with DatabaseLock(env.database_path) as lock:
         hang.release()
         # The step's task finished (its trace says so) but its writes wait for the lock.
-        seen = await read_sse_async(api, conversation, stop_after=4, timeout=STREAM_TIMEOUT)
-        assert [e.event for e in seen] == ["trace", "token", "trace", "trace"]
-        assert [seen[2].data["event"], seen[3].data["event"]] == ["call", "leave"]
+        seen = await read_sse_async(api, conversation, stop_after=5, timeout=STREAM_TIMEOUT)
+        assert [e.event for e in seen] == ["trace", "trace", "token", "trace", "trace"]
+        # enter, the id the answer is stored under (before its first token), then its call and leave
+        assert [e.data["event"] for e in seen.of("trace")] == ["enter", "message", "call", "leave"]
         response = cancel(api, run)
         assert response.status_code == 202, response.text
         lock.release()

@@ -46,7 +46,7 @@ def test_a_user_at_the_limit_gets_429_and_nobody_else_is_held(
     start_worker(env)
     api = start_api(env).url
 
-    conversation, run = chat(api, "alice-1", token=alice)
+    _, run = chat(api, "alice-1", token=alice)
     first.wait_started()
     queued_conversation, queued = chat(api, "alice-2", token=alice)  # queued behind (one worker)
     _refused_for_quota(post_chat(api, "alice-3", token=alice), 2)

@@ -219,7 +219,7 @@ async def test_cancel_queued_running_twice_and_finished(
     stream = read_sse(api, conv_a, timeout=RUNNING_TIMEOUT)
     assert stream[-1].event == "end"
     assert stream[-1].data == {"conversation": conv_a, "run": run_a, "status": "cancelled"}
-    assert [e.data["event"] for e in stream.of("trace")] == ["enter", "leave"]
+    assert [e.data["event"] for e in stream.of("trace") if e.data["event"] != "message"] == ["enter", "leave"]
     slow.wait_client_gone()  # the model's answer was abandoned: its tool call never comes
     info = get_json(api, f"/api/runs/{run_a}")
     assert info["status"] == "cancelled" and info["stepCount"] == 1 and info["durationMs"] >= 0

@@ -233,6 +233,27 @@ def test_an_interrupted_run_shows_why_and_resumes(
     assert len(sent) == 2 and sent[0]["key"] == sent[1]["key"]  # once more, decided, with its key
 
 
+def test_a_decided_call_says_its_decision_folded_also_when_the_tool_fails(
+    service: Callable[..., str], sophos_env: SophosEnv, offline: Offline, model: FakeOllama
+) -> None:
+    require_approval(sophos_env, ["fail"])
+    url = service()
+    model.script(ToolCalls([("tools__fail", {"message": "out of paper"})]), Text("It failed."))
+    page = offline.open(url)
+    send(page, "print it")
+    expect(page.locator("fieldset.approval")).to_have_count(1)
+    idle(page)
+    page.get_by_label("Approve").check()
+    page.get_by_role("button", name="Send decisions").click()
+    expect(answers(page).last).to_have_text("It failed.")
+    idle(page)
+    state = page.locator("details.tool .tool-state")
+    expect(state).to_have_text("approved by you, then failed")  # the decision, not only "error"
+    expect(page.locator("details.tool.tool-error")).to_have_count(1)
+    page.reload()
+    expect(state).to_have_text("approved by you, then failed")
+
+
 def _gone_worker(url: str) -> dict[str, Any] | None:
     """The API's ``worker`` once it says none is alive."""
     worker: dict[str, Any] = get_json(url, "/api/runs?limit=1")["worker"]
@@ -267,6 +288,9 @@ def test_a_killed_worker_shows_within_two_seconds_and_resume_gives_one_answer(
     expect(page.locator('.banner[data-code="WORKER_GONE"]')).to_be_visible(timeout=2000)
     expect(partial.locator(".bubble")).to_have_text("The first half of the answer,")
     expect(page.locator("#conversation-status")).to_have_text("interrupted")
+    # The list says so too (the API still has the run running), and Stop is gone: nothing to stop.
+    expect(page.locator('#conversations a[aria-current="page"] .status')).to_have_text("interrupted")
+    expect(page.locator("#stop")).to_be_hidden()
     screenshot(page, tmp_path, "interrupted")
 
     start_worker(sophos_env)

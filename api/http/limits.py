@@ -90,7 +90,9 @@ class SubmissionLimit:
 
 
 async def limit_submissions(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Guard of POST /api/chat: runs after the token guard, so strangers spend no one's quota."""
+    """Guard of every way to submit a run: POST /api/chat and the Agent Protocol's run creation
+    (``runs.create``, ``runs.stream``, ``runs.wait``), one limit per client address over them
+    all. It runs after the token guard, so strangers spend no one's quota."""
     limit: SubmissionLimit = connection.app.state.submission_limit
     await limit.hit(connection.app.state.resources.redis, client_address(connection))
 

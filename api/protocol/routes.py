@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import anyio
 import msgspec
 import structlog
-from litestar import Controller, Response, delete, get, patch, post
+from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import HeaderParameter, Parameter
@@ -18,7 +18,7 @@ from litestar.response import Stream
 from api.chat.routes import SSE_HEADERS, SSE_MEDIA_TYPE
 from api.conversations.views import Conversations
 from api.http.disconnect import cancel_on_disconnect
-from api.http.limits import FOLLOWS_A_RUN
+from api.http.limits import FOLLOWS_A_RUN, limit_submissions
 from api.http.openapi import errors
 from api.ops import metrics
 from api.protocol.assistant import graph as agent_graph
@@ -39,7 +39,7 @@ from api.protocol.threads import (
 )
 from api.protocol.translate import after_id, stream_modes
 from api.resources import Resources
-from shared.errors import BadRequest
+from shared.errors import BadRequest, NotFound
 
 log = structlog.get_logger(__name__)
 
@@ -116,12 +116,29 @@ class AssistantSearch(msgspec.Struct):
     select: list[str] | None = None
 
 
+def _assistants(query: AssistantSearch) -> list[dict[str, Any]]:
+    """The assistants ``query`` matches: the one, or none."""
+    one = assistant()
+    matches = (
+        query.graph_id in (None, GRAPH_ID)
+        and query.name in (None, GRAPH_ID)
+        and all(one["metadata"].get(k) == v for k, v in (query.metadata or {}).items())
+    )
+    return [one] if matches else []
+
+
 class ServerController(Controller):
     tags = TAGS
 
     @get("/ok", summary="Liveness, as the Agent Server answers it", opt={"public": True})
     async def ok(self) -> dict[str, bool]:
         return {"ok": True}
+
+    @get("/openapi.json", summary="The OpenAPI document (the one /schema/openapi.json serves)",
+         opt={"public": True}, include_in_schema=False)
+    async def openapi(self, request: Request[Any, Any, Any]) -> dict[str, Any]:
+        # Where the Agent Server serves it; public like /schema, it holds no data.
+        return request.app.openapi_schema.to_schema()
 
     @get("/info", summary="What this server is and serves of the Agent Protocol")
     async def info(self) -> dict[str, Any]:
@@ -140,13 +157,11 @@ class AssistantsController(Controller):
     async def search(self, data: AssistantSearch) -> list[dict[str, Any]]:
         if data.limit < 1 or data.offset < 0:
             raise BadRequest("limit must be at least 1 and offset at least 0")
-        one = assistant()
-        matches = (
-            data.graph_id in (None, GRAPH_ID)
-            and data.name in (None, GRAPH_ID)
-            and all(one["metadata"].get(k) == v for k, v in (data.metadata or {}).items())
-        )
-        return [one][data.offset : data.offset + data.limit] if matches else []
+        return _assistants(data)[data.offset : data.offset + data.limit]
+
+    @post("/count", status_code=200, summary="How many assistants match: 1 or 0", responses=errors(401, 422))
+    async def count(self, data: AssistantSearch) -> int:
+        return len(_assistants(data))
 
     @get("/{assistant_id:str}", summary="The assistant (`agent` or its id)", responses=errors(401, 404))
     async def get_assistant(self, assistant_id: AssistantId) -> dict[str, Any]:
@@ -188,6 +203,28 @@ class ThreadsController(Controller):
     async def search(self, data: ThreadSearch, threads: Threads) -> list[dict[str, Any]]:
         return await threads.search(data)
 
+    @post("/count", status_code=200, summary="How many threads match (metadata, status)",
+          responses=errors(401, 422))
+    async def count(self, data: ThreadSearch, threads: Threads) -> int:
+        return await threads.count(data)
+
+    @get("/{thread_id:str}/stream", summary="Not served: a thread's stream (threads.join_stream)",
+         responses=errors(401, 404))
+    async def thread_stream(self, thread_id: ThreadId) -> None:
+        raise NotFound(
+            "threads.join_stream (GET /threads/{id}/stream) is not served by Sophos: join a run's "
+            "stream with runs.join_stream (docs/agent-protocol.md)"
+        )
+
+    @post(["/{thread_id:str}/commands", "/{thread_id:str}/stream/events"],
+          summary="Not served: the SDK's thread streams (threads.stream)", responses=errors(401, 404))
+    async def thread_commands(self, thread_id: ThreadId) -> None:
+        raise NotFound(
+            "threads.stream (the thread streaming protocol: /threads/{id}/commands and "
+            "/threads/{id}/stream/events) is not served "
+            "by Sophos: stream a run with runs.stream (docs/agent-protocol.md)"
+        )
+
     @get("/{thread_id:str}", summary="A thread, with its values", responses=errors(401, 404, 422))
     async def get_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
         return await threads.get(thread_id_of(thread_id))
@@ -213,10 +250,11 @@ class ThreadsController(Controller):
     ) -> list[dict[str, Any]]:
         return await threads.history(thread_id_of(thread_id), ThreadHistory(limit=limit, before=before))
 
-    @delete("/{thread_id:str}", status_code=204, summary="Delete a thread and its conversation",
+    @delete("/{thread_id:str}", status_code=204,
+            summary="Delete a thread and its conversation (its runs cancelled first)",
             responses=errors(401, 404, 409, 422))
-    async def delete_thread(self, thread_id: ThreadId, threads: Threads) -> None:
-        await threads.delete(thread_id_of(thread_id))
+    async def delete_thread(self, thread_id: ThreadId, protocol_runs: ProtocolRuns) -> None:
+        await protocol_runs.delete_thread(thread_id_of(thread_id))
 
     @get("/{thread_id:str}/state", summary="The thread's state: values, next, tasks, checkpoint",
          responses=errors(401, 404, 422))
@@ -273,7 +311,7 @@ class RunsController(Controller):
     dependencies = DEPENDENCIES
 
     @post("/", status_code=200, summary="Create a run in the background (no input: resume the thread)",
-          responses=errors(401, 404, 409, 422, 429, 503))
+          responses=errors(401, 404, 409, 422, 429, 503), guards=[limit_submissions])
     async def create(
         self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns
     ) -> Response[Any]:
@@ -283,7 +321,7 @@ class RunsController(Controller):
 
     @post("/stream", status_code=200, media_type=SSE_MEDIA_TYPE,
           summary="Create a run and stream it: metadata, then each stream mode's events, then end",
-          responses=errors(401, 404, 409, 422, 429, 503))
+          responses=errors(401, 404, 409, 422, 429, 503), guards=[limit_submissions])
     async def create_and_stream(
         self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources
     ) -> Stream:
@@ -297,7 +335,7 @@ class RunsController(Controller):
 
     @post("/wait", status_code=200, summary="Create a run and answer with the thread's values when it ends",
           responses=errors(401, 404, 409, 422, 429, 503), opt={FOLLOWS_A_RUN: True},
-          middleware=[cancel_on_disconnect])
+          middleware=[cancel_on_disconnect], guards=[limit_submissions])
     async def create_and_wait(
         self, thread_id: ThreadId, data: RunCreate, protocol_runs: ProtocolRuns, resources: Resources,
         threads: Threads,
@@ -330,16 +368,17 @@ class RunsController(Controller):
         wait: Annotated[bool, Parameter(description="Answer once the run has ended")] = False,
         action: Annotated[str, Parameter(description=(
             "`interrupt`, or `rollback`: then the thread goes back to where the run started "
-            "(answered once done)"
+            "(answered once done); any other action means `interrupt`"
         ))] = "interrupt",
-    ) -> Response[None]:
+    ) -> Response[Any]:
         tid = thread_id_of(thread_id)
         with anyio.CancelScope(shield=True):  # a client that leaves stops the wait, not the cancel
             await protocol_runs.cancel(tid, run_id, action)
         if not wait:
             return Response(None, status_code=202)
-        await _outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
-        return Response(None, status_code=204)
+        # As the Agent Server: once the run has ended, the thread's values.
+        values = await _outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
+        return Response(values, status_code=200)
 
     @get("/{run_id:str}/join", summary="Wait for a run to end; the thread's values",
          responses=errors(401, 404, 422, 429), opt={FOLLOWS_A_RUN: True},
@@ -371,8 +410,9 @@ class RunsController(Controller):
         after = after_id(last_event_id)
         asked = [m for m in stream_mode or [] if m]
         modes = stream_modes(asked) if asked else (await protocol_runs.options(rid)).stream_mode
+        # A join from the start begins with ``metadata``, as the Agent Server's does.
         return await _stream(
-            resources, tid, rid, modes, after, metadata=False, headers={},
+            resources, tid, rid, modes, after, metadata=after == (0, -1), headers={},
             cancel_on_disconnect=cancel_on_disconnect,
         )
 

@@ -33,23 +33,33 @@ from api.protocol.status import RUN_STATUSES, run_status
 from api.protocol.threads import ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
-from api.runs.schemas import RunInfo
+from api.runs.schemas import RunError, RunInfo
 from api.runs.views import Runs, live
 from shared.contracts.events import text_of
 from shared.contracts.jobs import JobKind
 from shared.contracts.protocol import ASSISTANT_ID as ASSISTANT_ID
 from shared.contracts.protocol import RunRecord, sdk_run
 from shared.contracts.webhooks import WebhookPolicy, WebhookRefused, enqueue_delivery
-from shared.errors import BadRequest, NoApprovalPending, NotFound, RunFinished, SessionInProgress
-from shared.redis.keys import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key
+from shared.errors import (
+    BadRequest,
+    NoApprovalPending,
+    NotFound,
+    RunFinished,
+    SessionInProgress,
+    WaitingListFull,
+)
+from shared.redis.keys import PROTOCOL_RUN_RETENTION_SECONDS, protocol_run_key, waiting_key
 
 log = structlog.get_logger(__name__)
 
 RUNS_LIST_MAX = 1000
-#: ``reject`` (Sophos's default: a busy thread is 409), ``interrupt`` (cancel the run holding the
-#: thread, then start), ``rollback`` (the same, from where the cancelled run started:
-#: api/protocol/forks.py) and ``enqueue`` (wait behind it, in the queue: shared/redis/queue.py)
+#: ``reject`` (a busy thread is 409), ``interrupt`` (cancel the run holding the thread, then
+#: start), ``rollback`` (the same, from where the cancelled run started: api/protocol/forks.py)
+#: and ``enqueue`` (wait behind it, in the queue: shared/redis/queue.py), the Agent Server's
+#: default and so Sophos's (:func:`strategy_of`)
 MULTITASK_STRATEGIES = ("reject", "interrupt", "rollback", "enqueue")
+#: at most this many runs wait on one thread (``enqueue``): the next is 409 ``WAITING_LIST_FULL``
+MAX_WAITING_RUNS = 16
 #: how long ``interrupt`` waits for the cancelled run to end before answering 409 (a cancel ends a
 #: running run within a second)
 INTERRUPT_WAIT_SECONDS = 30.0
@@ -123,6 +133,14 @@ def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
         raise BadRequest("if_not_exists must be 'reject' or 'create'")
 
 
+def strategy_of(body: RunCreate) -> str:
+    """The run's ``multitask_strategy``: the one asked for, else the Agent Server's default,
+    ``enqueue``. A fork (``checkpoint_id``) does not wait behind a run: its default is ``reject``."""
+    if body.multitask_strategy is not None:
+        return body.multitask_strategy
+    return "reject" if body.checkpoint_id or body.checkpoint else "enqueue"
+
+
 def resume_of(body: RunCreate) -> Any:
     """``command.resume``: the decisions that continue a thread waiting for them."""
     command = body.command or {}
@@ -176,8 +194,12 @@ def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
         run_id=info.id, thread_id=info.conversation, status=info.status, created_at=info.enqueued_at,
         started_at=info.started_at, finished_at=info.finished_at, metadata=options.metadata,
         multitask_strategy=options.multitask_strategy, stream_mode=options.stream_mode,
-        webhook=options.webhook,
+        webhook=options.webhook, error_code=_code(info),
     )
+
+
+def _code(info: RunInfo) -> str | None:
+    return info.error.code if isinstance(info.error, RunError) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +224,7 @@ class ProtocolRuns:
                 await WebhookPolicy.of(self.runs.settings).check(body.webhook)
             except WebhookRefused as exc:
                 raise BadRequest(str(exc)) from None
-        options = Options(
-            body.metadata or {}, stream_modes(body.stream_mode), body.multitask_strategy or "reject"
-        )
+        options = Options(body.metadata or {}, stream_modes(body.stream_mode), strategy_of(body))
         fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
         if body.command is not None:
             if fork is not None:
@@ -227,6 +247,8 @@ class ProtocolRuns:
         if fork is not None:
             await self.threads.find(thread_id)
             await self.forks.check(thread_id, fork, message)
+        if options.multitask_strategy == "enqueue":
+            await self._room_to_wait(thread_id)
         record = await self.threads.record(thread_id)
         if record is None:
             try:
@@ -246,6 +268,18 @@ class ProtocolRuns:
         return await self._created(
             thread_id, accepted, options, kind="resume" if message is None else "run", webhook=body.webhook
         )
+
+    async def _room_to_wait(self, thread_id: str) -> None:
+        """Refuse a run that would wait behind :data:`MAX_WAITING_RUNS` others on the thread.
+
+        Checked before the submission, not in its script: runs created at the same instant may
+        each pass it, so the list may hold a few more, never an unbounded number."""
+        waiting: int = await self.redis.llen(waiting_key(thread_id))  # type: ignore[misc]
+        if waiting >= MAX_WAITING_RUNS:
+            raise WaitingListFull(
+                f"thread {thread_id} already has {waiting} runs waiting (at most {MAX_WAITING_RUNS}): "
+                "wait for one to end, or cancel one"
+            )
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the
@@ -340,7 +374,7 @@ class ProtocolRuns:
             )
         infos = [
             r for r in page.runs
-            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status) == status)
+            if r.kind is not JobKind.SWITCH and (status is None or run_status(r.status, _code(r)) == status)
         ]
         shown = infos[offset : offset + limit]
         return [run_shape(info, await self.options(info.id)) for info in shown]
@@ -349,9 +383,41 @@ class ProtocolRuns:
     def forks(self) -> Forks:
         return Forks(self.chat, self.runs, self.threads.store, self.ended)
 
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread, as the Agent Server does a busy one: the runs waiting on it and the
+        run holding it are cancelled first, their ends awaited, then it is deleted (409 only if
+        a run still holds it after :data:`INTERRUPT_WAIT_SECONDS`)."""
+        deadline = asyncio.get_running_loop().time() + INTERRUPT_WAIT_SECONDS
+        while True:
+            try:
+                await self.threads.delete(thread_id)
+                return
+            except SessionInProgress:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            await self._stop(thread_id, deadline)
+
+    async def _stop(self, thread_id: str, deadline: float) -> None:
+        """Cancel the runs waiting on the thread (last first: none of them takes its turn), then
+        the run holding it, and wait for its end."""
+        waiting: list[str] = await self.redis.lrange(waiting_key(thread_id), 0, -1)  # type: ignore[misc]
+        for run_id in reversed(waiting):
+            with contextlib.suppress(RunFinished, NotFound):
+                await cancel_run(self.runs, run_id)
+        holder = await live.active_run(self.redis, thread_id)
+        if holder is None:
+            await asyncio.sleep(0.05)  # between two runs' turns, or a deletion of its own
+            return
+        log.info("protocol.cancelling_to_delete", conversation_id=thread_id, run_id=holder)
+        with contextlib.suppress(RunFinished, NotFound):
+            await cancel_run(self.runs, holder)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - asyncio.get_running_loop().time())):
+                await self.ended(thread_id, holder)
+
     async def cancel(self, thread_id: str, run_id: str, action: str) -> None:
-        if action not in ("interrupt", "rollback"):
-            raise BadRequest("action must be 'interrupt' or 'rollback'")
+        """Cancel the run; ``rollback`` then takes the thread back to where it started. Any other
+        action means ``interrupt``, as the Agent Server reads it."""
         run_id = await self.check(thread_id, run_id)
         if action == "rollback":
             await self.forks.rollback(thread_id, run_id)

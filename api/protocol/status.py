@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from api.conversations.schemas import ConversationInfo
-from shared.contracts.protocol import SDK_RUN_STATUS
+from shared.contracts.protocol import SDK_RUN_STATUS, sdk_status
 from shared.contracts.protocol import SdkRunStatus as SdkRunStatus
 from shared.contracts.runs import RunStatus
 
@@ -22,8 +22,9 @@ RUN_STATUSES: frozenset[str] = frozenset(_RUN.values()) | {"timeout"}
 THREAD_STATUSES: frozenset[str] = frozenset({"idle", "busy", "interrupted", "error"})
 
 
-def run_status(status: RunStatus) -> SdkRunStatus:
-    return _RUN[status]
+def run_status(status: RunStatus, error_code: str | None = None) -> SdkRunStatus:
+    """The SDK's status of a run (``error_code``: its error's, when it has one)."""
+    return sdk_status(status, error_code)
 
 
 def thread_status(info: ConversationInfo | None) -> SdkThreadStatus:

@@ -10,8 +10,9 @@ the :class:`~api.protocol.translate.Translator`.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -21,13 +22,16 @@ from litestar.response import ServerSentEventMessage
 
 from api.chat.relay import PING, Ending, Relay
 from api.protocol.interrupts import hitl_value, interrupts_of
-from api.protocol.state import pending_of, thread_state, values_with_interrupts
-from api.protocol.translate import VALUES, Asked, Part, Translator, is_terminal, number
+from api.protocol.state import pending_of, thread_history, thread_state, values_with_interrupts
+from api.protocol.translate import VALUES, Asked, Part, Translator, ValuesAt, is_terminal, number
 from api.resources import Resources
 from api.runs.cancel import cancel_run
 from shared.errors import NotFound, SophosError
 
 log = structlog.get_logger(__name__)
+
+#: at most this many checkpoints of one run are read for its ``values`` after each step
+RUN_CHECKPOINTS_MAX = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,8 @@ class ProtocolStream:
     after: tuple[int, int] = (0, -1)
     relay: Relay | None = None
     ending: bytes | Ending | None = None
+    #: the run's checkpoints read so far, oldest first (:meth:`values_after`)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     async def open(self) -> None:
         """Look at the run's stream before the answer starts (errors then get an envelope).
@@ -118,6 +124,49 @@ class ProtocolStream:
             return {}
         return values_with_interrupts(state) if state is not None else {}
 
+    async def values_after(self, steps: int) -> dict[str, Any] | None:
+        """The thread's values once ``steps`` steps of the run were done (0: its input taken),
+        from the run's own checkpoints (their metadata names the run); None when it has none.
+
+        Read once whole, then (a live run's next step) only the newest few, which follow the
+        ones read: a run of n steps costs about n small reads, not n whole ones."""
+        found = self._after(steps)
+        if found is None and self.checkpoints:
+            newer = await self._read(max(2, steps + 2 - len(self.checkpoints)))
+            last = (self.checkpoints[-1]["checkpoint"] or {}).get("checkpoint_id")
+            follows = [
+                i for i, c in enumerate(newer or [])
+                if (c.get("parent_checkpoint") or {}).get("checkpoint_id") == last
+            ]
+            if newer is not None and follows:
+                self.checkpoints += newer[follows[0]:]
+                found = self._after(steps)
+        if found is None:  # the run's checkpoints as they are now, whole
+            whole = await self._read(RUN_CHECKPOINTS_MAX)
+            if whole is not None:
+                self.checkpoints = whole
+                found = self._after(steps)
+        return found["values"] if found is not None else None
+
+    async def _read(self, limit: int) -> list[dict[str, Any]] | None:
+        """The run's ``limit`` newest checkpoints, oldest first; None when unreadable."""
+        read = functools.partial(thread_history, limit, None, {"run_id": self.run_id})
+        try:
+            states = await self.resources.store.read_thread(self.thread_id, read) or []
+        except SophosError as exc:
+            log.warning("protocol.values_unread", error=exc.message)
+            return None
+        return list(reversed(states))
+
+    def _after(self, steps: int) -> dict[str, Any] | None:
+        """Of the run's checkpoints read so far, the one after ``steps`` steps. A run with a
+        message has a checkpoint of its input first; a resume starts from the checkpoint it
+        resumes, which is not its own."""
+        has_input = bool(self.checkpoints) and self.checkpoints[0]["metadata"].get("source") == "input"
+        loops = [c for c in self.checkpoints if c["metadata"].get("source") == "loop"]
+        index = steps if has_input else steps - 1
+        return loops[index] if 0 <= index < len(loops) else None
+
     async def interrupts(self, asked: Asked) -> list[dict[str, Any]]:
         """The interrupts of an ``approval`` event: with their ids while the thread still has them
         pending; else (decided since) as the event had them, without an id."""
@@ -147,6 +196,10 @@ class ProtocolStream:
                         continue
                     if part is VALUES:
                         yield Part("values", await self.values(), part_id)
+                    elif isinstance(part, ValuesAt):
+                        values = await self.values_after(part.steps)
+                        if values is not None:
+                            yield Part("values", values, part_id)
                     elif isinstance(part, Asked):
                         yield Part("updates", {"__interrupt__": await self.interrupts(part)}, part_id)
                     elif isinstance(part, Part):

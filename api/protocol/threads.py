@@ -43,6 +43,15 @@ SEARCH_SCAN = 5000
 _PAGE = 500
 SEARCH_LIMIT_MAX = 1000
 
+#: a thread's record, written whole unless it exists (KEYS: the record, the index of records;
+#: ARGV: created_at, metadata, owner, the index's score, the thread's id); 1 if written
+CLAIM_THREAD_LUA = """
+if redis.call('HEXISTS', KEYS[1], 'created_at') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'created_at', ARGV[1], 'metadata', ARGV[2], 'owner', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+return 1
+"""
+
 
 class ThreadCreate(msgspec.Struct):
     """Body of ``POST /threads`` (the fields the SDK sends; the others are refused when set)."""
@@ -241,17 +250,15 @@ class Threads:
         return Found(thread_id, await self.record(thread_id), None)
 
     async def _claim(self, thread_id: str, metadata: dict[str, Any]) -> bool:
-        """Write the thread's record unless it exists (HSETNX decides between two creators)."""
-        key = protocol_thread_key(thread_id)
+        """Write the thread's record unless it exists, whole in one script: of two creators one
+        writes it, and the other never sees it half written (``metadata`` missing)."""
         now = time.time()
-        if not await self.redis.hsetnx(key, "created_at", iso_from_timestamp(now)):  # type: ignore[misc]
-            return False
-        async with self.redis.pipeline(transaction=True) as pipe:
-            encoded = msgspec.json.encode(metadata).decode()
-            pipe.hset(key, mapping={"metadata": encoded, "owner": owner_for_new()})
-            pipe.zadd(PROTOCOL_THREADS, {thread_id: int(now * 1000)})
-            await pipe.execute()
-        return True
+        created: int = await self.redis.eval(  # type: ignore[misc]
+            CLAIM_THREAD_LUA, 2, protocol_thread_key(thread_id), PROTOCOL_THREADS,
+            iso_from_timestamp(now), msgspec.json.encode(metadata).decode(), owner_for_new(),
+            str(int(now * 1000)), thread_id,
+        )
+        return bool(created)
 
     async def get(self, thread_id: str) -> dict[str, Any]:
         found = await self.find(thread_id)
@@ -351,11 +358,23 @@ class Threads:
             await pipe.execute()
         log.info("thread.deleted", conversation_id=thread_id)
 
-    async def search(self, query: ThreadSearch) -> list[dict[str, Any]]:
+    async def count(self, query: ThreadSearch) -> int:
+        """How many threads ``query`` matches (``metadata``, ``status``, ``ids``; up to
+        :data:`SEARCH_SCAN` of each kind, as a search looks at)."""
+        return len([f for f in await self._filtered(query) if _matches(f, query)])
+
+    async def _filtered(self, query: ThreadSearch) -> list[Found]:
+        """The threads a search or a count looks at (``ids``, else all), its filters checked."""
         if query.values or query.extract or query.select:
             raise BadRequest("values, select and extract are not served by Sophos (docs/agent-protocol.md)")
         if query.status is not None and query.status not in THREAD_STATUSES:
             raise BadRequest(f"status must be one of {', '.join(sorted(THREAD_STATUSES))}")
+        if query.ids is not None:
+            ids = [thread_id_of(i) for i in query.ids]
+            return [f for f in [await self._maybe(i) for i in dict.fromkeys(ids)] if f is not None]
+        return await self._all()
+
+    async def search(self, query: ThreadSearch) -> list[dict[str, Any]]:
         if not 1 <= query.limit <= SEARCH_LIMIT_MAX or query.offset < 0:
             raise BadRequest(f"limit must be 1 to {SEARCH_LIMIT_MAX} and offset at least 0")
         sort_by = query.sort_by or "created_at"
@@ -363,11 +382,7 @@ class Threads:
             raise BadRequest("sort_by must be thread_id, status, created_at or updated_at")
         if query.sort_order not in (None, "asc", "desc"):
             raise BadRequest("sort_order must be asc or desc")
-        if query.ids is not None:
-            ids = [thread_id_of(i) for i in query.ids]
-            found = [f for f in [await self._maybe(i) for i in dict.fromkeys(ids)] if f is not None]
-        else:
-            found = await self._all()
+        found = await self._filtered(query)
         shapes = [f.shape() for f in found if _matches(f, query)]
         shapes.sort(key=lambda t: (t[sort_by] or "", t["thread_id"]), reverse=query.sort_order != "asc")
         return shapes[query.offset : query.offset + query.limit]

@@ -10,8 +10,9 @@ same relay as ``GET /api/chat``) and pass each entry through :class:`Translator`
   ``{"tools": {"messages": [result]}}`` per tool result;
 * ``updates`` also: ``{"__interrupt__": [...]}`` when the run pauses for a decision
   (:class:`Asked`);
-* ``values``: the thread's state, once, when the run has ended (:data:`VALUES`: the caller
-  reads it, as only it can);
+* ``values``: the thread's state after each step of the run (:class:`ValuesAt`, sent when the
+  next step begins) and once more when the run has ended (:data:`VALUES`): the caller reads
+  them, as only it can;
 * then ``error`` (a run that failed or was interrupted) and ``end``.
 
 Ids: the parts made of stream entry ``n`` are ``n-0``, ``n-1``...: unique, increasing, the same
@@ -46,6 +47,14 @@ VALUES: Final = _Values()
 
 
 @dataclass(frozen=True, slots=True)
+class ValuesAt:
+    """Placeholder for the thread's state once ``steps`` steps of the run were done (0: its input
+    taken), which the caller reads from the run's checkpoints and sends as ``values``."""
+
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
 class Asked:
     """An ``approval`` event's requests, which ``updates`` sends as ``{"__interrupt__": [...]}``:
     the caller adds the interrupts' ids, which only the thread's state has."""
@@ -60,6 +69,10 @@ class Part:
     event: str
     data: Any
     id: str | None = None
+
+
+#: what an entry becomes: events, and placeholders the caller fills in
+Piece = Part | _Values | Asked | ValuesAt
 
 
 def stream_modes(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -111,13 +124,18 @@ class Translator:
     modes: tuple[str, ...]
     #: model turns begun so far (each ``enter`` of the agent node)
     turn: int = 0
+    #: the id the current turn's answer is stored under, once the worker named it (a ``trace``
+    #: ``message`` before its first token, or the agent's ``leave``)
+    stored_id: str | None = None
     step: int = 0
     text: list[str] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def message_id(self) -> str:
-        return f"run-{self.run_id}-{self.turn}"
+        """The answer's id: the one it is stored under (``run-<run>-<turn>`` for the events of a
+        worker that did not name it)."""
+        return self.stored_id or f"run-{self.run_id}-{self.turn}"
 
     def _meta(self, node: str) -> dict[str, Any]:
         return {
@@ -125,7 +143,7 @@ class Translator:
             "assistant_id": self.assistant_id, "langgraph_node": node, "langgraph_step": self.step,
         }
 
-    def entry(self, event: str, data: Any) -> list[Part | _Values | Asked]:
+    def entry(self, event: str, data: Any) -> list[Piece]:
         """What the native event ``event`` (with its decoded ``data``) becomes, ids not yet set."""
         if event == EventType.TOKEN:
             text = data if isinstance(data, str) else text_of(data)
@@ -142,20 +160,33 @@ class Translator:
         # ``missed``: nothing (the protocol has no such event).
         return []
 
-    def _trace(self, trace: dict[str, Any]) -> list[Part | _Values | Asked]:
+    def _trace(self, trace: dict[str, Any]) -> list[Piece]:
+        """A trace's parts, after a ``values`` of the state the steps before it left when it is
+        the first of a step (the Agent Server sends ``values`` after every step)."""
+        step = int(trace.get("step") or self.step)
+        before: list[Piece] = []
+        if step > self.step and "values" in self.modes:
+            before.append(ValuesAt(step - 1))
+        self.step = step
+        return [*before, *self._traced(trace)]
+
+    def _traced(self, trace: dict[str, Any]) -> list[Piece]:
         node, kind = trace.get("node"), trace.get("event")
-        self.step = int(trace.get("step") or self.step)
         found = trace.get("data")
         body: dict[str, Any] = found if isinstance(found, dict) else {}
         if node == AGENT and kind == "enter":
             self.turn += 1
-            self.text, self.calls = [], []
+            self.text, self.calls, self.stored_id = [], [], None
+        elif node == AGENT and kind == "message" and isinstance(body.get("id"), str):
+            self.stored_id = body["id"]
         elif node == AGENT and kind == "call":
             self.calls.append({
                 "name": body.get("name"), "args": body.get("arguments") or {},
                 "id": body.get("tool_call_id"), "type": "tool_call",
             })
         elif node == AGENT and kind == "leave" and not body.get("error"):
+            if isinstance(body.get("message_id"), str):
+                self.stored_id = body["message_id"]
             if "updates" in self.modes:
                 message = {
                     **ai_chunk("".join(self.text), self.message_id), "type": "ai", "tool_calls": self.calls,
@@ -166,10 +197,10 @@ class Translator:
             message = {
                 "content": body.get("result", ""), "additional_kwargs": {}, "response_metadata": {},
                 "type": "tool", "name": body.get("name"), "tool_call_id": body.get("tool_call_id"),
-                "id": f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
+                "id": body.get("id") or f"run-{self.run_id}-{body.get('tool_call_id')}", "artifact": None,
                 "status": "error" if body.get("status") == "error" else "success",
             }
-            parts: list[Part | _Values | Asked] = []
+            parts: list[Piece] = []
             if "updates" in self.modes:
                 parts.append(Part("updates", {TOOLS: {"messages": [message]}}))
             if "messages-tuple" in self.modes:
@@ -177,12 +208,12 @@ class Translator:
             return parts
         return []
 
-    def _ending(self, event: str, data: dict[str, Any]) -> list[Part | _Values | Asked]:
+    def _ending(self, event: str, data: dict[str, Any]) -> list[Piece]:
         try:
-            status = run_status(RunStatus(str(data.get("status"))))
+            status = run_status(RunStatus(str(data.get("status"))), data.get("code") or None)
         except ValueError:
             status = "error"
-        parts: list[Part | _Values | Asked] = [VALUES] if "values" in self.modes else []
+        parts: list[Piece] = [VALUES] if "values" in self.modes else []
         if event == EventType.CHAT_ERROR:
             code, message = data.get("code"), data.get("message")
             error = {"error": code or "AGENT_FAILURE", "message": message or "the run failed"}
@@ -191,7 +222,9 @@ class Translator:
         return parts
 
 
-def number(parts: list[Part | _Values | Asked], entry: int) -> list[tuple[str, Part | _Values | Asked]]:
+def number(
+    parts: list[Piece], entry: int
+) -> list[tuple[str, Piece]]:
     """The parts of stream entry ``entry`` with their ids."""
     return [(f"{entry}-{k}", part) for k, part in enumerate(parts)]
 

@@ -46,6 +46,18 @@ SDK_RUN_STATUS: dict[RunStatus, SdkRunStatus] = {
     RunStatus.WAITING: "success",
 }
 
+#: the code of a message refused because its thread waits for a decision: its run ended
+#: ``waiting`` (the thread waits), but the run itself did nothing it was asked to
+REFUSED_OVER_A_DECISION = "APPROVAL_PENDING"
+
+
+def sdk_status(status: RunStatus, error_code: str | None = None) -> SdkRunStatus:
+    """The SDK's status of a run: :data:`SDK_RUN_STATUS`, except that a run whose message was
+    refused over a pending decision is an ``error``, not a paused run's ``success``."""
+    if status is RunStatus.WAITING and error_code == REFUSED_OVER_A_DECISION:
+        return "error"
+    return SDK_RUN_STATUS[status]
+
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
@@ -113,7 +125,7 @@ def values_of(state: StateSnapshot) -> dict[str, Any]:
 def sdk_run(
     *, run_id: str, thread_id: str, status: RunStatus, created_at: str | None, started_at: str | None,
     finished_at: str | None, metadata: dict[str, Any], multitask_strategy: str, stream_mode: tuple[str, ...],
-    webhook: dict[str, Any] | None = None,
+    webhook: dict[str, Any] | None = None, error_code: str | None = None,
 ) -> dict[str, Any]:
     """The SDK's ``Run``; with ``webhook`` (its delivery) when the run has one."""
     created = created_at or started_at
@@ -123,7 +135,7 @@ def sdk_run(
         "assistant_id": ASSISTANT_ID,
         "created_at": created,
         "updated_at": finished_at or started_at or created,
-        "status": SDK_RUN_STATUS[status],
+        "status": sdk_status(status, error_code),
         "metadata": metadata,
         "multitask_strategy": multitask_strategy,
         "kwargs": {"stream_mode": list(stream_mode)},

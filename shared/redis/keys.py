@@ -71,9 +71,9 @@ def events_key(run_id: str) -> str:
 
 #: key without expiry, rewritten with each heartbeat: the last beat survives the worker
 WORKER_LAST_BEAT = "sophos:worker:last-beat"
-#: sorted set run_id -> enqueue time (ms) of the runs cancelled while queued; their
-#: ``run_key`` hash (with ``status`` and ``cancelled_at``) is the record, kept
-#: ``CANCELLED_RETENTION_SECONDS``.
+#: sorted set run_id -> enqueue time (ms) of the runs cancelled while queued (and of the runs
+#: refused when their turn came, worker/run/turns.py); their ``run_key`` hash (with ``status``
+#: and ``cancelled_at`` or ``failed_at``) is the record, kept ``CANCELLED_RETENTION_SECONDS``.
 CANCELLED_RUNS = "sophos:cancelled"
 CANCELLED_RETENTION_SECONDS = 7 * 24 * 3600
 

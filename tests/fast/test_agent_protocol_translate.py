@@ -15,7 +15,7 @@ from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.runs import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
-from api.protocol.translate import VALUES, Asked, Part, Translator, after_id, number, stream_modes
+from api.protocol.translate import VALUES, Asked, Part, Translator, ValuesAt, after_id, number, stream_modes
 from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest
 
@@ -119,13 +119,44 @@ def test_updates_are_each_turn_and_each_tool_result() -> None:
     assert updates[1]["tools"]["messages"][0]["content"] == "1"
 
 
-def test_values_come_once_at_the_end_before_error_and_end() -> None:
+def test_values_come_after_each_step_and_at_the_end_before_error_and_end() -> None:
+    out = translate(("values",), RUN)
+    # Step 1 begins: the input taken (0 steps done); step 2 begins: the state step 1 left.
+    assert out[:2] == [("1-0", ValuesAt(0)), ("6-0", ValuesAt(1))]
+    assert out[2:] == [("7-0", VALUES), ("7-1", Part("end", {"run_id": "r", "status": "success"}))]
     failed = [*RUN[:3], ("chat-error", {"status": "interrupted", "code": "INTERRUPTED", "message": "gone"})]
     out = translate(("values",), failed)
-    assert [i for i, _ in out] == ["4-0", "4-1", "4-2"]
-    assert out[0][1] is VALUES
-    assert out[1][1] == Part("error", {"error": "INTERRUPTED", "message": "gone"})
-    assert out[2][1] == Part("end", {"run_id": "r", "status": "interrupted"})
+    assert [i for i, _ in out] == ["1-0", "4-0", "4-1", "4-2"]
+    assert out[1][1] is VALUES
+    assert out[2][1] == Part("error", {"error": "INTERRUPTED", "message": "gone"})
+    assert out[3][1] == Part("end", {"run_id": "r", "status": "interrupted"})
+    assert not [p for _, p in translate(("updates",), RUN) if isinstance(p, ValuesAt)]  # asked only
+
+
+def test_message_ids_are_the_stored_ones_once_the_worker_names_them() -> None:
+    named = [
+        RUN[0],
+        ("trace", {"step": 1, "node": "agent", "event": "message", "name": "agent", "data": {"id": "lc-1"}}),
+        *RUN[1:4],
+        ("trace", {"step": 1, "node": "agent", "event": "leave", "name": "agent",
+                   "data": {"message_id": "lc-1"}}),
+        ("trace", {"step": 2, "node": "tools", "event": "result", "name": "echo",
+                   "data": {"name": "echo", "result": "1", "tool_call_id": "c1", "status": "success",
+                            "id": "tool-c1"}}),
+        RUN[-1],
+    ]
+    out = translate(("messages-tuple", "updates"), named)
+    chunks = [p.data[0]["id"] for _, p in out if isinstance(p, Part) and p.event == "messages"]
+    assert chunks == ["lc-1", "lc-1", "tool-c1"]
+    updates = [p.data for _, p in out if isinstance(p, Part) and p.event == "updates"]
+    assert [u[n]["messages"][0]["id"] for u, n in zip(updates, ("agent", "tools"), strict=True)] == [
+        "lc-1", "tool-c1",
+    ]
+    # Named only at the turn's end (an answer with no text): its update carries the stored id.
+    late = [*RUN[:4], named[5], *RUN[5:]]
+    out = translate(("updates",), late)
+    updates = [p.data for _, p in out if isinstance(p, Part) and p.event == "updates"]
+    assert updates[0]["agent"]["messages"][0]["id"] == "lc-1"
 
 
 def test_other_events_translate_to_nothing() -> None:
@@ -229,3 +260,16 @@ def test_the_relays_output_reads_back() -> None:
     assert list(native_events(chunk)) == [
         Native(3, "token", "a"), None, Native(4, "end", {"status": "completed"}),
     ]
+
+
+def test_a_message_refused_over_a_pending_decision_is_an_error_not_a_pause() -> None:
+    """Its run ends ``waiting`` (the thread still waits), but it did nothing it was asked to."""
+    refused = {"status": "waiting", "code": "APPROVAL_PENDING", "message": "send the decisions first"}
+    out = translate(("updates",), [("chat-error", refused)])
+    assert [p for _, p in out][-2:] == [
+        Part("error", {"error": "APPROVAL_PENDING", "message": "send the decisions first"}),
+        Part("end", {"run_id": "r", "status": "error"}),
+    ]
+    assert run_status(RunStatus.WAITING, "APPROVAL_PENDING") == "error"
+    assert run_status(RunStatus.WAITING) == "success"  # a pause for a decision
+    assert run_status(RunStatus.FAILED, "APPROVAL_PENDING") == "error"

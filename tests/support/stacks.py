@@ -62,13 +62,16 @@ def module_stack(
 
 
 @contextlib.contextmanager
-def approval_stack(root: Path, model: FakeOllama) -> Iterator[SophosEnv]:
+def approval_stack(root: Path, model: FakeOllama, **overrides: str) -> Iterator[SophosEnv]:
     """:func:`module_stack` on a Redis of its own (other tests flush the session's while the
-    module's tests run), the fake tools server's ``add`` asking for approval."""
+    module's tests run), the fake tools server's ``add`` asking for approval; with the
+    environment's ``overrides``."""
     redis_server = RedisServer(root / "redis", appendonly=False)
     redis_server.start()
     try:
-        with module_stack(root, redis_server.url, model, approval=["add"]) as stack:
+        with module_stack(
+            root, redis_server.url, model, approval=["add"], safe_to_repeat=True, **overrides
+        ) as stack:
             yield stack.env
     finally:
         redis_server.stop()

@@ -199,6 +199,7 @@ export class ChatView {
       if (generation !== this.generation) return;
       this.setHeader(detail.conversation);
       this.transcript.settleCuts(detail.messages);
+      this.transcript.settleDecisions(detail.messages); // decided elsewhere too (another tab, the CLI)
       learnIds(this.transcript.messages, detail.messages); // what Edit and Regenerate name
       this.resumeButton.hidden = !detail.resumable;
       this.transcript.showPlan(detail.resumable ? detail.resumePlan : null);

@@ -103,11 +103,27 @@ export function setResult(card, result, status) {
     pre = block;
   }
   pre.textContent = pretty(result);
-  // A call the user rejected is answered with an error for the model's sake; it did not fail.
+  card.resultStatus = status;
+  showState(card);
+}
+
+/**
+ * The card's state in its summary, seen folded: what the user decided about the call (when it
+ * needed a decision) and how it went. A rejected call is answered with an error for the
+ * model's sake; it did not fail. Shown again whichever of the two comes last.
+ */
+function showState(card) {
+  const decided = card.decided ? DECIDED[card.decided] || card.decided : "";
+  if (card.resultStatus === undefined) {
+    if (decided) card.state.textContent = decided;
+    return;
+  }
   const rejected = card.decided === "reject";
-  const failed = status === "error" && !rejected;
+  const failed = card.resultStatus === "error" && !rejected;
   card.classList.toggle("tool-error", failed);
-  card.state.textContent = rejected ? DECIDED.reject : failed ? "error" : "done";
+  if (rejected) card.state.textContent = DECIDED.reject;
+  else if (failed) card.state.textContent = decided ? `${decided}, then failed` : "error";
+  else card.state.textContent = "done";
 }
 
 export const DECIDED = { approve: "approved by you", reject: "rejected by you", edit: "edited by you before it ran" };
@@ -137,5 +153,5 @@ export function decisionLine(card, approval) {
   card.decided = approval.action;
   const line = card.querySelector(".decision") || card.appendChild(el("div", { class: "tool-section-title decision" }));
   line.textContent = text;
-  if (!card.querySelector(".tool-result")) card.state.textContent = DECIDED[approval.action] || approval.action;
+  showState(card);
 }

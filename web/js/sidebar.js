@@ -2,7 +2,7 @@
 // filtered as you type in the search box (`q`: titles containing it, case aside).
 import { api } from "./api.js";
 import { plainText } from "./markdown.js";
-import { statusBadge } from "./status.js";
+import { ACTIVE, statusBadge } from "./status.js";
 
 const PAGE = 30;
 // Typing pauses this long before the list is asked for again: one request per word, not per key.
@@ -33,6 +33,7 @@ export class Sidebar {
     this.asked = 0; // bumps on every refresh: the answer to an older one is dropped
     this.current = null;
     this.titles = new Map(); // id -> title as shown, of every conversation listed so far
+    this.shown = new Map(); // id -> the status the page knows better than the list (showStatus)
     this.cursor = null;
     this.pages = 1;
     this.more.addEventListener("click", () => this.loadMore());
@@ -122,7 +123,8 @@ export class Sidebar {
       time.dateTime = c.updatedAt;
       time.title = new Date(c.updatedAt).toLocaleString();
       time.textContent = when(c.updatedAt);
-      const status = statusBadge(c.status);
+      const status = statusBadge((ACTIVE.has(c.status) && this.shown.get(c.id)) || c.status);
+      status.dataset.listed = c.status;
       const count = document.createElement("span");
       count.className = "count";
       count.textContent = `${c.messageCount} msg`;
@@ -134,6 +136,22 @@ export class Sidebar {
     this.more.hidden = !this.cursor;
     this.noMatch.hidden = !this.query || this.list.children.length > 0;
     this.highlight(this.current);
+  }
+
+  /**
+   * Show conversation `id` as `status` while the list still has its run going (a worker gone:
+   * worker.js); null: as the list says again.
+   */
+  showStatus(id, status) {
+    if (status) this.shown.set(id, status);
+    else this.shown.delete(id);
+    const li = [...this.list.children].find((item) => item.dataset.id === id);
+    const badge = li && li.querySelector(".status");
+    if (!badge) return;
+    const listed = badge.dataset.listed;
+    const shown = statusBadge((ACTIVE.has(listed) && status) || listed);
+    shown.dataset.listed = listed;
+    badge.replaceWith(shown);
   }
 
   highlight(id) {

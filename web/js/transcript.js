@@ -47,6 +47,16 @@ export class Transcript {
     }
   }
 
+  /** Each shown call's decision, as the thread records it (`messages`: the detail's). */
+  settleDecisions(messages) {
+    for (const message of messages) {
+      for (const call of message.toolCalls || []) {
+        const card = this.cards.get(call.id);
+        if (card && call.approval) decisionLine(card, call.approval);
+      }
+    }
+  }
+
   /** Under each call a resume continues, what it will do with it (none once nothing is to resume). */
   showPlan(plan) {
     for (const line of this.messages.querySelectorAll(".tool .plan")) line.remove();

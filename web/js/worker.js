@@ -1,7 +1,8 @@
 // Whether the worker writing the streamed run still beats. The stream alone cannot tell: a
 // worker killed mid-answer just stops sending, and its run is recorded interrupted only when
 // a worker is back. So while a run streams the page asks `GET /api/runs` every second, says
-// so in a banner (WORKER_GONE) when no worker beats, and takes it back if tokens come after all.
+// so in a banner (WORKER_GONE) when no worker beats (the header and the sidebar say
+// "interrupted", Stop goes), and takes it back if tokens come after all.
 import { api } from "./api.js";
 
 // While a run streams, how often the page asks whether a worker still beats.
@@ -64,6 +65,10 @@ export class WorkerWatch {
     // The answer stays open: should tokens come after all, they go on in the same bubble.
     view.transcript.interruptAnswer();
     view.setStatus("interrupted");
+    // Nothing is left to stop, and the list says what the header says (the API still has the
+    // run running: only a worker back records it interrupted).
+    view.stopButton.hidden = true;
+    view.sidebar.showStatus(view.conversation, "interrupted");
   }
 
   /** Tokens came after all (the heartbeat was only late): take the warning back. */
@@ -71,12 +76,14 @@ export class WorkerWatch {
     if (!this.banner) return;
     this.dismiss();
     this.view.transcript.uninterruptAnswer();
+    this.view.stopButton.hidden = false;
   }
 
   /** The run failed (its own banner says why): the warning goes. */
   dismiss() {
     if (this.banner) this.banner.remove();
     this.banner = null;
+    this.view.sidebar.showStatus(this.view.conversation, null);
   }
 
   /** Another conversation is shown: its banners were cleared, the warning with them. */

@@ -260,16 +260,25 @@ def _tools_node(
     async def run_tools(task: Any, config: RunnableConfig) -> dict[str, Any]:
         if isinstance(task, dict) and "tool_call" in task:  # a Send: one call
             result = await _run_call(bound, ledger, task["tool_call"], task["message_id"], config)
-            return {"messages": [result]}
+            return {"messages": [_with_id(result)]}
         # Started with the whole state (a thread checkpointed before one task per call):
         # every call of the last answer still without a result, one after another.
         messages = task["messages"]
         message = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
         message_id = (message.id if message is not None else None) or ""
         results = [await _run_call(bound, ledger, c, message_id, config) for c in _unanswered(messages)]
-        return {"messages": results}
+        return {"messages": [_with_id(r) for r in results]}
 
     return run_tools
+
+
+def _with_id(result: ToolMessage) -> ToolMessage:
+    """The result with the id it is stored under, set here rather than by the state's reducer, so
+    the run's ``result`` event can name it (worker/run/stream.py): one per call, the same on every
+    attempt of it."""
+    if not result.id:
+        result.id = f"tool-{result.tool_call_id}"
+    return result
 
 
 async def _run_call(

@@ -44,7 +44,15 @@ from redis.exceptions import NoScriptError, RedisError
 
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
-from shared.redis.keys import ACTIVE_RUNS, cancel_key, cancelled_by, events_key
+from shared.redis.keys import (
+    ACTIVE_RUNS,
+    QUEUE_NAME,
+    WAKE_LIST,
+    cancel_key,
+    cancelled_by,
+    events_key,
+    waiting_key,
+)
 from shared.redis.metrics import (
     METRICS_KEY,
     RUN_DURATION,
@@ -197,6 +205,7 @@ class RunEnding:
             riders = events.take_along()  # after every event batch that carried the run's progress
         if along is not None:
             riders.append(along)
+        riders.append(wake_next_turn(conversation_id))
         if duration is not None:
             timing = MetricBatch()
             timing.observe(RUN_DURATION, duration, {"status": outcome.status.value})
@@ -271,3 +280,28 @@ class RunEnding:
         task = asyncio.create_task(retry(), name=f"end-{run_id}")
         _retrying.add(task)
         task.add_done_callback(_retrying.discard)
+
+
+#: the first run waiting on a conversation (``enqueue``: worker/run/turns.py), due now, and an
+#: idle worker woken (KEYS: the waiting list, arq's queue, the wake list; ARGV: now in ms)
+WAKE_NEXT_TURN_LUA = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head then return 0 end
+local woken = redis.call('ZADD', KEYS[2], 'XX', 'CH', ARGV[1], head)
+redis.call('LPUSH', KEYS[3], '1')
+redis.call('LTRIM', KEYS[3], 0, 15)
+return woken
+"""
+
+
+def wake_next_turn(conversation_id: str) -> Callable[[Pipeline], None]:
+    """A rider of a run's ending (after the script that freed the conversation): the run waiting
+    first on it takes its turn now, instead of when its deferral would have looked again."""
+
+    def ride(pipe: Pipeline) -> None:
+        pipe.eval(
+            WAKE_NEXT_TURN_LUA, 3, waiting_key(conversation_id), QUEUE_NAME, WAKE_LIST,
+            str(int(time.time() * 1000)),
+        )
+
+    return ride

@@ -3,7 +3,9 @@
 The run service streams the graph in three modes (worker/run/service.py) and hands each
 item to :meth:`RunStream.tell`, which publishes at once (worker/run/events.py):
 
-* ``messages``: each piece of the model's answer, a ``token``;
+* ``messages``: each piece of the model's answer, a ``token``; before its first, a ``trace``
+  ``message`` naming the id the answer is stored under (the Agent Protocol's streamed chunks
+  carry it, so a client merging them with the thread's state sees one message);
 * ``tasks``: each node's start and end, a ``trace`` (``enter``/``leave``), with the tool
   calls the model asked for (``call``) and each tool's result (``result``);
 * ``values``: the state after each step, published as nothing: the last one is the
@@ -42,6 +44,8 @@ class RunStream:
     tracker: RunTracker
     step: int = 0
     final: FinalState = field(default_factory=FinalState)
+    #: the id of the answer being streamed (its chunks', which the stored message keeps)
+    message_id: str | None = None
 
     async def tell(self, item: tuple[str, Any]) -> None:
         mode, payload = item
@@ -56,6 +60,11 @@ class RunStream:
     async def _token(self, chunk: Any, meta: dict[str, Any]) -> None:
         if meta.get("langgraph_node") == AGENT and isinstance(chunk, AIMessageChunk):
             text = text_of(chunk.content)
+            if text and chunk.id and chunk.id != self.message_id:
+                # Before the answer's first token (an answer of tool calls only is named by its
+                # ``leave``).
+                self.message_id = chunk.id
+                await self.events.trace(self.step, AGENT, "message", AGENT, {"id": chunk.id})
             if text:
                 self.live.streamed(text)
                 self.tracker.token()
@@ -79,9 +88,13 @@ class RunStream:
             first = payload["interrupts"][0]
             value = first["value"] if isinstance(first, dict) else first.value
             self.final.requests = list(value["requests"])
-        for message in (payload.get("result") or {}).get("messages", []):
+        messages = (payload.get("result") or {}).get("messages", [])
+        for message in messages:
             await self._trace_message(node, message)
         leave: dict[str, Any] | None = {"error": payload["error"]} if payload.get("error") else None
+        answer = next((m for m in messages if isinstance(m, AIMessage) and m.id), None)
+        if node == AGENT and leave is None and answer is not None:
+            leave = {"message_id": answer.id}  # the id the answer is stored under
         await self.events.trace(self.step, node, "leave", node, leave)
         self.tracker.task_finished(self.events)
 
@@ -95,7 +108,7 @@ class RunStream:
         elif node == TOOLS and isinstance(message, ToolMessage):
             await self.events.trace(self.step, node, "result", message.name or "", {
                 "name": message.name, "result": text_of(message.content),
-                "tool_call_id": message.tool_call_id, "status": message.status,
+                "tool_call_id": message.tool_call_id, "status": message.status, "id": message.id,
             })
 
 
@@ -104,7 +117,7 @@ async def trace_cut(events: EventPublisher, live: LiveRun, step: int, closed: Cl
     for result in closed.tool_results:
         await events.trace(step, TOOLS, "result", result.name or "", {
             "name": result.name, "result": text_of(result.content),
-            "tool_call_id": result.tool_call_id, "status": "stopped",
+            "tool_call_id": result.tool_call_id, "status": "stopped", "id": result.id,
         })
     for node in live.running.values():  # each task the cut ended (one per tool call)
         await events.trace(step, node, "leave", node, {"stopped": True})

@@ -5,16 +5,21 @@ conversation's waiting list (shared/redis/queue.py), with no claim on the conver
 worker takes the job, :func:`take_turn` claims the conversation for it in one script
 (``CLAIM_TURN_LUA``), only if no run holds it and no run accepted earlier still waits:
 runs enqueued on one thread start in the order they were accepted. Otherwise the job is
-deferred (arq's ``Retry``) and looked at again ``TURN_RETRY_SECONDS`` later, so the run
-starts once the run before it has ended, whatever ended it: completion, failure, a cancel,
-or a crash found at start-up (worker/run/recovery.py frees its claim).
+deferred (arq's ``Retry``). The ending of the run before it wakes it (``wake_next_turn``, a
+rider of the ending's round trip, worker/run/ending.py): its job is due at once and an idle
+worker woken. ``TURN_RETRY_SECONDS`` later it is looked at again all the same, for the ends
+that wake no one: a crash found at start-up (worker/run/recovery.py frees its claim), or an
+ending that came between the look and the deferral. So the run starts once the run before it
+has ended, whatever ended it.
 
 The thread may have changed while the run waited, so what submission checks is checked
 again here, before the run is recorded: a message behind a run that ended waiting for an
 approval would abandon that approval, and a resume may find nothing left to resume. Such a
 run ends ``failed`` through the one ending (worker/run/ending.py), as a run refused before it
 was recorded: its Redis description is its record, its stream ends with ``chat-error``
-naming why, and the conversation (its row, its thread, its pending approval) is untouched.
+naming why, and the conversation (its row, its thread, its pending approval) is untouched. It
+is listed with the runs that ended without a row (``CANCELLED_RUNS``), so the runs of its
+conversation show it, failed.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from redis.asyncio import Redis
 
 from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode, RunStatus
-from shared.redis.keys import ACTIVE_RUNS, TAKEN_SECONDS, taken_key, waiting_key
+from shared.redis.keys import ACTIVE_RUNS, CANCELLED_RUNS, TAKEN_SECONDS, taken_key, waiting_key
 from shared.redis.scripts import scripts
 from shared.storage.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
@@ -38,10 +43,11 @@ from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
 
-#: How long a waiting run's job is deferred when its turn has not come (arq looks again then).
-TURN_RETRY_SECONDS = 0.5
-#: arq counts each deferral as a try: a run may wait this many times (at 0.5 s, longer than arq
-#: keeps a job's record, a day), where arq's default would drop it after five.
+#: How long a waiting run's job is deferred when its turn has not come: the ending of the run
+#: before it wakes it sooner; arq looks again then all the same.
+TURN_RETRY_SECONDS = 5.0
+#: arq counts each deferral as a try: a run may wait this many times (longer than arq keeps a
+#: job's record, a day), where arq's default would drop it after five.
 TURN_TRIES = 1_000_000
 
 
@@ -70,6 +76,8 @@ async def take_turn(
     if refusal is not None:
         log.info("run.refused_at_turn", error_code=refusal.code)
         await ending.end(job.run_id, job.conversation_id, refusal, thread=Thread(), recorded=False)
+        # Described now (its record is what lists it): listed among its conversation's runs.
+        await redis.zadd(CANCELLED_RUNS, {job.run_id: int(job.enqueued_at * 1000)})
         return None
     # The conversation exists by now (or never will: then the thread is empty), and the branch it
     # follows is the one of its last run, not the one read at submission.
