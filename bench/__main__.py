@@ -161,8 +161,7 @@ def say(text: str) -> None:
 async def measure(stack: Stack, sizes: Sizes, args: argparse.Namespace) -> Results:
     rng = random.Random(args.seed)
     started = time.monotonic()
-    worker = stack.start_worker()
-    api = stack.start_api()
+    worker, api = stack.start()
     say(f"worker pid {worker.pid}, API pid {api.pid} at {stack.api_url}; data in {stack.root}")
     floor_db = stack.root / "floor" / "floor.db"
     floor_settings = Settings.from_env(stack.settings_env(DATABASE_PATH=str(floor_db)))

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.contracts.protocol import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import read_sse
 from tests.support.env import SophosEnv
@@ -147,8 +148,10 @@ def test_another_users_resources_are_absent_on_every_route(
     stored = alice.ask("PUT", "/store/items", body={
         "namespace": ["notes"], "key": store_key, "value": {"text": "alice's secret note"}})
     assert stored.status_code == 204, stored.text
-    # The server says whose a thread is; a client cannot say otherwise.
-    assert alice.ask("GET", f"/threads/{thread_id}").json()["metadata"] == {"owner": "alice", "mine": 1}
+    # The server says whose a thread is (and, once it has run, its graph); a client cannot say otherwise.
+    ran = {"graph_id": "agent", "assistant_id": ASSISTANT_ID}
+    got = alice.ask("GET", f"/threads/{thread_id}").json()["metadata"]
+    assert got == {"owner": "alice", "mine": 1, **ran}
 
     secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, "alice's secret"}
     theirs = {"conversation_id": conversation_id, "thread_id": thread_id, "run_id": run_id,
