@@ -13,6 +13,7 @@ Agent Server's stream modes, pure), ``interrupts`` (approvals as langchain's
 state and history in the SDK's shape, read in a reader process), ``assistant`` (the agent's
 graph and schemas), ``threads`` and ``runs`` (the services), ``forks`` (a run from a checkpoint,
 and rollbacks, onto Sophos's branches), ``crons`` (schedules of runs: stored, fired and deleted
-by the workers; its own controller), ``routes`` (the controllers, which
+by the workers; its own controller), ``store`` (the Store's items, long-term memory: its own
+controller, on LangGraph's store for the engine), ``routes`` (the controllers, which
 only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
 """

@@ -26,6 +26,7 @@ from api.protocol.assistant import schemas
 from api.protocol.crons import CronsController
 from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
 from api.protocol.state import values_with_interrupts
+from api.protocol.store import StoreController
 from api.protocol.stream import ProtocolStream, cancelled_when_left
 from api.protocol.threads import (
     StateAt,
@@ -429,4 +430,5 @@ async def _outcome(
     return values_with_interrupts(await threads.state(thread_id))
 
 
-ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController]
+ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController,
+          StoreController]

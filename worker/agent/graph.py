@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
@@ -92,6 +93,7 @@ def build_graph(
     needs_approval: Callable[[str], bool] = lambda tool: False,
     ledger: Ledger | None = None,
     model_calls: ModelCalls | None = None,
+    store: BaseStore | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -106,6 +108,8 @@ def build_graph(
     (worker/tools/ledger.py); without one (tests of the graph alone) calls are simply made.
 
     ``model_calls`` counts the model calls a resume makes again (worker/agent/model_calls.py).
+
+    ``store``: the Store's items (shared/storage/memory.py), the graph's ``BaseStore``.
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -124,7 +128,7 @@ def build_graph(
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, _router(needs_approval), {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, store=store)
 
 
 class _Bound:
