@@ -49,9 +49,8 @@ PROCESS_FIXTURES = frozenset({
 #: xdist worker runs all of a module's tests, so it is started once.
 ONE_WORKER_MODULES = frozenset({
     "test_agent_chat_ui.py", "test_agent_protocol.py", "test_agent_protocol_assistants.py",
-    "test_agent_protocol_defaults.py",
-    "test_agent_protocol_enqueue.py",
-    "test_agent_protocol_forks.py",
+    "test_agent_protocol_defaults.py", "test_agent_protocol_enqueue.py", "test_agent_protocol_forks.py",
+    "test_agent_protocol_store.py",
     "test_branches.py", "test_fuzz.py",
     "test_kill_points.py", "test_packaging.py", "test_remote_tools.py", "test_tracing.py", "test_web.py",
     "test_web_basics.py",

@@ -2,12 +2,13 @@
 own OpenAPI document: a route added tomorrow is in it, and fails here if it forgets the check.
 
 Alice makes one of everything a user owns (a conversation and its run, a thread and its run, a
-thread created empty, a cron, an assistant, an answered Idempotency-Key). Then, for every route of the
-document, Bob asks about Alice's ids and about ids that exist nowhere: the two answers must be
-the same (404, or the same refusal of the same bad request), so nothing of Alice's is revealed
-to him, by status or by error code. Lists, searches and counts must not mention Alice's ids at
-all; an operator route is 403 for Bob. Alice, asking the same reads, finds her own (so the test
-cannot pass by finding nothing). Real processes, real Redis, on SQLite and on PostgreSQL.
+thread created empty, a cron, an assistant, an answered Idempotency-Key, an item in the Store).
+Then, for every route of the document, Bob asks about Alice's ids and about ids that exist
+nowhere: the two answers must be the same (404, or the same refusal of the same bad request), so
+nothing of Alice's is revealed to him, by status or by error code. Lists, searches and counts must
+not mention Alice's ids at all; an operator route is 403 for Bob. Alice, asking the same reads,
+finds her own (so the test cannot pass by finding nothing). Real processes, real Redis, on SQLite
+and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -59,17 +60,23 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/assistants/{assistant_id}/latest"): {"version": 1},
     ("POST", "/runs/crons"): {"assistant_id": "agent", "schedule": "0 0 1 1 *",
                               "input": {"messages": [{"role": "user", "content": "hi"}]}},
+    ("PUT", "/store/items"): {"namespace": ["notes"], "key": "{store_key}", "value": {"text": "someone's"}},
+    ("DELETE", "/store/items"): {"namespace": ["notes"], "key": "{store_key}"},
+    ("POST", "/store/items/search"): {"namespace_prefix": ["notes"]},
+    ("POST", "/store/namespaces"): {"prefix": ["notes"]},
 }
 #: ids a route takes outside its path
 QUERIES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/chat"): {"conversation": "{conversation_id}"},
     ("GET", "/api/runs"): {"conversation": "{conversation_id}"},
+    ("GET", "/store/items"): {"namespace": "notes", "key": "{store_key}"},
 }
 #: routes that are everyone's to read (no user's resource behind them)
 PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami", "/api/signin"}
 OPERATOR_ONLY = {"/metrics"}
-#: routes refused by name as not served (404 naming what serves instead), to everyone alike
-NOT_SERVED = {"/threads/{thread_id}/stream"}
+#: routes served only to refuse what they name (docs/agent-protocol.md, "Not served yet"): 404
+#: for everyone, Alice too
+REFUSED = {("GET", "/threads/{thread_id}/stream")}
 #: routes that create what they name: a free id is the caller's to take
 CREATES = {("POST", "/threads")}
 
@@ -149,6 +156,10 @@ def test_another_users_resources_are_absent_on_every_route(
     assistant_id = assistant.json()["assistant_id"]
     state = alice.ask("GET", f"/threads/{thread_id}/state").json()
     checkpoint_id = state["checkpoint"]["checkpoint_id"]
+    store_key = str(uuid.uuid4())
+    stored = alice.ask("PUT", "/store/items", body={
+        "namespace": ["notes"], "key": store_key, "value": {"text": "alice's secret note"}})
+    assert stored.status_code == 204, stored.text
     # The server says whose a thread is (and, once it has run, its graph); a client cannot say otherwise.
     ran = {"graph_id": "agent", "assistant_id": ASSISTANT_ID}
     got = alice.ask("GET", f"/threads/{thread_id}").json()["metadata"]
@@ -157,10 +168,11 @@ def test_another_users_resources_are_absent_on_every_route(
     secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, assistant_id,
                "alice's secret"}
     theirs = {"conversation_id": conversation_id, "thread_id": thread_id, "run_id": run_id,
-              "cron_id": cron_id, "checkpoint_id": checkpoint_id, "assistant_id": assistant_id}
+              "cron_id": cron_id, "checkpoint_id": checkpoint_id, "store_key": store_key,
+              "assistant_id": assistant_id}
 
     def nowhere() -> dict[str, str]:
-        fresh = ("conversation_id", "thread_id", "run_id", "cron_id", "assistant_id")
+        fresh = ("conversation_id", "thread_id", "run_id", "cron_id", "store_key", "assistant_id")
         return {**theirs, **{k: str(uuid.uuid4()) for k in fresh}}
 
     checked = 0
@@ -200,7 +212,7 @@ def test_another_users_resources_are_absent_on_every_route(
         assert seen == unknown, (key, "Bob told Alice's apart from nothing", seen, unknown)
         # A refusal, or a filter that found nothing of his (GET /api/runs?conversation=…).
         assert seen[0] in (400, 404, 422) or not [s for s in secrets if s in answer.text], (key, seen)
-        if method == "GET" and path not in NOT_SERVED:
+        if method == "GET" and key not in REFUSED:
             assert request(alice, mine).status_code != 404, (key, "Alice could not find her own")
         checked += 1
     assert checked >= 20, checked
@@ -229,3 +241,7 @@ def test_another_users_resources_are_absent_on_every_route(
     # Alice's own list has hers and not Bob's.
     own = {c["id"] for c in alice.ask("GET", "/api/conversations").json()["conversations"]}
     assert conversation_id in own and again.json()["conversation"] not in own
+    # The Store: Alice's item is in her search, and Bob's own item of the same name is not hers.
+    search = {"namespace_prefix": ["notes"]}
+    assert "alice's secret note" in alice.ask("POST", "/store/items/search", body=search).text
+    assert "alice's secret note" not in bob.ask("POST", "/store/items/search", body=search).text

@@ -15,6 +15,7 @@ state and history in the SDK's shape, read in a reader process), ``assistant`` (
 graph and schemas), ``assistants`` and ``assistant_routes`` (assistants: the service and its
 controller), ``threads`` and ``runs`` (the services), ``forks`` (a run from a checkpoint,
 and rollbacks, onto Sophos's branches), ``crons`` (schedules of runs: stored, fired and deleted
-by the workers; its own controller), ``routes`` (the controllers, which
+by the workers; its own controller), ``store`` (the Store's items, long-term memory: its own
+controller, on LangGraph's store for the engine), ``routes`` (the controllers, which
 only translate), ``errors`` (their error answers). docs/agent-protocol.md is the manual.
 """

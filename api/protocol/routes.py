@@ -24,6 +24,7 @@ from api.protocol.assistant_routes import AssistantsController
 from api.protocol.crons import CronsController
 from api.protocol.runs import ASSISTANT_ID, ProtocolRuns, RunCreate
 from api.protocol.state import values_with_interrupts
+from api.protocol.store import StoreController
 from api.protocol.stream import ProtocolStream, cancelled_when_left
 from api.protocol.threads import (
     StateAt,
@@ -352,4 +353,5 @@ async def _outcome(
     return values_with_interrupts(await threads.state(thread_id))
 
 
-ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController]
+ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController,
+          StoreController]

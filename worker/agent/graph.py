@@ -39,6 +39,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
@@ -94,6 +95,7 @@ def build_graph(
     ledger: Ledger | None = None,
     model_calls: ModelCalls | None = None,
     models: Callable[[str], BaseChatModel] | None = None,
+    store: BaseStore | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -108,6 +110,8 @@ def build_graph(
     (worker/tools/ledger.py); without one (tests of the graph alone) calls are simply made.
 
     ``model_calls`` counts the model calls a resume makes again (worker/agent/model_calls.py).
+
+    ``store``: the Store's items (shared/storage/memory.py), the graph's ``BaseStore``.
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -130,7 +134,7 @@ def build_graph(
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, _router(needs_approval), {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, store=store)
 
 
 #: the most (model, tools) pairs kept bound at once: assistants beyond them are bound again

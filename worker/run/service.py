@@ -68,6 +68,7 @@ from shared.storage.branch import thread_at
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.leases import CURRENT_LEASE, Lease, LeaseLost
 from shared.storage.rows import RunRow
+from worker.agent.memory import RUN_OWNER
 from worker.agent.model import is_model_unavailable
 from worker.agent.model_check import unavailable_message
 from worker.metrics import collecting
@@ -242,6 +243,8 @@ class RunService:
             # PostgreSQL: every checkpoint write of the run checks its lease (the run's
             # task copies this context, and the lease with it).
             CURRENT_LEASE.set(Lease(run.job.run_id, self.store.owner))
+        # The Store's tools act in the namespace of the conversation's owner (worker/agent/memory.py).
+        RUN_OWNER.set(run.job.owner)
         try:
             return await self._run_listed(run)
         except LeaseLost:
