@@ -8,7 +8,8 @@ memory), ``--only solo`` for figure 17 (one run at a time at ``WORKER_CONCURRENC
 speed switches, the API's HTTP parser among them), ``--only servers`` for figure 19 (uvicorn and
 Granian; needs the ``bench`` extra, and is measured only then), ``--only fairness`` for figure 20
 (a user's queue wait behind another user's many queued runs), ``--only identity`` for figure 21
-(what a key or an OIDC JWT costs a request against no identity).
+(what a key or an OIDC JWT costs a request against no identity), ``--only growth`` for figure 22
+(a request's cost on a big store against an empty one, both engines).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -36,7 +37,19 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from bench import fairness, hops, identity, ledger, memory, profiling, servers, solo, tracing, variants
+from bench import (
+    fairness,
+    growth,
+    hops,
+    identity,
+    ledger,
+    memory,
+    profiling,
+    servers,
+    solo,
+    tracing,
+    variants,
+)
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
 from bench.postgres import on_postgres
@@ -127,11 +140,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--only",
         choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers", "fairness",
-                 "identity"],
+                 "identity", "growth"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
         "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19; fairness: figure 20; "
-        "identity: figure 21) and replace only its section of the results",
+        "identity: figure 21; growth: figure 22) and replace only its section of the results",
+    )
+    p.add_argument(
+        "--growth-conversations", type=int, default=None,
+        help="conversations in figure 22's big store (default 100,000; 200 with --quick)",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -358,6 +375,17 @@ def identity_phase(
     return result, identity.section(result, stamp=_stamp(command, load_start))
 
 
+def growth_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[growth.Growth, str]:
+    """Figure 22 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 22: a request's cost on a big store against an empty one, stacks of their own")
+    result = growth.measure(quick=args.quick, rng=random.Random(args.seed), keep=args.keep,
+                            conversations=args.growth_conversations, say=say)
+    return result, growth.section(result, stamp=_stamp(command, load_start))
+
+
 def _stamp(command: str, load_start: str) -> str:
     """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -401,7 +429,7 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     the results file."""
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
-        | servers.Servers | fairness.Fairness | identity.Identity
+        | servers.Servers | fairness.Fairness | identity.Identity | growth.Growth
     )
     try:
         if args.only == "ledger":
@@ -428,6 +456,9 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "identity":
             measured, section = identity_phase(args, overrides, command)
             heading = identity.HEADING
+        elif args.only == "growth":
+            measured, section = growth_phase(args, overrides, command)
+            heading = growth.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -517,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         identity_result, identity_text = identity_phase(args, overrides, command)
         results.sections.append(identity_text)
         results.elapsed_s += identity_result.elapsed_s
+        growth_result, growth_text = growth_phase(args, overrides, command)
+        results.sections.append(growth_text)
+        results.elapsed_s += growth_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
