@@ -35,6 +35,8 @@ Recorded = Callable[[list[str]], Awaitable[set[str]]]
 class QueueEntry:
     run_id: str
     enqueued_ms: float
+    #: its place in the queue (0: first), when read with a window of it
+    rank: int | None = None
 
 
 def is_run(job_id: str) -> bool:
@@ -50,8 +52,16 @@ async def window(redis: Redis, *, before_ms: float | None, offset: int, count: i
     """Up to ``count`` jobs of the queue, newest first, enqueued at or before ``before_ms``,
     skipping the first ``offset`` of them."""
     high = "+inf" if before_ms is None else repr(before_ms)
-    members = await redis.zrevrangebyscore(QUEUE_NAME, high, "-inf", start=offset, num=count, withscores=True)
-    return [QueueEntry(_text(job_id), float(score)) for job_id, score in members]
+    # With the queue's length and the jobs above the window, in one transaction: each entry's rank.
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.zcard(QUEUE_NAME)
+        pipe.zcount(QUEUE_NAME, f"({high}" if before_ms is not None else "+inf", "+inf")
+        pipe.zrevrangebyscore(QUEUE_NAME, high, "-inf", start=offset, num=count, withscores=True)
+        total, above, members = await pipe.execute()
+    first = int(total) - 1 - int(above) - offset
+    return [
+        QueueEntry(_text(job_id), float(score), first - i) for i, (job_id, score) in enumerate(members)
+    ]
 
 
 async def entries(redis: Redis, run_ids: Collection[str]) -> list[QueueEntry]:
@@ -79,16 +89,21 @@ async def of_owner(redis: Redis, owner: str) -> list[str]:
     return [_text(r) for r in await redis.smembers(user_runs_key(owner))]  # type: ignore[misc]
 
 
-async def positions(redis: Redis, run_ids: list[str], started: Collection[str]) -> dict[str, int]:
+async def positions(
+    redis: Redis, run_ids: list[str], started: Collection[str], known: dict[str, int] | None = None
+) -> dict[str, int]:
     """The position of each of ``run_ids`` still queued: the waiting runs ahead of it (0: next).
 
-    ``started``: runs known to have started (their jobs are still queued, but nobody waits on them).
+    ``started``: runs known to have started (their jobs are still queued, but nobody waits on them);
+    ``known``: ranks already read with a window of the queue (not asked again).
     """
+    known = known or {}
     others = [s for s in dict.fromkeys(started) if s not in set(run_ids)]
     asked = [*run_ids, *others]
     if not asked:
         return {}
-    replies = await scripts(redis).queue_ranks(keys=[QUEUE_NAME], args=asked)
+    args = [f"#{known[job_id]}" if job_id in known else job_id for job_id in asked]
+    replies = await scripts(redis).queue_ranks(keys=[QUEUE_NAME], args=args)
     ranks = {job_id: (int(rank), int(ahead)) for job_id, (rank, ahead) in zip(asked, replies, strict=True)}
     started_ranks = sorted(ranks[s][0] for s in dict.fromkeys(started) if s in ranks and ranks[s][0] >= 0)
     found = {}

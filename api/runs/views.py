@@ -231,6 +231,7 @@ class Runs:
         owner = only_owner()
         found: list[live.QueuedRun] = []
         started: set[str] = set()
+        ranks: dict[str, int] = {}
         if conversation_id is not None or owner is not None:
             # One conversation's runs, or one user's: where they are kept, not a page of everyone's.
             ids = await (
@@ -244,6 +245,7 @@ class Runs:
             batch, offset = max(want, 50), 0
             while len(found) < want:
                 entries = await queue.window(self.redis, before_ms=before_ms, offset=offset, count=batch)
+                ranks.update((e.run_id, e.rank) for e in entries if e.rank is not None)
                 offset += len(entries)
                 more, recorded = await self._waiting(entries, None, before)
                 found += more
@@ -254,7 +256,7 @@ class Runs:
         if not found:
             return []
         started.update(await self.store.running_ids())
-        places = await queue.positions(self.redis, [run.id for run in found], started)
+        places = await queue.positions(self.redis, [run.id for run in found], started, ranks)
         now = time.time()
         return [from_queued(run, places.get(run.id, 0), now) for run in found]
 

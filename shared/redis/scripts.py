@@ -466,11 +466,17 @@ return 2
 # ahead of it that are not runs (a rename, a delete, a webhook: their ids hold a ':', a run's id is
 # a UUID). The jobs ahead are walked as ids only, a thousand at a time, up to the last rank asked
 # for: no key is read per job, so a page's positions cost one pass over strings in Redis.
-# KEYS: the queue. ARGV: job ids. Per id: {rank, jobs ahead that are not runs}; {-1, 0}: not queued.
+# KEYS: the queue. ARGV: job ids, or ``#<rank>`` where the caller knows the rank already (a window
+# of the queue read with its place). Per item: {rank, jobs ahead that are not runs}; {-1, 0}: not queued.
 QUEUE_RANKS_LUA = """
 local ranks, wanted, top = {}, {}, -1
 for i, id in ipairs(ARGV) do
-  local rank = redis.call('ZRANK', KEYS[1], id)
+  local rank
+  if string.sub(id, 1, 1) == '#' then
+    rank = tonumber(string.sub(id, 2))
+  else
+    rank = redis.call('ZRANK', KEYS[1], id)
+  end
   ranks[i] = rank or -1
   if rank then
     wanted[#wanted + 1] = rank
