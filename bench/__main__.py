@@ -150,6 +150,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--growth-conversations", type=int, default=None,
         help="conversations in figure 22's big store (default 100,000; 200 with --quick)",
     )
+    p.add_argument(
+        "--growth-export-messages", type=int, default=None,
+        help="stored messages of figure 22's exported conversation (default 5,000; 40 with --quick)",
+    )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
         p.add_argument(
@@ -382,7 +386,8 @@ def growth_phase(
     load_start = load_average()
     say("figure 22: a request's cost on a big store against an empty one, stacks of their own")
     result = growth.measure(quick=args.quick, rng=random.Random(args.seed), keep=args.keep,
-                            conversations=args.growth_conversations, say=say)
+                            conversations=args.growth_conversations,
+                            export_messages=args.growth_export_messages, say=say)
     return result, growth.section(result, stamp=_stamp(command, load_start))
 
 

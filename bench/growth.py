@@ -222,11 +222,13 @@ def _engine(
 
 def measure(
     *, quick: bool, rng: random.Random, keep: bool = False, conversations: int | None = None,
-    say: Callable[[str], None] = lambda _: None,
+    export_messages: int | None = None, say: Callable[[str], None] = lambda _: None,
 ) -> Growth:
     sizes = QUICK if quick else FULL
-    if conversations:
-        sizes = Sizes(conversations, sizes.rounds, sizes.runs, sizes.export_messages, sizes.queued)
+    sizes = Sizes(
+        conversations or sizes.conversations, sizes.rounds, sizes.runs,
+        export_messages or sizes.export_messages, sizes.queued,
+    )
     started = time.monotonic()
     result = Growth(sizes=sizes)
     pg = PostgresServer()
