@@ -12,7 +12,8 @@ On SQLite also: a JSON Lines export of a conversation of ``export_messages`` sto
 (written with the fill by bigstore's template), its time and the API process's RSS before and
 peak (``VmHWM``) after; and Redis's bytes per finished run's event stream (``MEMORY USAGE``),
 what Redis keeps of a conversation once its runs ended (every key naming it or its run), and
-bytes per queued run (``used_memory`` over ``queued`` runs submitted with the worker stopped).
+bytes per queued run (``used_memory`` over ``queued`` runs submitted with the worker stopped, by the
+API's own submit script), and with them queued a page of ``/api/runs`` and a ``/metrics`` scrape.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from typing import Any, cast
 
 import httpx
 import redis as redis_sync
+from redis.asyncio import Redis
 
 from bench import bigstore
 from bench.client import BenchError, chat_once, http_client
 from bench.runs import MESSAGE
 from bench.stack import Stack, running_stack
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.queue import submit_run
 from tests.support.postgres import PostgresServer
 
 ROUTES = ("page", "search", "detail", "runs", "metrics")
@@ -48,7 +52,7 @@ class Sizes:
     queued: int
 
 
-FULL = Sizes(conversations=100_000, rounds=30, runs=20, export_messages=5_000, queued=1_000)
+FULL = Sizes(conversations=100_000, rounds=30, runs=20, export_messages=5_000, queued=10_000)
 QUICK = Sizes(conversations=200, rounds=3, runs=2, export_messages=40, queued=20)
 
 
@@ -88,6 +92,9 @@ class RedisBytes:
     per_stream: float = 0.0
     idle_keys: list[str] = field(default_factory=list)
     idle_bytes: int = 0
+    #: with ``queued`` runs queued: a page of /api/runs and a /metrics scrape, ms
+    runs_page_ms: list[float] = field(default_factory=list)
+    scrape_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -151,7 +158,7 @@ async def _export(stack: Stack, conversation: str, result: Export, say: Callable
         result.peak_after_kb = _vm(pid, "VmHWM")
 
 
-async def _redis_bytes(stack: Stack, queued: int, found: RedisBytes) -> None:
+async def _redis_bytes(stack: Stack, queued: int, rounds: int, found: RedisBytes) -> None:
     """What Redis holds per finished run's stream and per idle conversation (after three runs), then
     per queued run (``queued`` runs submitted with the worker stopped)."""
     client = http_client(stack.api_url)
@@ -164,12 +171,24 @@ async def _redis_bytes(stack: Stack, queued: int, found: RedisBytes) -> None:
         found.idle_bytes = sum(r.memory_usage(k) or 0 for k in found.idle_keys)
         stack.stop_worker()
         before = int(r.info("memory")["used_memory"])
-        async with httpx.AsyncClient(base_url=stack.api_url, timeout=30, trust_env=False) as http:
+        # Submitted as the API submits (shared/redis/queue.py), without a round trip through it each.
+        queue_client = Redis.from_url(stack.redis.url)
+        try:
+            now = time.time()
             for i in range(queued):
-                answer = await http.post("/api/chat", json={"message": f"queued {i}"})
-                if answer.status_code != 202:
-                    raise BenchError(f"POST /api/chat: {answer.status_code} {answer.text[:300]}")
+                job = RunJob(
+                    run_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4()), kind=JobKind.RUN,
+                    message=f"queued {i}", enqueued_at=now + i / 1000, new_conversation=True,
+                )
+                if await submit_run(queue_client, job, title=f"queued {i}") is not None:
+                    raise BenchError("a queued run was refused")
+        finally:
+            await queue_client.aclose()
         found.per_queued_run = (int(r.info("memory")["used_memory"]) - before) / queued
+        async with httpx.AsyncClient(base_url=stack.api_url, timeout=120, trust_env=False) as http:
+            for _ in range(rounds):
+                found.runs_page_ms.append(await _timed(http, "/api/runs?limit=50"))
+                found.scrape_ms.append(await _timed(http, "/metrics"))
     finally:
         r.close()
 
@@ -216,7 +235,7 @@ def _engine(
         asyncio.run(_measure_side(stack, done.big, sizes, rng))
         if long_one is not None:
             asyncio.run(_export(stack, long_one, result.export, say))
-            asyncio.run(_redis_bytes(stack, sizes.queued, result.redis))
+            asyncio.run(_redis_bytes(stack, sizes.queued, sizes.rounds, result.redis))
     return done
 
 
@@ -296,8 +315,17 @@ def section(g: Growth, *, stamp: str = "") -> str:
     kinds = ", ".join(f"`{key.split(':')[1]}`" for key in r.idle_keys) or "none"
     out.append(
         f"**Redis**: {r.per_queued_run:,.0f} bytes per queued run (`used_memory` over {s.queued:,} runs "
-        f"queued with the worker stopped); {r.per_stream:,.0f} bytes per finished run's event stream "
-        f"(`MEMORY USAGE`, kept `EVENT_RETENTION`); a conversation whose runs ended: "
+        f"queued by the API's submit script, the worker stopped); {r.per_stream:,.0f} bytes per finished "
+        f"run's event stream (`MEMORY USAGE`, kept `EVENT_RETENTION`); a conversation whose runs ended: "
         f"{len(r.idle_keys)} key(s), {r.idle_bytes:,} bytes ({kinds}).\n"
     )
+    sqlite = next((e for e in g.engines if e.name == "sqlite" and not e.skipped), None)
+    if sqlite is not None and r.runs_page_ms:
+        page0, scrape0 = _p50(sqlite.big.ms["runs"]), _p50(sqlite.big.ms["metrics"])
+        page, scrape = _p50(r.runs_page_ms), _p50(r.scrape_ms)
+        out.append(
+            f"**With {s.queued:,} runs queued** (SQLite, the big store, the worker stopped): a page of "
+            f"`/api/runs` (50) {page:.1f} ms against {page0:.1f} ms with none queued ({page / page0:.2f}×); "
+            f"a `/metrics` scrape {scrape:.1f} ms against {scrape0:.1f} ms ({scrape / scrape0:.2f}×).\n"
+        )
     return "\n".join(out)
