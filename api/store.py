@@ -274,6 +274,23 @@ class Store:
         rows = await self._fetch(RUNNING_COUNT_SQL, (RunStatus.RUNNING.value,))
         return int(rows[0][0]) if rows else 0
 
+    async def running_ids(self) -> list[str]:
+        """The runs recorded ``running``, whoever owns them (a few per worker, through the status
+        index): never shown, only counted out of the queue's positions (api/runs/queue.py)."""
+        rows = await self._fetch("SELECT id FROM runs WHERE status = ?", (RunStatus.RUNNING.value,))
+        return [str(r[0]) for r in rows]
+
+    async def recorded_ids(self, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` have a row, whoever owns them (only counted, never shown: a /metrics
+        scrape leaves started runs out of the queue's figures)."""
+        found: set[str] = set()
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._fetch(f"SELECT id FROM runs WHERE id IN ({marks})", chunk)
+            found.update(str(r[0]) for r in rows)
+        return found
+
     async def waiting_count(self) -> int:
         """How many conversations wait for a decision on a tool call (their last run ended ``waiting``)."""
         rows = await self._fetch(WAITING_COUNT_SQL, (RunStatus.WAITING.value,))

@@ -31,6 +31,12 @@ def visible(owner: str | None) -> bool:
     return who.operator or (owner is not None and owner == who.name)
 
 
+def only_owner() -> str | None:
+    """The one owner whose things the caller may see; None for an operator (everyone's)."""
+    who = caller()
+    return None if who.operator else who.name
+
+
 def sees_everything() -> bool:
     """True for an operator (and the local user): no filter applies."""
     return caller().operator
