@@ -28,6 +28,8 @@ from api.store import Store, open_store
 from shared.redis.connection import connection_kwargs, retry_policy
 from shared.settings import Settings
 from shared.speedups import Speedups, in_use
+from shared.storage.engines import open_item_store
+from shared.storage.memory import LazyItemStore
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +52,8 @@ class Resources:
     runs: Runs
     #: who is asking (api/auth/guard.py)
     auth: Authenticator
+    #: the Store's items (api/protocol/store.py), opened on first use
+    item_store: LazyItemStore
 
 
 def redis_client(settings: Settings) -> Redis:
@@ -81,6 +85,8 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
         http = await stack.enter_async_context(httpx.AsyncClient())
         feeds = Feeds(redis)
         stack.push_async_callback(feeds.aclose)
+        item_store = LazyItemStore(lambda: open_item_store(settings))
+        stack.push_async_callback(item_store.close)
         yield Resources(
             settings=settings,
             redis=redis,
@@ -95,6 +101,7 @@ async def open_resources(settings: Settings, draining: threading.Event) -> Async
                 settings, KeyDirectory(store.db),
                 OidcVerifier(settings, http) if settings.auth_oidc_issuer is not None else None,
             ),
+            item_store=item_store,
         )
 
 

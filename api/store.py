@@ -19,6 +19,7 @@ from api.auth.scope import owned
 from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
+from shared.contracts.assistants import ASSISTANT_COLUMNS, AssistantRow
 from shared.contracts.crons import CRON_COLUMNS, CronRow
 from shared.contracts.runs import RunStatus
 from shared.errors import ConversationUnreadable, DatabaseUnavailable
@@ -251,10 +252,44 @@ class Store:
         )
         return [CronRow.from_row(tuple(r)) for r in rows]
 
+    async def assistants(
+        self, *, assistant_id: str | None = None, versions: bool = False, limit: int = 1000,
+    ) -> list[AssistantRow]:
+        """The caller's stored assistants (shared/contracts/assistants.py) at their latest
+        version, newest first; or, with ``versions``, every version of ``assistant_id``, newest
+        first."""
+        mine, who = owned("a.owner")
+        joined = "v.version = a.latest" if not versions else "1 = 1"
+        where = ["a.id = ?"] if assistant_id is not None else []
+        rows = await self._fetch(
+            f"SELECT {ASSISTANT_COLUMNS} FROM assistants a JOIN assistant_versions v ON v.id = a.id"
+            f" AND {joined} WHERE {' AND '.join([*where, mine])}"
+            " ORDER BY a.created_at DESC, a.id, v.version DESC LIMIT ?",
+            (*([assistant_id] if assistant_id is not None else []), *who, limit),
+        )
+        return [AssistantRow.from_row(tuple(r)) for r in rows]
+
     async def running_count(self) -> int:
         """How many runs are recorded ``running`` (a search of the status index, not a scan)."""
         rows = await self._fetch(RUNNING_COUNT_SQL, (RunStatus.RUNNING.value,))
         return int(rows[0][0]) if rows else 0
+
+    async def running_ids(self) -> list[str]:
+        """The runs recorded ``running``, whoever owns them (a few per worker, through the status
+        index): never shown, only counted out of the queue's positions (api/runs/queue.py)."""
+        rows = await self._fetch("SELECT id FROM runs WHERE status = ?", (RunStatus.RUNNING.value,))
+        return [str(r[0]) for r in rows]
+
+    async def recorded_ids(self, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` have a row, whoever owns them (only counted, never shown: a /metrics
+        scrape leaves started runs out of the queue's figures)."""
+        found: set[str] = set()
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = await self._fetch(f"SELECT id FROM runs WHERE id IN ({marks})", chunk)
+            found.update(str(r[0]) for r in rows)
+        return found
 
     async def waiting_count(self) -> int:
         """How many conversations wait for a decision on a tool call (their last run ended ``waiting``)."""

@@ -9,7 +9,9 @@ speed switches, the API's HTTP parser among them), ``--only servers`` for figure
 Granian; needs the ``bench`` extra, and is measured only then), ``--only fairness`` for figure 20
 (a user's queue wait behind another user's many queued runs), ``--only identity`` for figure 21
 (what a key or an OIDC JWT costs a request against no identity), ``--only crossing`` for figure 22
-(system calls, context switches and Redis commands per run, per process, against the floor).
+(system calls, context switches and Redis commands per run, per process, against the floor),
+``--only remote`` for figure 23 (a remote tool call against a stdio one), ``--only growth`` for figure 24
+(a request's cost on a big store against an empty one, both engines).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -40,11 +42,13 @@ from redis.asyncio import Redis
 from bench import (
     crossing,
     fairness,
+    growth,
     hops,
     identity,
     ledger,
     memory,
     profiling,
+    remote,
     servers,
     solo,
     tracing,
@@ -140,11 +144,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--only",
         choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers", "fairness",
-                 "identity", "crossing"],
+                 "identity", "crossing", "remote", "growth"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
         "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19; fairness: figure 20; "
-        "identity: figure 21; crossing: figure 22) and replace only its section of the results",
+        "identity: figure 21; crossing: figure 22; remote: figure 23; growth: figure 24) and replace only "
+        "its section of the results",
+    )
+    p.add_argument(
+        "--growth-conversations", type=int, default=None,
+        help="conversations in figure 24's big store (default 100,000; 50 with --quick)",
+    )
+    p.add_argument(
+        "--growth-export-messages", type=int, default=None,
+        help="stored messages of figure 24's exported conversation (default 5,000; 20 with --quick)",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -161,8 +174,7 @@ def say(text: str) -> None:
 async def measure(stack: Stack, sizes: Sizes, args: argparse.Namespace) -> Results:
     rng = random.Random(args.seed)
     started = time.monotonic()
-    worker = stack.start_worker()
-    api = stack.start_api()
+    worker, api = stack.start()
     say(f"worker pid {worker.pid}, API pid {api.pid} at {stack.api_url}; data in {stack.root}")
     floor_db = stack.root / "floor" / "floor.db"
     floor_settings = Settings.from_env(stack.settings_env(DATABASE_PATH=str(floor_db)))
@@ -381,6 +393,18 @@ def crossing_phase(
     return result, crossing.section(result, stamp=_stamp(command, load_start))
 
 
+def growth_phase(
+    args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> tuple[growth.Growth, str]:
+    """Figure 24 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    say("figure 24: a request's cost on a big store against an empty one, stacks of their own")
+    result = growth.measure(quick=args.quick, rng=random.Random(args.seed), keep=args.keep,
+                            conversations=args.growth_conversations,
+                            export_messages=args.growth_export_messages, say=say)
+    return result, growth.section(result, stamp=_stamp(command, load_start))
+
+
 def _stamp(command: str, load_start: str) -> str:
     """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -412,6 +436,16 @@ def servers_phase(
     return result, servers.section(result, stamp=_stamp(command, load_start))
 
 
+def remote_phase(args: argparse.Namespace, command: str) -> tuple[remote.RemoteCost, str]:
+    """Figure 23 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = remote.measure(quick=args.quick, rng=random.Random(args.seed), say=say)
+    result.command, result.code = command, code_version()
+    result.load = f"{load_start}; {load_average()}"
+    result.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result, remote.section(result)
+
+
 def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
     """Figure 18 and its section, stamped with how it was measured."""
     result = hops.measure(quick=args.quick)
@@ -420,11 +454,12 @@ def hops_phase(args: argparse.Namespace, command: str) -> tuple[hops.Hops, str]:
 
 
 def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> int:
-    """``--only ledger|tracing|memory|solo|hops``: one figure alone; its section replaces the one in
+    """``--only FIGURE``: one figure alone; its section replaces the one in
     the results file."""
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
-        | servers.Servers | fairness.Fairness | identity.Identity | crossing.Crossing
+        | servers.Servers | fairness.Fairness | identity.Identity | crossing.Crossing | remote.RemoteCost
+        | growth.Growth
     )
     try:
         if args.only == "ledger":
@@ -454,6 +489,12 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "crossing":
             measured, section = crossing_phase(args, overrides, command)
             heading = crossing.HEADING
+        elif args.only == "remote":
+            measured, section = remote_phase(args, command)
+            heading = remote.HEADING
+        elif args.only == "growth":
+            measured, section = growth_phase(args, overrides, command)
+            heading = growth.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -546,6 +587,12 @@ def main(argv: list[str] | None = None) -> int:
         crossing_result, crossing_text = crossing_phase(args, overrides, command)
         results.sections.append(crossing_text)
         results.elapsed_s += crossing_result.elapsed_s
+        remote_result, remote_text = remote_phase(args, command)
+        results.sections.append(remote_text)
+        results.elapsed_s += remote_result.elapsed_s
+        growth_result, growth_text = growth_phase(args, overrides, command)
+        results.sections.append(growth_text)
+        results.elapsed_s += growth_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -51,13 +51,14 @@ class Sizes:
     streams: int
     #: seconds between the runs' last read and the "readers idle" snapshot
     idle_wait: float
+    #: how long a reader may stay idle in this figure's stack (READER_IDLE_SECONDS): shorter than
+    #: ``idle_wait``, so the "readers idle" phase sees them stopped; code without that setting ignores it
+    reader_idle: float
 
 
-FULL = Sizes(runs=1000, clients=16, streams=200, idle_wait=8.0)
-QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=8.0)
-#: how long a reader may stay idle in this figure's stack (READER_IDLE_SECONDS): short, so the
-#: "readers idle" phase sees them stopped; code without that setting ignores it
-READER_IDLE_SECONDS = "5"
+FULL = Sizes(runs=1000, clients=16, streams=200, idle_wait=8.0, reader_idle=5.0)
+#: the smoke run's waits are the same steps, scaled down: each phase is still taken once
+QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=2.0, reader_idle=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,7 @@ class Memory:
     clients: int
     streams: int
     idle_wait: float
+    reader_idle: float = FULL.reader_idle
     #: phase -> the processes of the tree then
     phases: dict[str, list[Proc]] = field(default_factory=dict)
     command: str = ""
@@ -201,12 +203,12 @@ def measure(
     sizes = QUICK if quick else FULL
     started = time.monotonic()
     result = Memory(
-        runs=sizes.runs, clients=sizes.clients, streams=sizes.streams, idle_wait=sizes.idle_wait, quick=quick
+        runs=sizes.runs, clients=sizes.clients, streams=sizes.streams, idle_wait=sizes.idle_wait,
+        reader_idle=sizes.reader_idle, quick=quick,
     )
-    env = {"READER_IDLE_SECONDS": READER_IDLE_SECONDS, **(overrides or {})}
+    env = {"READER_IDLE_SECONDS": f"{sizes.reader_idle:g}", **(overrides or {})}
     with running_stack(overrides=env, keep=keep) as stack:
-        stack.start_worker()
-        stack.start_api()
+        stack.start()
         asyncio.run(_phases(stack, sizes, result, say))
     result.elapsed_s = time.monotonic() - started
     return result
@@ -250,7 +252,7 @@ def section(m: Memory) -> str:
         f"stack: at rest (both ready, no run yet, {m.idle_wait:g} s idle); after the runs ("
         f"{m.runs} runs, {m.clients} clients, then the last conversation's detail and Markdown export, "
         f"the reads that start a reader process); readers idle ({m.idle_wait:g} s later, with "
-        f"`READER_IDLE_SECONDS={READER_IDLE_SECONDS}`); streams open ({m.streams} SSE streams on queued "
+        f"`READER_IDLE_SECONDS={m.reader_idle:g}`); streams open ({m.streams} SSE streams on queued "
         "runs, the worker paused with SIGSTOP so that it keeps its memory and takes none of them). RSS "
         "counts a page shared between processes in each of them (what `ps` shows and issue 33's figures "
         "add up); PSS splits it between them, so the tree's PSS is the memory it holds. Neither depends "

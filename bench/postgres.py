@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from bench.client import BenchError, chat_once, http_client
 from bench.runs import MESSAGE
 from bench.scaling import MODEL_LATENCY, share_runs
-from bench.stack import Stack, running_stack
+from bench.stack import Stack, running_stack, start_side_by_side
 from tests.support.postgres import PostgresServer
-from tests.support.procs import ServiceProcess
+from tests.support.procs import ServiceProcess, wait_worker_ready
 
 FULL_WORKERS = (1, 2, 4)
 QUICK_WORKERS = (1, 2)
@@ -83,12 +83,23 @@ async def _single(sides: dict[str, Stack], n: int, rng: random.Random) -> dict[s
 
 
 def _start_workers(stack: Stack, n: int) -> list[ServiceProcess]:
-    return [stack.procs.start_worker(stack.env.with_(WORKER_CONCURRENCY="1")) for _ in range(n)]
+    """``n`` workers started at once, then waited for."""
+    env = stack.env.with_(WORKER_CONCURRENCY="1")
+    workers = [stack.procs.start_worker(env, wait_ready=False) for _ in range(n)]
+    for worker in workers:
+        wait_worker_ready(worker, stack.redis.url)
+    return workers
 
 
 def _stop(workers: list[ServiceProcess]) -> None:
+    """SIGTERM to every worker at once (each drains and exits by itself), then wait for each."""
     for worker in workers:
-        worker.stop(timeout=30)
+        worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(30)
+        except TimeoutError:
+            worker.kill_group()
 
 
 async def _level(stack: Stack, n: int, quick: bool) -> Workers:
@@ -135,9 +146,7 @@ def on_postgres(
             overrides={**base, "DATABASE_URL": server.create_database()}, keep=keep
         ) as pg:
             sides = {"sqlite": lite, "postgresql": pg}
-            for stack in sides.values():
-                stack.start_worker()
-                stack.start_api()
+            start_side_by_side(*sides.values())
             result.single_ms = asyncio.run(_single(sides, single, rng))
         levels = QUICK_WORKERS if quick else FULL_WORKERS
         shared = {**base, "DATABASE_URL": server.create_database()}

@@ -27,8 +27,7 @@ import redis as redis_sync
 from bench.client import chat_once, http_client
 from bench.profiling import Recorder, render
 from bench.runs import MESSAGE
-from bench.stack import Stack, cpu_seconds, running_stack
-from tests.support.procs import wait_api_ready, wait_worker_ready
+from bench.stack import Stack, cpu_seconds, running_stack, start_side_by_side
 
 CONCURRENCIES = (1, 4)
 
@@ -111,13 +110,7 @@ def measure(
         running = [
             stacks.enter_context(running_stack(overrides={**base, **arm.env}, keep=keep)) for arm in arms
         ]
-        for stack in running:
-            stack.worker = stack.procs.start_worker(stack.env, wait_ready=False)
-            stack.api = stack.procs.start_api(stack.env, wait_ready=False)
-        for stack in running:
-            assert stack.worker is not None and stack.api is not None
-            wait_worker_ready(stack.worker, stack.redis.url)
-            wait_api_ready(stack.api)
+        start_side_by_side(*running)
 
         async def rounds() -> None:
             for stack in running:

@@ -23,7 +23,7 @@ from bench.model_server import MODEL
 from tests.support.env import TOOLS_SERVER, SophosEnv, make_sophos_env
 from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.procs import ProcessGroup, ServiceProcess, wait_api_ready, wait_worker_ready
 from tests.support.redis_server import RedisServer
 
 KIB = 1024
@@ -146,6 +146,12 @@ class Stack:
         self.api = self.procs.start_api(self.env)
         return self.api
 
+    def start(self) -> tuple[ServiceProcess, ServiceProcess]:
+        """The worker and the API, started side by side (:func:`start_side_by_side`)."""
+        start_side_by_side(self)
+        assert self.worker is not None and self.api is not None
+        return self.worker, self.api
+
     def worker_records(self) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
         for proc in self.procs.processes:
@@ -174,6 +180,18 @@ class Stack:
     def settings_env(self, **changes: str) -> dict[str, str]:
         """The environment as a plain mapping (for ``Settings.from_env``), with changes."""
         return {**self.env, **changes}
+
+
+def start_side_by_side(*stacks: Stack) -> None:
+    """Start every stack's worker and API at once, none waiting for another to be ready (their
+    start-ups overlap), then wait until each is."""
+    for stack in stacks:
+        stack.worker = stack.procs.start_worker(stack.env, wait_ready=False)
+        stack.api = stack.procs.start_api(stack.env, wait_ready=False)
+    for stack in stacks:
+        assert stack.worker is not None and stack.api is not None
+        wait_worker_ready(stack.worker, stack.redis.url)
+        wait_api_ready(stack.api)
 
 
 @contextlib.contextmanager

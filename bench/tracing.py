@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from bench.client import BenchError, chat_once, http_client
 from bench.runs import MESSAGE
-from bench.stack import Stack, running_stack
+from bench.stack import Stack, running_stack, start_side_by_side
 from bench.stats import Summary, ratio
 from tests.support.otlp import OtlpReceiver, Span
 
@@ -38,10 +38,13 @@ class Sizes:
     warm: int
     rounds: int
     runs: int
+    #: the traced processes' ``OTEL_BSP_SCHEDULE_DELAY`` in ms (None: the SDK's 5 s, as deployed)
+    export_every_ms: int | None = None
 
 
 FULL = Sizes(warm=5, rounds=5, runs=30)
-QUICK = Sizes(warm=1, rounds=1, runs=3)
+#: the smoke run waits for every traced run's spans: batches every 0.2 s instead of every 5 s
+QUICK = Sizes(warm=1, rounds=1, runs=3, export_every_ms=200)
 
 
 @dataclass
@@ -120,13 +123,13 @@ def measure(
     say(f"figure 15: {sizes.rounds} round(s) of {sizes.runs} runs traced and {sizes.runs} not")
     with OtlpReceiver() as otlp, ExitStack() as exits:
         traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url}
+        if sizes.export_every_ms is not None:
+            traced["OTEL_BSP_SCHEDULE_DELAY"] = str(sizes.export_every_ms)
         stacks = {
             arm: exits.enter_context(running_stack(overrides={**(overrides or {}), **env}, keep=keep))
             for arm, env in ((ON, traced), (OFF, {}))
         }
-        for stack in stacks.values():
-            stack.start_worker()
-            stack.start_api()
+        start_side_by_side(*stacks.values())
         traced_runs = asyncio.run(_measure(stacks, sizes, rng, result))
         # Each process's batch processor exports every OTEL_BSP_SCHEDULE_DELAY (5 s by default).
         try:

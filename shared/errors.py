@@ -12,6 +12,8 @@
     ├── RunFinished             409 RUN_FINISHED
     ├── UserExists              409 USER_EXISTS (sophos users add of a user with a key in force)
     ├── ThreadExists            409 THREAD_EXISTS (the Agent Protocol: POST /threads, if_exists=raise)
+    ├── AssistantExists         409 ASSISTANT_EXISTS (POST /assistants of an id taken, if_exists=raise)
+    ├── DefaultAssistant        409 DEFAULT_ASSISTANT (the default, `agent`, is config/'s: not changed)
     ├── WaitingListFull         409 WAITING_LIST_FULL (the Agent Protocol: enqueue on a full thread)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
@@ -93,6 +95,18 @@ class UserExists(SophosError):
 
 class ThreadExists(SophosError):
     code = "THREAD_EXISTS"
+    status = 409
+
+
+class AssistantExists(SophosError):
+    code = "ASSISTANT_EXISTS"
+    status = 409
+
+
+class DefaultAssistant(SophosError):
+    """A delete, update or version change of ``agent``, the assistant made from config/."""
+
+    code = "DEFAULT_ASSISTANT"
     status = 409
 
 

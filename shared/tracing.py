@@ -172,9 +172,13 @@ def _ended(span: Any, exc: BaseException) -> None:
         return
     from opentelemetry.trace import Status, StatusCode
 
-    span.record_exception(exc)
-    span.set_attributes({"error.type": getattr(exc, "code", None) or type(exc).__name__})
-    span.set_status(Status(StatusCode.ERROR, str(exc)[:300]))
+    # Its type or code, never its text: an exception's message can quote a tool's arguments, a URL
+    # with its token, a server's answer; a trace goes to whoever runs the collector. The text is
+    # in the log, where secrets are taken out (worker/tools/config.py).
+    error = getattr(exc, "code", None) or type(exc).__name__
+    span.add_event("exception", {"exception.type": type(exc).__qualname__})
+    span.set_attributes({"error.type": error})
+    span.set_status(Status(StatusCode.ERROR, str(error)))
 
 
 @contextmanager

@@ -67,8 +67,11 @@ def chat(api: Api, args: argparse.Namespace) -> int:
     if args.regenerate and (args.resume or args.message is not None):
         err("--regenerate takes no message and no --resume: it answers the last message again")
         return EXIT_USAGE
+    if args.assistant and args.conversation:
+        err("--assistant begins a new conversation: a conversation keeps its own (leave out --conversation)")
+        return EXIT_USAGE
     if args.message is None and not args.resume and not args.regenerate:
-        return interactive(api, args.conversation)
+        return interactive(api, args.conversation, args.assistant)
     if args.regenerate:
         accepted = _regenerate(api, args.conversation)
     else:
@@ -76,7 +79,7 @@ def chat(api: Api, args: argparse.Namespace) -> int:
         if not args.resume and not (message or "").strip():
             err("the message is empty")
             return EXIT_USAGE
-        accepted = api.chat(message, args.conversation, args.resume)
+        accepted = api.chat(message, args.conversation, args.resume, args.assistant)
     conversation, run = accepted["conversation"], accepted["run"]
     print(f"conversation {conversation}  run {run}", file=sys.stderr, flush=True)
     printer = ChatPrinter(sys.stdout)
@@ -110,10 +113,11 @@ def _read_line(prompt: str) -> str | None:
     return None if line == "" else _text(line.rstrip("\n"), "standard input")
 
 
-def interactive(api: Api, conversation: str | None) -> int:
-    """A prompt loop on one conversation. Ctrl-C stops the answer being written (the run is
-    cancelled); Ctrl-C at the prompt or a second Ctrl-C leaves (130), end of input leaves (0, or 4
-    while the conversation waits for a decision). A run that waits asks for each decision."""
+def interactive(api: Api, conversation: str | None, assistant: str | None = None) -> int:
+    """A prompt loop on one conversation (a new one begun with ``assistant``, when given). Ctrl-C
+    stops the answer being written (the run is cancelled); Ctrl-C at the prompt or a second Ctrl-C
+    leaves (130), end of input leaves (0, or 4 while the conversation waits for a decision). A run
+    that waits asks for each decision."""
     if sys.stdin.isatty():
         err(f"type a message; {RESUME_COMMAND} resumes an interrupted run, {APPROVE_COMMAND} asks for the "
             "decisions a waiting one needs; Ctrl-C stops an answer, Ctrl-D leaves")
@@ -175,7 +179,7 @@ def interactive(api: Api, conversation: str | None) -> int:
             err("nothing to resume yet: no conversation")
             continue
         try:
-            accepted = api.chat(None if resume else line, conversation, resume)
+            accepted = api.chat(None if resume else line, conversation, resume, assistant)
         except ApiError as exc:
             if exc.status == 401:
                 raise  # no token, or the wrong one: every next line would fail the same way

@@ -85,7 +85,9 @@ class Api:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._send(method, path, **kwargs).json()
 
-    def chat(self, message: str | None, conversation: str | None, resume: bool) -> dict[str, str]:
+    def chat(
+        self, message: str | None, conversation: str | None, resume: bool, assistant: str | None = None
+    ) -> dict[str, str]:
         body: dict[str, Any] = {}
         if resume:
             body["resume"] = True
@@ -93,6 +95,8 @@ class Api:
             body["message"] = message
         if conversation:
             body["conversation"] = conversation
+        elif assistant:
+            body["assistant"] = assistant  # a new conversation's; it keeps it
         result: dict[str, str] = self._call("POST", "/api/chat", json=body)
         return result
 

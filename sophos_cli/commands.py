@@ -240,6 +240,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("message", nargs="?", help="the message; `-` reads standard input")
     p.add_argument("--conversation", "-c", help="continue this conversation (default: a new one)")
     p.add_argument("--resume", action="store_true", help="resume the conversation's unfinished run")
+    p.add_argument("--assistant", "-a",
+                   help="begin the new conversation with this assistant (its id; default: agent, config/'s)")
     p.add_argument(
         "--regenerate", action="store_true",
         help="answer the conversation's last message again; the answer it had stays on another branch",

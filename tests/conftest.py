@@ -31,7 +31,7 @@ from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.procs import ProcessGroup, ServiceProcess
 from tests.support.redis_server import RedisServer
-from tests.support.tiers import ALONE, FAST_DIR, FAST_ELSEWHERE
+from tests.support.tiers import ALONE, FAST_DIR, FAST_ELSEWHERE, FAST_MARK, fast_files
 
 _PROCS_KEY = pytest.StashKey[ProcessGroup]()
 _REDIS_KEY = pytest.StashKey[list[RedisServer]]()
@@ -48,11 +48,15 @@ PROCESS_FIXTURES = frozenset({
 #: Modules whose tests share a module-scoped server or browser (or module state): one
 #: xdist worker runs all of a module's tests, so it is started once.
 ONE_WORKER_MODULES = frozenset({
-    "test_agent_protocol.py", "test_agent_protocol_defaults.py", "test_agent_protocol_enqueue.py",
-    "test_agent_protocol_forks.py", "test_agent_protocol_rest.py",
+    "test_agent_chat_ui.py", "test_agent_protocol.py", "test_agent_protocol_assistants.py",
+    "test_agent_protocol_defaults.py", "test_agent_protocol_enqueue.py", "test_agent_protocol_forks.py",
+    "test_agent_protocol_rest.py", "test_agent_protocol_store.py",
     "test_branches.py", "test_fuzz.py",
-    "test_kill_points.py", "test_packaging.py", "test_tracing.py", "test_web.py", "test_web_basics.py",
+    "test_kill_points.py", "test_packaging.py", "test_remote_tools.py", "test_tracing.py", "test_web.py",
+    "test_web_basics.py",
     "test_web_branches.py", "test_web_people.py",
+    # a module-scoped stack (tests/support/stacks.py) beside tests with stacks of their own
+    "test_approvals.py", "test_cli.py", "test_cli_approve.py", "test_identities.py", "test_webhooks.py",
 })
 
 
@@ -93,8 +97,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark the fast tier and the timing-bound tests.
 
     A test of tests/fast/ that asks for a process fixture is left out of the fast tier (it
-    runs with the real-process tests), with a warning saying where it belongs.
+    runs with the real-process tests), with a warning saying where it belongs. A test marked
+    ``fast`` in a file the fast tier does not collect (tests/support/tiers.py ``fast_files``) would
+    run in neither tier: refused.
     """
+    fast_home = set(fast_files())
     for item in items:
         path = item.path
         in_tests = path.parent == FAST_DIR.parent
@@ -110,6 +117,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.fast)
         if in_tests and getattr(item, "originalname", item.name) in ALONE.get(path.name, frozenset()):
             item.add_marker(pytest.mark.alone)
+        if (item.get_closest_marker("fast") and not path.is_relative_to(FAST_DIR)
+                and path not in fast_home):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked fast, but the fast tier does not collect {path.name}: mark it "
+                f"with pytest.{FAST_MARK} in its file or list it in FAST_ELSEWHERE (tests/support/tiers.py)"
+            )
 
 
 # --- Redis ---------------------------------------------------------------------------------

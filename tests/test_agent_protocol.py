@@ -137,7 +137,10 @@ async def test_assistants_and_threads(client: LangGraphClient, model: FakeOllama
     assert conversation is not None
     assert [m["content"] for m in conversation["messages"]] == ["hi", "Hello Ada."]
     got = await client.threads.get(thread_id)
-    assert got["status"] == "idle" and got["metadata"] == {"user": "ada", "owner": "local"}
+    # Once it has had a run, the server says its graph and assistant, as the Agent Server does.
+    ran = {"graph_id": "agent", "assistant_id": ASSISTANT_ID}
+    assert got["status"] == "idle" and got["metadata"] == {"user": "ada", **ran, "owner": "local"}
+    assert thread_id in [t["thread_id"] for t in await client.threads.search(metadata={"graph_id": "agent"})]
     assert [m["type"] for m in messages_of(got)] == ["human", "ai"]
 
     # Search: both kinds of thread, newest first, by metadata, by status, by ids (the stack is
@@ -452,7 +455,9 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
     thread = await client.threads.get(thread_id)
     assert thread["status"] == "interrupted"
     [listed] = await client.threads.search(ids=[thread_id])
-    assert listed["status"] == "interrupted" and listed["interrupts"] == {}  # a search reads no state
+    # A search answers each thread with its values and interrupts, as threads.get does.
+    assert listed["status"] == "interrupted" and listed["interrupts"] == thread["interrupts"]
+    assert listed["values"] == thread["values"]
     [(task_id, [by_task])] = thread["interrupts"].items()
     assert by_task == interrupt
     state = await client.threads.get_state(thread_id)
@@ -543,17 +548,18 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
     assert first["checkpoint"] == history[-1]["checkpoint"]  # LangGraph's own metadata filters
 
     # Update merges metadata; a conversation started on /api/chat takes metadata too.
-    updated = await client.threads.update(thread_id, metadata={"topic": "echo"})
-    assert updated["metadata"] == {"user": "grace", "topic": "echo", "owner": "local"}
+    updated = await client.threads.update(thread_id, metadata={"topic": "echo", "graph_id": "mine"})
+    ran = {"graph_id": "agent", "assistant_id": ASSISTANT_ID}  # the server's: a client's are dropped
+    assert updated["metadata"] == {"user": "grace", "topic": "echo", **ran, "owner": "local"}
     stored = (await client.threads.get(thread_id))["metadata"]
-    assert stored == {"user": "grace", "topic": "echo", "owner": "local"}
+    assert stored == {"user": "grace", "topic": "echo", **ran, "owner": "local"}
     found = await client.threads.search(metadata={"topic": "echo"})
     assert [t["thread_id"] for t in found] == [thread_id]
     model.script(Text("Native."))
     native, native_run = chat(str(client.http.client.base_url), "from /api/chat")
     assert text_of((await client.runs.join(native, native_run))["messages"][-1]) == "Native."
     updated_native = await client.threads.update(native, metadata={"via": "api"})
-    assert updated_native["metadata"] == {"via": "api", "owner": "local"}
+    assert updated_native["metadata"] == {"via": "api", **ran, "owner": "local"}
     assert [t["thread_id"] for t in await client.threads.search(metadata={"via": "api"})] == [native]
     with pytest.raises(NotFoundError):
         await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})

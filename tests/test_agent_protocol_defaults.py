@@ -202,10 +202,6 @@ async def test_openapi_json_the_counts_and_the_thread_streams_refused_by_name(
         for path in ("commands", "stream/events"):
             answer = await http.post(f"/threads/{thread_id}/{path}", json={})
             assert answer.status_code == 404 and "threads.stream" in answer.json()["error"]["message"]
-        # The Store API is not served (docs/agent-protocol.md, "Not served yet").
-        stored = await http.put("/store/items", json={"namespace": ["a"], "key": "k", "value": {}})
-        assert stored.status_code in (404, 405), stored.text
-        assert (await http.post("/store/items/search", json={})).status_code in (404, 405)
 
 
 @shared_stack

@@ -148,7 +148,14 @@ async def test_a_bad_checkpoint_is_refused_and_changes_nothing(
         await client.runs.create(
             thread_id, "agent", input=said("two"), checkpoint={**state["checkpoint"], "checkpoint_ns": "sub"}
         )
-    with pytest.raises(UnprocessableEntityError, match="command"):
+    # Decisions continue the thread where it waits: with its head (as useStream sends it), the
+    # same answer as without a checkpoint; with any other checkpoint, refused.
+    with pytest.raises(UnprocessableEntityError, match="not the head"):
+        await client.runs.create(
+            thread_id, "agent", checkpoint_id=states[-1]["checkpoint"]["checkpoint_id"],
+            command={"resume": {"decisions": [{"type": "approve"}]}},
+        )
+    with pytest.raises(ConflictError, match="waits for no decision"):
         await client.runs.create(
             thread_id, "agent", checkpoint_id=state["checkpoint"]["checkpoint_id"],
             command={"resume": {"decisions": [{"type": "approve"}]}},

@@ -1,13 +1,15 @@
 """Approve, edit or reject a tool call before it runs: real API, worker, Redis, SQLite, MCP server.
 
 The fake tools server logs every call it executes (``TOOLS_LOG``) before doing its
-work, so "never executed" is checked on the tool's side, across worker restarts.
+work, so "never executed" is checked on the tool's side, across worker restarts. The tests that
+neither restart nor reconfigure the worker share one worker and API.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,14 +19,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, require_approval
+from tests.support.stacks import approval_stack
+
+
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
+    """One worker and API for the tests that neither restart nor reconfigure them
+    (tests/support/stacks.py), ``add`` needing approval; each test's conversations are its own, and
+    each ends them (none is left waiting, so the waiting gauge counts one test's only)."""
+    with approval_stack(tmp_path_factory.mktemp("approvals"), fake_ollama) as env:
+        yield env
 
 
 @pytest.fixture
-def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
-    require_approval(sophos_env, ["add"])
-    start_worker(sophos_env)
-    start_api(sophos_env)
-    return sophos_env
+def stack(shared_stack: SophosEnv) -> SophosEnv:
+    """The module's worker and API, the tools' log emptied (so it holds this test's calls only)."""
+    shared_stack.tools_log.write_text("")
+    return shared_stack
 
 
 def decide(

@@ -134,7 +134,7 @@ class _Page(BaseHTTPRequestHandler):
 @pytest.fixture
 def page_server() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

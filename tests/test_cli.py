@@ -1,7 +1,8 @@
 """The command-line client (``python -m sophos_cli``, ``./sophos COMMAND``) against a real API.
 
 Every command runs as a subprocess against real worker and API processes; the
-interactive chat is driven through its standard input, and Ctrl-C is a real SIGINT.
+interactive chat is driven through its standard input, and Ctrl-C is a real SIGINT. The tests that
+look only at what they made share one worker and API (``shared_api``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +26,7 @@ import pytest
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, require_approval
+from tests.support.stacks import Stack, own_redis_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 30.0
@@ -57,6 +59,20 @@ def api(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
     return env.with_(SOPHOS_URL=env.api_url, SOPHOS_TOKEN=TOKEN, API_TOKEN=None)
 
 
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[Stack]:
+    """One worker and API behind the token for the module (tests/support/stacks.py)."""
+    with own_redis_stack(tmp_path_factory.mktemp("cli"), fake_ollama, API_TOKEN=TOKEN) as stack:
+        yield stack
+
+
+@pytest.fixture
+def shared_api(shared_stack: Stack) -> SophosEnv:
+    """:func:`api`, but the module's: for the tests that look only at what they made and leave no run
+    going (those that list every conversation, or need the queue empty, have their own)."""
+    return shared_stack.env.with_(SOPHOS_URL=shared_stack.api, SOPHOS_TOKEN=TOKEN, API_TOKEN=None)
+
+
 def converse(env: SophosEnv, message: str, conversation: str | None = None) -> str:
     accepted = post_chat(env.api_url, message, conversation, token=TOKEN)
     assert accepted.status_code == 202, accepted.text
@@ -74,8 +90,9 @@ def test_every_command_has_help() -> None:
 
 
 def test_the_token_comes_from_sophos_token_or_api_token_and_a_401_names_the_variable(
-    api: SophosEnv,
+    shared_api: SophosEnv,
 ) -> None:
+    api = shared_api
     none = cli(api, "conversations", SOPHOS_TOKEN=None)
     assert none.returncode == 1
     assert "UNAUTHORIZED" in none.stderr and "set SOPHOS_TOKEN to your key" in none.stderr
@@ -151,8 +168,9 @@ def test_conversations_page_with_limit_and_cursor(api: SophosEnv, model: FakeOll
     assert [c["id"] for c in json.loads(every.stdout)["conversations"]] == newest_first
 
 
-def test_rename_then_delete(api: SophosEnv, model: FakeOllama) -> None:
+def test_rename_then_delete(shared_api: SophosEnv, model: FakeOllama) -> None:
     """Needs DELETE /api/conversations/ID (the conversation-deletion route)."""
+    api = shared_api
     conversation = converse(api, "forget me")
     renamed = ok(cli(api, "rename", conversation, "Soon gone"))
     assert renamed.stdout == f"conversation {conversation} renamed to 'Soon gone'\n"
@@ -170,7 +188,8 @@ def test_rename_then_delete(api: SophosEnv, model: FakeOllama) -> None:
     assert again.returncode == 1 and "NOT_FOUND" in again.stderr
 
 
-def test_chat_reads_the_message_from_standard_input(api: SophosEnv, model: FakeOllama) -> None:
+def test_chat_reads_the_message_from_standard_input(shared_api: SophosEnv, model: FakeOllama) -> None:
+    api = shared_api
     model.script(Text("Piped in."))
     result = ok(cli(api, "chat", "-", stdin="a message\nof two lines\n"))
     assert result.stdout == "Piped in.\n"
@@ -287,8 +306,11 @@ class Terminal:
         os.close(self.master)
 
 
-def test_ctrl_c_at_the_prompt_leaves_with_130_and_ctrl_d_with_0(api: SophosEnv, model: FakeOllama) -> None:
+def test_ctrl_c_at_the_prompt_leaves_with_130_and_ctrl_d_with_0(
+    shared_api: SophosEnv, model: FakeOllama
+) -> None:
     """docs/cli.md's exit status for "left with Ctrl-C", at the prompt of a terminal (a real SIGINT)."""
+    api = shared_api
     model.script(Text("One."))
     terminal = Terminal(api, "chat")
     try:
@@ -518,8 +540,9 @@ def launcher_checkout(tmp_path: Path) -> Path:
 
 
 def test_hints_name_the_command_as_run_with_its_url_and_token(
-    api: SophosEnv, model: FakeOllama, tmp_path: Path
+    shared_api: SophosEnv, model: FakeOllama, tmp_path: Path
 ) -> None:
+    api = shared_api
     checkout = launcher_checkout(tmp_path)
     model.script(Drop(after_tokens=2))
     env = {**api.with_(SOPHOS_URL=None, SOPHOS_TOKEN=None), "PYTHONPATH": str(ROOT)}

@@ -2,30 +2,39 @@
 
 The fake tools server logs every call it executes before doing its work, so "never
 executed" is checked on the tool's side; the questions are answered through a real
-pseudo-terminal.
+pseudo-terminal. The module's tests share one worker and API (each in conversations of its own).
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, tool_calls, wait_for
-from tests.support.env import SophosEnv, require_approval
+from tests.support.env import SophosEnv
+from tests.support.stacks import approval_stack
 from tests.test_approvals import wait_approval
 from tests.test_cli import CLIENT, Session, Terminal, cli, ok
 
 
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[SophosEnv]:
+    """One worker and API for the module (tests/support/stacks.py), ``add`` needing approval: each
+    test works in conversations of its own."""
+    with approval_stack(tmp_path_factory.mktemp("cli-approve"), fake_ollama) as env:
+        yield env
+
+
 @pytest.fixture
-def stack(sophos_env: SophosEnv, start_worker, start_api) -> SophosEnv:
-    """Worker and API with ``add`` needing approval; the env has SOPHOS_URL for the CLI."""
-    require_approval(sophos_env, ["add"])
-    start_worker(sophos_env)
-    start_api(sophos_env)
-    return sophos_env.with_(SOPHOS_URL=sophos_env.api_url)
+def stack(shared_stack: SophosEnv) -> SophosEnv:
+    """The module's worker and API, the tools' log emptied (so it holds this test's calls only); the
+    env has SOPHOS_URL for the CLI."""
+    shared_stack.tools_log.write_text("")
+    return shared_stack.with_(SOPHOS_URL=shared_stack.api_url)
 
 
 def waiting(env: SophosEnv, message: str) -> tuple[str, list[dict[str, Any]]]:

@@ -3,7 +3,9 @@ JWTs, API_TOKEN as an operator, the local user when none is configured.
 
 Real processes: ``sophos users`` writes the database itself, real APIs read it (two of them
 for revocation), a real issuer on loopback serves its discovery document and JWKS
-(tests/support/oidc.py) and the tokens are signed by PyJWT with real RSA keys.
+(tests/support/oidc.py) and the tokens are signed by PyJWT with real RSA keys. The tests that only
+present tokens share one issuer and one API (started once for the module); the one that rotates keys
+has its own.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,13 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from tests.fakes.ollama import FakeOllama
 from tests.support.client import wait_for
-from tests.support.env import SophosEnv
+from tests.support.env import SophosEnv, make_sophos_env
 from tests.support.oidc import Issuer, SigningKey
-from tests.support.procs import ServiceProcess
+from tests.support.ports import free_port
+from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.redis_server import RedisServer
 from tests.support.users import add_user, users
 
 
@@ -144,22 +149,51 @@ def _unsigned(header: dict[str, Any], claims: dict[str, Any]) -> str:
     return f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
 
 
+def _oidc(env: SophosEnv, issuer: Issuer) -> SophosEnv:
+    return env.with_(
+        AUTH_OIDC_ISSUER=issuer.url, AUTH_OIDC_AUDIENCE="sophos",
+        AUTH_OIDC_OPERATOR_CLAIM="groups", AUTH_OIDC_OPERATOR_VALUE="sophos-operators",
+    )
+
+
+@pytest.fixture(scope="module")
+def shared_issuer() -> Iterator[Issuer]:
+    """The issuer of the tests that only present tokens (its keys never change)."""
+    with Issuer(audience="sophos") as idp:
+        yield idp
+
+
+@pytest.fixture(scope="module")
+def shared_oidc_api(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, fake_ollama: FakeOllama,
+    shared_issuer: Issuer,
+) -> Iterator[str]:
+    """One API trusting :func:`shared_issuer`, for the module's tests that only present tokens: each
+    asks ``/api/whoami`` and changes nothing, so one API start serves them all."""
+    root = tmp_path_factory.mktemp("oidc")
+    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
+    group = ProcessGroup(log_dir=root / "logs", cwd=root)
+    try:
+        yield group.start_api(_oidc(env, shared_issuer)).url
+    finally:
+        group.close()
+
+
 @pytest.fixture
-def issuer() -> Any:
+def issuer() -> Iterator[Issuer]:
+    """An issuer of the test's own (the test rotates its keys)."""
     with Issuer(audience="sophos") as idp:
         yield idp
 
 
 @pytest.fixture
 def oidc_api(sophos_env: SophosEnv, issuer: Issuer, start_api: Callable[..., ServiceProcess]) -> str:
-    env = sophos_env.with_(
-        AUTH_OIDC_ISSUER=issuer.url, AUTH_OIDC_AUDIENCE="sophos",
-        AUTH_OIDC_OPERATOR_CLAIM="groups", AUTH_OIDC_OPERATOR_VALUE="sophos-operators",
-    )
-    return start_api(env).url
+    """An API of the test's own trusting :func:`issuer`: it has fetched no key yet."""
+    return start_api(_oidc(sophos_env, issuer)).url
 
 
-def test_an_issuers_token_is_the_user_it_names(oidc_api: str, issuer: Issuer) -> None:
+def test_an_issuers_token_is_the_user_it_names(shared_oidc_api: str, shared_issuer: Issuer) -> None:
+    oidc_api, issuer = shared_oidc_api, shared_issuer
     carol = whoami(oidc_api, issuer.token("carol")).json()
     assert carol == {"name": "carol", "operator": False, "via": "oidc"}
     operator = issuer.token("dave", groups=["staff", "sophos-operators"])
@@ -169,7 +203,10 @@ def test_an_issuers_token_is_the_user_it_names(oidc_api: str, issuer: Issuer) ->
 
 @pytest.mark.parametrize("case", ["expired", "not_yet", "audience", "issuer", "no_sub", "none", "hmac",
                                   "foreign_key", "garbage"])
-def test_a_token_the_issuer_did_not_vouch_for_is_refused(oidc_api: str, issuer: Issuer, case: str) -> None:
+def test_a_token_the_issuer_did_not_vouch_for_is_refused(
+    shared_oidc_api: str, shared_issuer: Issuer, case: str
+) -> None:
+    oidc_api, issuer = shared_oidc_api, shared_issuer
     key = issuer.keys[0]
     now = int(time.time())
     if case == "expired":

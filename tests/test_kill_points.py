@@ -11,6 +11,10 @@ fell on (sent for the first time, answered from the ledger, sent again without a
 about as ``uncertain`` and sent again on approval, always with its key), and that the transcript
 is whole: every call answered once, the final answer there.
 
+The points where the worker lives and the answer does not come (a call timed out, its server
+died mid-call, its connection reset), for stdio and remote servers alike, are
+tests/test_remote_tools.py: the same rule, a call that may have acted is asked about.
+
 Cheap by design (the suite's budget): the API and the database live for the whole module (one
 per engine), each case is a conversation of its own, one worker started with the fault and one
 plain worker to resume (on PostgreSQL started beside the doomed one). Worker start-ups are most

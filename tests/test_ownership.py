@@ -2,12 +2,13 @@
 own OpenAPI document: a route added tomorrow is in it, and fails here if it forgets the check.
 
 Alice makes one of everything a user owns (a conversation and its run, a thread and its run, a
-thread created empty, a cron, an answered Idempotency-Key). Then, for every route of the
-document, Bob asks about Alice's ids and about ids that exist nowhere: the two answers must be
-the same (404, or the same refusal of the same bad request), so nothing of Alice's is revealed
-to him, by status or by error code. Lists, searches and counts must not mention Alice's ids at
-all; an operator route is 403 for Bob. Alice, asking the same reads, finds her own (so the test
-cannot pass by finding nothing). Real processes, real Redis, on SQLite and on PostgreSQL.
+thread created empty, a cron, an assistant, an answered Idempotency-Key, an item in the Store).
+Then, for every route of the document, Bob asks about Alice's ids and about ids that exist
+nowhere: the two answers must be the same (404, or the same refusal of the same bad request), so
+nothing of Alice's is revealed to him, by status or by error code. Lists, searches and counts must
+not mention Alice's ids at all; an operator route is 403 for Bob. Alice, asking the same reads,
+finds her own (so the test cannot pass by finding nothing). Real processes, real Redis, on SQLite
+and on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.contracts.protocol import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import read_sse
 from tests.support.env import SophosEnv
@@ -54,17 +56,30 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/threads/prune"): {"thread_ids": ["{thread_id}"]},
     ("POST", "/runs/crons/search"): {"limit": 100},
     ("POST", "/assistants/search"): {},
+    ("POST", "/assistants/count"): {},
+    ("POST", "/assistants"): {"graph_id": "agent", "name": "bob's own"},
+    ("PATCH", "/assistants/{assistant_id}"): {"name": "renamed by someone"},
+    ("POST", "/assistants/{assistant_id}/versions"): {"limit": 10},
+    ("POST", "/assistants/{assistant_id}/latest"): {"version": 1},
     ("POST", "/runs/crons"): {"assistant_id": "agent", "schedule": "0 0 1 1 *",
                               "input": {"messages": [{"role": "user", "content": "hi"}]}},
+    ("PUT", "/store/items"): {"namespace": ["notes"], "key": "{store_key}", "value": {"text": "someone's"}},
+    ("DELETE", "/store/items"): {"namespace": ["notes"], "key": "{store_key}"},
+    ("POST", "/store/items/search"): {"namespace_prefix": ["notes"]},
+    ("POST", "/store/namespaces"): {"prefix": ["notes"]},
 }
 #: ids a route takes outside its path
 QUERIES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/chat"): {"conversation": "{conversation_id}"},
     ("GET", "/api/runs"): {"conversation": "{conversation_id}"},
+    ("GET", "/store/items"): {"namespace": "notes", "key": "{store_key}"},
 }
 #: routes that are everyone's to read (no user's resource behind them)
 PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami", "/api/signin"}
 OPERATOR_ONLY = {"/metrics"}
+#: routes served only to refuse what they name (docs/agent-protocol.md, "Not served yet"): 404
+#: for everyone, Alice too
+REFUSED = {("GET", "/threads/{thread_id}/stream")}
 #: routes that create what they name: a free id is the caller's to take
 CREATES = {("POST", "/threads")}
 
@@ -138,17 +153,29 @@ def test_another_users_resources_are_absent_on_every_route(
         ("POST", "/threads/{thread_id}/runs/crons")])
     assert cron.status_code == 200, cron.text
     cron_id = cron.json()["cron_id"]
+    assistant = alice.ask("POST", "/assistants", body={"graph_id": "agent", "name": "alice's secret helper",
+                                                       "context": {"system_prompt": "alice's secret"}})
+    assert assistant.status_code == 200, assistant.text
+    assistant_id = assistant.json()["assistant_id"]
     state = alice.ask("GET", f"/threads/{thread_id}/state").json()
     checkpoint_id = state["checkpoint"]["checkpoint_id"]
-    # The server says whose a thread is; a client cannot say otherwise.
-    assert alice.ask("GET", f"/threads/{thread_id}").json()["metadata"] == {"owner": "alice", "mine": 1}
+    store_key = str(uuid.uuid4())
+    stored = alice.ask("PUT", "/store/items", body={
+        "namespace": ["notes"], "key": store_key, "value": {"text": "alice's secret note"}})
+    assert stored.status_code == 204, stored.text
+    # The server says whose a thread is (and, once it has run, its graph); a client cannot say otherwise.
+    ran = {"graph_id": "agent", "assistant_id": ASSISTANT_ID}
+    got = alice.ask("GET", f"/threads/{thread_id}").json()["metadata"]
+    assert got == {"owner": "alice", "mine": 1, **ran}
 
-    secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, "alice's secret"}
+    secrets = {conversation_id, run_id, thread_id, thread_run_id, empty_id, cron_id, assistant_id,
+               "alice's secret"}
     theirs = {"conversation_id": conversation_id, "thread_id": thread_id, "run_id": run_id,
-              "cron_id": cron_id, "checkpoint_id": checkpoint_id}
+              "cron_id": cron_id, "checkpoint_id": checkpoint_id, "store_key": store_key,
+              "assistant_id": assistant_id}
 
     def nowhere() -> dict[str, str]:
-        fresh = ("conversation_id", "thread_id", "run_id", "cron_id")
+        fresh = ("conversation_id", "thread_id", "run_id", "cron_id", "store_key", "assistant_id")
         return {**theirs, **{k: str(uuid.uuid4()) for k in fresh}}
 
     checked = 0
@@ -157,14 +184,14 @@ def test_another_users_resources_are_absent_on_every_route(
         ids_in = set(re.findall(r"\{(\w+)\}", path)) | {
             m for t in (BODIES.get(key), QUERIES.get(key)) if t for m in re.findall(r"\{(\w+)\}", str(t))
         }
-        owned = ids_in - {"assistant_id", "checkpoint_id"}
+        owned = ids_in - {"checkpoint_id"}
         mine = dict(theirs)
         if path.startswith("/threads/{thread_id}/runs/{run_id}"):
             mine["run_id"] = thread_run_id
 
         def request(who: Caller, ids: dict[str, str], path: str = path, key: tuple[str, str] = key,
                     method: str = method) -> httpx.Response:
-            return who.ask(method, fill(path, {**ids, "assistant_id": "agent"}),
+            return who.ask(method, fill(path, ids),
                            params=fill(QUERIES.get(key), ids), body=fill(BODIES.get(key), ids))
 
         if path in OPERATOR_ONLY:
@@ -188,10 +215,20 @@ def test_another_users_resources_are_absent_on_every_route(
         assert seen == unknown, (key, "Bob told Alice's apart from nothing", seen, unknown)
         # A refusal, or a filter that found nothing of his (GET /api/runs?conversation=…).
         assert seen[0] in (400, 404, 422) or not [s for s in secrets if s in answer.text], (key, seen)
-        if method == "GET":
+        if method == "GET" and key not in REFUSED:
             assert request(alice, mine).status_code != 404, (key, "Alice could not find her own")
         checked += 1
     assert checked >= 20, checked
+
+    # Alice's assistant runs nothing of Bob's; the default is everyone's.
+    bob_thread = bob.ask("POST", "/threads", body={}).json()["thread_id"]
+    runs = f"/threads/{bob_thread}/runs"
+    run_body = BODIES[("POST", "/threads/{thread_id}/runs")]
+    hers = bob.ask("POST", runs, body={**run_body, "assistant_id": assistant_id})
+    unknown = bob.ask("POST", runs, body={**run_body, "assistant_id": str(uuid.uuid4())})
+    assert answer_of(hers) == answer_of(unknown) == (404, "NOT_FOUND") and "alice" not in hers.text
+    assert bob.ask("GET", "/assistants/agent").status_code == 200
+    assert bob.ask("POST", "/assistants/count", body={}).json() == 2  # his own and the default
 
     # The empty thread (kept only in Redis) and Alice's thread in Bob's eyes and in hers.
     assert bob.ask("GET", f"/threads/{empty_id}").status_code == 404
@@ -207,3 +244,7 @@ def test_another_users_resources_are_absent_on_every_route(
     # Alice's own list has hers and not Bob's.
     own = {c["id"] for c in alice.ask("GET", "/api/conversations").json()["conversations"]}
     assert conversation_id in own and again.json()["conversation"] not in own
+    # The Store: Alice's item is in her search, and Bob's own item of the same name is not hers.
+    search = {"namespace_prefix": ["notes"]}
+    assert "alice's secret note" in alice.ask("POST", "/store/items/search", body=search).text
+    assert "alice's secret note" not in bob.ask("POST", "/store/items/search", body=search).text

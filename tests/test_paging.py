@@ -10,14 +10,20 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import httpx
 import pytest
+from redis.asyncio import Redis
 
 from api import store
+from shared.contracts.jobs import JobKind, RenameJob, RunJob
+from shared.redis.queue import submit_rename, submit_run
 from shared.storage.sqlite import migrate
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import get_json, post_chat, read_sse
@@ -159,3 +165,42 @@ def test_limit_and_cursor_out_of_bounds_are_refused_naming_them(
     for cursor in ("not-a-cursor", nested_cursor(2500), nested_cursor(3), "A" * 5000, "%00"):
         error = get_json(api, path, cursor=cursor, expect=400)["error"]
         assert error["code"] == "BAD_REQUEST" and "cursor" in error["message"], (cursor[:20], error)
+
+
+async def test_a_long_queue_is_paged_by_window_with_every_runs_position(
+    sophos_env: SophosEnv, start_api, redis: Redis
+) -> None:
+    """300 runs queued (no worker), a rename among them: pages of /api/runs join into the whole
+    queue newest first, each run's position counts the runs ahead (the rename is no run), one run
+    read alone and one conversation's filter say the same, and a scrape counts them all."""
+    api = start_api(sophos_env).url
+    base = time.time() - 60
+    queued: list[tuple[str, str]] = []
+    for i in range(300):
+        run, conversation = str(uuid.uuid4()), str(uuid.uuid4())
+        job = RunJob(
+            run_id=run, conversation_id=conversation, kind=JobKind.RUN, message=f"queued {i}",
+            enqueued_at=base + i * 0.01, new_conversation=True,
+        )
+        assert await submit_run(redis, job, title=f"queued {i}") is None
+        queued.append((run, conversation))
+        if i == 100:
+            rename = RenameJob(conversation, "renamed", f"rename:{uuid.uuid4()}", base + i * 0.01 + 0.005)
+            await submit_rename(redis, rename)
+    listed: list[dict[str, Any]] = []
+    listing = get_json(api, "/api/runs", limit=70)
+    listed += listing["runs"]
+    while "nextCursor" in listing:
+        listing = get_json(api, "/api/runs", limit=70, cursor=listing["nextCursor"])
+        listed += listing["runs"]
+    assert [r["id"] for r in listed] == [run for run, _ in reversed(queued)]
+    assert [r["position"] for r in listed] == list(range(299, -1, -1))
+    assert all(r["status"] == "queued" for r in listed)
+    run, conversation = queued[150]
+    assert get_json(api, f"/api/runs/{run}")["position"] == 150
+    alone = get_json(api, "/api/runs", conversation=conversation)["runs"]
+    assert [(r["id"], r["position"]) for r in alone] == [(run, 150)]
+    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+        scraped = (await http.get("/metrics")).text
+    assert "sophos_runs_queued 300.0" in scraped
+    assert "sophos_runs_waiting_for_thread 0.0" in scraped

@@ -494,6 +494,16 @@ def test_fetch_tool_refuses_private_destinations(
     ]
     model.script(ToolCalls([("fetch__fetch", {"url": url}) for url in urls]), Text("I could not fetch them."))
     conversation, _ = accepted(post_chat(api.url, "fetch these for me"))
+    # As shipped, every fetch waits for a person first (docs/security.md: memory plus fetch).
+    asked = read_sse(api.url, conversation, timeout=60)
+    assert asked.types[-2:] == ["approval", "end"] and asked[-1].data["status"] == "waiting"
+    requests = asked.of("approval")[0].data["requests"]
+    assert sorted(r["arguments"]["url"] for r in requests) == sorted(urls)
+    assert {r["kind"] for r in requests} == {"approval"}
+    with httpx.Client(base_url=api.url, timeout=10.0, trust_env=False) as http:
+        approve = [{"id": r["id"], "action": "approve"} for r in requests]
+        decided = http.post("/api/chat", json={"conversation": conversation, "decisions": approve})
+    assert decided.status_code == 202, decided.text
     events = read_sse(api.url, conversation, timeout=60)
     assert events[-1].event == "end"
 

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.browser import Offline, Page, answers, conversation_of, expect, idle, screenshot, send
 from tests.support.client import get_json, post_chat, wait_for
@@ -210,7 +212,7 @@ def test_escape_stops_the_answer_and_delete_waits_for_the_run(
 
 
 def test_an_unknown_conversation_is_a_not_found_view_and_the_empty_page_names_who_answers(
-    service: Callable[..., str], offline: Offline, sophos_env: SophosEnv, tmp_path: Path
+    service: Callable[..., str], offline: Offline, sophos_env: SophosEnv, tmp_path: Path, model: FakeOllama
 ) -> None:
     url = service()
     missing = str(uuid.uuid4())
@@ -241,3 +243,18 @@ def test_an_unknown_conversation_is_a_not_found_view_and_the_empty_page_names_wh
     add = panel.locator("#agent-tools li", has_text="tools__add")
     expect(add).to_have_text("tools__add Add two integers.")
     screenshot(page, tmp_path, "empty")
+
+    # With only the default there is no choice to make; with another assistant, a new
+    # conversation may begin with it (docs/agent-protocol.md, "Assistants").
+    picker = page.get_by_label("Assistant")
+    expect(picker).to_be_hidden()
+    made = httpx.post(f"{url}/assistants", json={"graph_id": "agent", "name": "Poet",
+                                                "context": {"system_prompt": "You are Poet."}})
+    assert made.status_code == 200, made.text
+    page.locator("#new-chat").click()
+    expect(picker).to_be_visible()
+    picker.select_option(label="Poet")
+    model.script(Text("Roses."))
+    send(page, "a poem")
+    expect(answers(page).last).to_have_text("Roses.")
+    assert model.requests[-1]["messages"][0] == {"role": "system", "content": "You are Poet."}

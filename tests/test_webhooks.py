@@ -3,7 +3,8 @@
 loopback HTTP server of the test's own (loopback over plain http is allowed by settings here,
 except where the default policy's refusals are tested).
 
-Every test starts its own worker and API (nothing module-scoped)."""
+The tests that neither restart nor reconfigure the worker share one worker and API, on a Redis of
+their own (tests/support/stacks.py); the others start their own."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from shared.redis.keys import QUEUE_NAME, arq_job_key, protocol_run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
-from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.stacks import Stack, own_redis_stack
 
 #: loopback over plain http, retried quickly: what these tests need of the policy and the backoff
 ALLOWED = {
@@ -90,7 +91,7 @@ class Receiver:
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     hooks = Receiver()
-    thread = threading.Thread(target=hooks.server.serve_forever, daemon=True)
+    thread = threading.Thread(target=hooks.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield hooks
@@ -105,11 +106,17 @@ def allowed_env(sophos_env: SophosEnv) -> SophosEnv:
     return sophos_env.with_(**ALLOWED)
 
 
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[Stack]:
+    """One worker and API (webhooks to loopback allowed) for the tests that neither restart nor
+    reconfigure them; each test's threads and receiver are its own."""
+    with own_redis_stack(tmp_path_factory.mktemp("webhooks"), fake_ollama, **ALLOWED) as stack:
+        yield stack
+
+
 @pytest.fixture
-async def client(allowed_env: SophosEnv, start_worker, start_api) -> AsyncIterator[LangGraphClient]:
-    start_worker(allowed_env)
-    api: ServiceProcess = start_api(allowed_env)
-    async with get_client(url=api.url) as sdk:
+async def client(shared_stack: Stack) -> AsyncIterator[LangGraphClient]:
+    async with get_client(url=shared_stack.api) as sdk:
         yield sdk
 
 
@@ -139,7 +146,7 @@ async def delivery(
 
 
 async def test_a_run_with_a_webhook_is_posted_once_when_it_ends(
-    client: LangGraphClient, model: FakeOllama, receiver: Receiver, procs: ProcessGroup
+    client: LangGraphClient, model: FakeOllama, receiver: Receiver, shared_stack: Stack
 ) -> None:
     model.script(Text("hello there"))
     path = a_path()
@@ -160,7 +167,7 @@ async def test_a_run_with_a_webhook_is_posted_once_when_it_ends(
     assert "token" not in recorded["url"] and recorded["url"].endswith(path.split("?")[0])
     assert len(receiver.received(path)) == 1
     # The worker logged the delivery, and no process logged the URL's query (it may hold a secret).
-    logs = {proc.name: proc.log_path.read_text() for proc in procs.processes}
+    logs = {proc.name: proc.log_path.read_text() for proc in shared_stack.group.processes}
     assert any("webhook.delivered" in text for text in logs.values()), logs
     assert not [name for name, text in logs.items() if "s3cret" in text]
 

@@ -17,6 +17,7 @@ import structlog
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.store.base import BaseStore
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -27,10 +28,11 @@ from shared.redis.liveness import connection_name, new_worker_id
 from shared.redis.scripts import scripts
 from shared.settings import Settings
 from shared.speedups import in_use
-from shared.storage.engines import open_checkpointer
+from shared.storage.engines import open_checkpointer, open_item_store
 from shared.users import adopt
 from worker import faults
 from worker.agent.graph import build_graph, read_system_prompt
+from worker.agent.memory import WithMemory, memory_tools
 from worker.agent.model import build_model
 from worker.agent.model_calls import ModelCalls
 from worker.agent.model_check import report_model
@@ -116,7 +118,10 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
             adopted = await adopt(store.db, settings.auth_adopt_owner)
             log.info("users.adopted", owner=settings.auth_adopt_owner, conversations=adopted)
         toolbox = await _open_tools(stack, settings)
-        graph, ledger = _agent(settings, redis, store, saver, toolbox, fault)
+        # The Store's items (api/protocol/store.py): the graph's store, and the agent's memory tools.
+        items = await stack.enter_async_context(open_item_store(settings))
+        tools = WithMemory(toolbox.current, memory_tools(items))
+        graph, ledger = _agent(settings, redis, store, saver, tools, toolbox.needs_approval, items, fault)
         service = RunService(settings=settings, redis=redis, store=store, graph=graph, ledger=ledger)
         recovered = await _recover_and_watch(stack, settings, redis, service, saver)
         log.info(
@@ -126,7 +131,8 @@ async def worker_resources(settings: Settings, redis: Redis) -> AsyncIterator[Ru
         )
         stack.push_async_callback(service.unrecorded.close)
         await stack.enter_async_context(service.live.cancel_signals(redis))
-        await _beat(stack, settings, redis, store.owner or new_worker_id(), toolbox, service.unrecorded)
+        worker_id = store.owner or new_worker_id()
+        await _beat(stack, settings, redis, worker_id, toolbox, tools, service.unrecorded)
         yield service
 
 
@@ -151,7 +157,7 @@ async def _open_tools(stack: AsyncExitStack, settings: Settings) -> McpToolbox:
     toolbox = McpToolbox.from_config(
         load_config(settings.mcp_config_path, variables),
         start_timeout=settings.mcp_start_timeout, call_timeout=settings.mcp_call_timeout,
-        repeat=load_repeat(settings.mcp_config_path),
+        repeat=load_repeat(settings.mcp_config_path), approvals=load_approvals(settings.mcp_config_path),
     )
     stack.push_async_callback(toolbox.close)
     await toolbox.open()
@@ -159,7 +165,8 @@ async def _open_tools(stack: AsyncExitStack, settings: Settings) -> McpToolbox:
 
 
 def _agent(
-    settings: Settings, redis: Redis, store: RunStore, saver: BaseCheckpointSaver[Any], toolbox: McpToolbox,
+    settings: Settings, redis: Redis, store: RunStore, saver: BaseCheckpointSaver[Any],
+    tools: Callable[[], Sequence[BaseTool]], needs_approval: Callable[[str], bool], items: BaseStore,
     fault: Faults,
 ) -> tuple[CompiledStateGraph[Any, Any, Any, Any], Ledger]:
     """The agent's graph, and the ledger where each of its tool calls is recorded."""
@@ -167,12 +174,14 @@ def _agent(
     ledger = Ledger(store.db, after_outcome=fault.after_outcome, hold=fault.hold)
     graph = build_graph(
         model=build_model(settings),
-        tools=toolbox.current,
+        tools=tools,
         system_prompt=read_system_prompt(settings.system_prompt_path),
         checkpointer=saver,
-        needs_approval=load_approvals(settings.mcp_config_path),
+        needs_approval=needs_approval,
         ledger=ledger,
         model_calls=ModelCalls(redis),
+        models=lambda name: build_model(settings, name),
+        store=items,
     )
     return graph, ledger
 
@@ -210,7 +219,7 @@ async def _recover_and_watch(
 
 async def _beat(
     stack: AsyncExitStack, settings: Settings, redis: Redis, worker_id: str, toolbox: McpToolbox,
-    unrecorded: UnrecordedOutcomes,
+    tools: Callable[[], Sequence[BaseTool]], unrecorded: UnrecordedOutcomes,
 ) -> None:
     """Beat for the worker's life, and stop beating (our keys gone) when it closes.
 
@@ -224,7 +233,7 @@ async def _beat(
     stack.push_async_callback(beating.aclose)
     beat = asyncio.create_task(
         _heartbeat(
-            beating, worker_id, time.time(), settings, toolbox.status, toolbox.current,
+            beating, worker_id, time.time(), settings, toolbox.status, tools,
             lambda: len(unrecorded),
         ),
         name="heartbeat",

@@ -190,16 +190,16 @@ def current(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[Me
 def lines(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[CheckpointLine], list[Fork]]:
     """The JSON Lines export of the current branch (oldest first), and its fork points."""
     if not forked:  # one branch: the whole history
-        return list(lines_of(reversed(list(graph.get_state_history(thread_at(config)))))), []
+        return lines_of(graph.get_state_history(thread_at(config))), []
     tree = _tree(graph, config)
     if tree is None:
         return [], []
     on_path = set(tree.path)
-    history = [
+    history = (
         state for state in graph.get_state_history(thread_at(config))
         if state.config["configurable"]["checkpoint_id"] in on_path
-    ]
-    return list(lines_of(reversed(history))), _forks(graph, config, tree)
+    )
+    return lines_of(history), _forks(graph, config, tree)
 
 
 def switch_target(message_id: str, graph: Graph, config: RunnableConfig) -> str | None:

@@ -38,6 +38,9 @@ class ChatRequest(msgspec.Struct):
     replaces: str | None = None
     #: the id of an answer (or of the user message it answers) to answer again
     regenerate: str | None = None
+    #: with a new conversation: the assistant it is with (an id, or ``agent``, the default;
+    #: docs/agent-protocol.md "Assistants"); its next runs keep it
+    assistant: str | None = None
 
 
 class ActingCall(msgspec.Struct, kw_only=True):

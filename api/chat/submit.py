@@ -47,10 +47,12 @@ from api.chat.approvals import check_shape, match, pending_requests
 from api.chat.idempotency import first_answer  # refuses an answer naming a deleted conversation
 from api.chat.schemas import ChatAccepted, ChatRequest
 from api.http.ids import new_id, parse_id
+from api.protocol.assistants import Assistants
 from api.runs import live
 from api.runs.status import waits_for_decision
 from api.store import ConversationRow, Store
 from shared import tracing
+from shared.contracts.assistants import AgentConfig
 from shared.contracts.jobs import JobKind, RunJob
 from shared.errors import (
     ApprovalPending,
@@ -138,21 +140,32 @@ class ChatService:
             conversation_id, new = new_id(), True
         else:
             conversation_id, new = parse_id(request.conversation, "conversation"), False
+        agent = await self._assistant(request, new)
         idempotency = idempotency_of(idempotency_key, request, None if new else conversation_id)
         if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
             return _answer(first, idempotency)
         try:
-            return await self._submit(request, message, conversation_id, new, idempotency)
+            return await self._submit(request, message, conversation_id, new, idempotency, agent=agent)
         except (SessionInProgress, RunNotResumable, ApprovalPending):
             # The first of several identical requests may have been accepted meanwhile.
             if idempotency is not None and (first := await first_answer(self.redis, idempotency)):
                 return _answer(first, idempotency)
             raise
 
+    async def _assistant(self, request: ChatRequest, new: bool) -> AgentConfig | None:
+        """The agent of a new conversation begun with an assistant (None: config/'s, or the
+        conversation's own: the worker finds it on the thread)."""
+        if request.assistant is None:
+            return None
+        if not new:
+            raise BadRequest("assistant is taken with a new conversation: a conversation keeps its own")
+        return await Assistants(self.store, self.redis).agent_for_run(request.assistant, None, None)
+
     async def submit_to_thread(
         self, conversation_id: str, message: str | None, *, may_be_new: bool,
-        checkpoint_id: str | None = None, enqueue: bool = False, command: dict[str, Any] | None = None,
-        breakpoints: dict[str, Any] | None = None, after_seconds: float = 0.0,
+        checkpoint_id: str | None = None, enqueue: bool = False, agent: AgentConfig | None = None,
+        command: dict[str, Any] | None = None, breakpoints: dict[str, Any] | None = None,
+        after_seconds: float = 0.0,
     ) -> ChatAccepted:
         """A run of a conversation the caller names (the Agent Protocol's threads, api/protocol/):
         ``message``, or a resume when it is None; the same checks, in the same order, as
@@ -170,14 +183,14 @@ class ChatService:
             self._message(request)
         return await self._submit(
             request, message, conversation_id, False, None, may_be_new=may_be_new,
-            checkpoint_id=checkpoint_id, enqueue=enqueue, command=command, breakpoints=breakpoints,
-            after_seconds=after_seconds,
+            checkpoint_id=checkpoint_id, enqueue=enqueue, agent=agent, command=command,
+            breakpoints=breakpoints, after_seconds=after_seconds,
         )
 
     async def _submit(
         self, request: ChatRequest, message: str | None, conversation_id: str, new: bool,
         idempotency: Idempotency | None, *, may_be_new: bool = False, checkpoint_id: str | None = None,
-        enqueue: bool = False, command: dict[str, Any] | None = None,
+        enqueue: bool = False, agent: AgentConfig | None = None, command: dict[str, Any] | None = None,
         breakpoints: dict[str, Any] | None = None, after_seconds: float = 0.0,
     ) -> ChatAccepted:
         structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
@@ -209,6 +222,8 @@ class ChatService:
             new_conversation=new,
             checkpoint_id=head,  # the branch the conversation follows, when not the newest
             may_wait=enqueue,
+            # None: the agent the thread's last run had (worker/run/service.py), or config/'s
+            agent=agent,
             command=command,
             breakpoints=breakpoints,
             due_at=now + after_seconds if after_seconds > 0 else None,

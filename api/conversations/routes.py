@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated
 
 import msgspec
@@ -9,11 +10,13 @@ import structlog
 from litestar import Response, delete, get, patch
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
+from litestar.response import Stream
 
 from api.auth.bearer import BROWSER_REQUESTED
 from api.conversations.deletion import Deleted, Deletions
 from api.conversations.renaming import Renames, has_control_characters
 from api.conversations.schemas import (
+    CheckpointLine,
     ConversationDetail,
     ConversationList,
     DeleteAccepted,
@@ -128,6 +131,20 @@ async def get_conversation(conversation_id: ConversationId, resources: Resources
     return await resources.conversations.detail(conversation_id)
 
 
+#: lines of a JSON Lines export encoded into one chunk of its response
+EXPORT_CHUNK_LINES = 64
+
+
+def _encoded(lines: list[CheckpointLine]) -> Iterator[bytes]:
+    encoder = msgspec.json.Encoder()
+    for start in range(0, len(lines), EXPORT_CHUNK_LINES):
+        buffer = bytearray()
+        for line in lines[start : start + EXPORT_CHUNK_LINES]:
+            encoder.encode_into(line, buffer, len(buffer))
+            buffer += b"\n"
+        yield bytes(buffer)
+
+
 @get(
     "/conversations/{conversation_id:str}/export",
     tags=["conversations"],
@@ -148,7 +165,7 @@ async def export_conversation(
     format: Annotated[
         str | None, Parameter(description="`markdown` (default) or `jsonl`", required=False)
     ] = None,
-) -> Response[str]:
+) -> Response[str] | Stream:
     conversation_id = parse_id(conversation_id, "conversation id")
     structlog.contextvars.bind_contextvars(conversation_id=conversation_id)
     if format in (None, "", "markdown", "md"):
@@ -157,9 +174,11 @@ async def export_conversation(
         media_type = MARKDOWN
     elif format == "jsonl":
         lines = await resources.conversations.checkpoint_lines(conversation_id)
-        text = "".join(msgspec.json.encode(line).decode() + "\n" for line in lines)
-        filename = f"conversation-{conversation_id}.jsonl"
-        media_type = NDJSON
+        # Encoded as sent, a few lines at a time: never the whole export as one string.
+        return Stream(
+            _encoded(lines), media_type=NDJSON,
+            headers={"Content-Disposition": f'inline; filename="conversation-{conversation_id}.jsonl"'},
+        )
     else:
         raise BadRequest(f"format must be markdown or jsonl, got {format[:32]!r}")
     return Response(

@@ -103,7 +103,8 @@ class PlannedCall(msgspec.Struct, kw_only=True):
 
 class PendingCall(msgspec.Struct, omit_defaults=True, kw_only=True):
     """A tool call waiting for a decision. ``kind``: ``approval`` (its tool is configured to need
-    one) or ``uncertain`` (it may already have run: the worker stopped while it was being made;
+    one) or ``uncertain`` (it may already have run: the worker stopped while it was being made, or
+    its answer did not come;
     ``attempts`` says how many times it was sent). Approve sends it (again, with the same
     idempotency key), edit sends new arguments, reject never sends it."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
@@ -119,35 +119,64 @@ def shown(messages: Iterable[BaseMessage]) -> list[Message]:
     return [m for m in out if m is not None]
 
 
-def lines_of(history: Iterable[StateSnapshot]) -> Iterator[CheckpointLine]:
-    """The lines of ``history`` (oldest first)."""
-    seen: dict[str, dict[str, BaseMessage]] = {}
+def lines_of(history: Iterable[StateSnapshot]) -> list[CheckpointLine]:
+    """The lines of ``history``, a path of checkpoints given newest first (as LangGraph's
+    ``get_state_history`` yields them, each the parent of the one before), returned oldest first.
+
+    Each line is made once its parent has been read, and only two states are held at a time:
+    a state holds (once rebuilt) nearly the whole message list, so holding every state of a
+    long thread, as reversing the history first did, held a list per checkpoint.
+    """
+    lines: list[CheckpointLine] = []
+    child: StateSnapshot | None = None
+    child_messages: dict[str, BaseMessage] = {}
     for state in history:
-        checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
-        parent_id = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
-        before = seen.get(str(parent_id), {}) if parent_id else {}
-        # Only what the checkpoint added or replaced is converted: a long thread's every
-        # checkpoint holds (once rebuilt) nearly the whole list. A message replaced under
-        # its id (an answer whose tool calls were decided) counts as added; rebuilt from the
-        # same decoded writes, an unchanged message is the same object, so the check is cheap.
-        messages = {m.id or str(i): m for i, m in enumerate(thread_messages(state))}
-        seen[checkpoint_id] = messages
-        added = (
-            to_message(m, message_id) for message_id, m in messages.items()
-            if (old := before.get(message_id)) is None or (old is not m and old != m)
-        )
-        metadata: Mapping[str, Any] = state.metadata or {}
-        step = metadata.get("step")
-        yield CheckpointLine(
-            checkpoint_id=checkpoint_id,
-            parent_checkpoint_id=str(parent_id) if parent_id else None,
-            step=step if isinstance(step, int) else None,
-            source=metadata.get("source"),
-            run_id=metadata.get("run_id"),
-            created_at=state.created_at,
-            next=sorted(state.next),
-            messages=[m for m in added if m is not None],
-        )
+        messages = _messages_by_id(state)
+        if child is not None:
+            adjacent = _parent_id(child) == str(state.config["configurable"]["checkpoint_id"])
+            lines.append(_line(child, child_messages, messages if adjacent else {}))
+        child, child_messages = state, messages
+    if child is not None:
+        lines.append(_line(child, child_messages, {}))
+    lines.reverse()
+    return lines
+
+
+def _parent_id(state: StateSnapshot) -> str | None:
+    parent = state.parent_config["configurable"].get("checkpoint_id") if state.parent_config else None
+    return str(parent) if parent else None
+
+
+def _messages_by_id(state: StateSnapshot) -> dict[str, BaseMessage]:
+    return {m.id or str(i): m for i, m in enumerate(thread_messages(state))}
+
+
+def _line(
+    state: StateSnapshot, messages: Mapping[str, BaseMessage], before: Mapping[str, BaseMessage]
+) -> CheckpointLine:
+    """The line of ``state``: what it added to ``before``, its parent's messages."""
+    checkpoint_id = str(state.config["configurable"]["checkpoint_id"])
+    parent_id = _parent_id(state)
+    # Only what the checkpoint added or replaced is converted: a long thread's every
+    # checkpoint holds (once rebuilt) nearly the whole list. A message replaced under
+    # its id (an answer whose tool calls were decided) counts as added; rebuilt from the
+    # same decoded writes, an unchanged message is the same object, so the check is cheap.
+    added = (
+        to_message(m, message_id) for message_id, m in messages.items()
+        if (old := before.get(message_id)) is None or (old is not m and old != m)
+    )
+    metadata: Mapping[str, Any] = state.metadata or {}
+    step = metadata.get("step")
+    return CheckpointLine(
+        checkpoint_id=checkpoint_id,
+        parent_checkpoint_id=parent_id,
+        step=step if isinstance(step, int) else None,
+        source=metadata.get("source"),
+        run_id=metadata.get("run_id"),
+        created_at=state.created_at,
+        next=sorted(state.next),
+        messages=[m for m in added if m is not None],
+    )
 
 
 # --- Markdown -------------------------------------------------------------------

@@ -38,6 +38,7 @@ def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
         async with anyio.create_task_group() as request:
             listening = anyio.CancelScope()
             body_read = anyio.Event()
+            answering = False
 
             async def listen() -> None:
                 with listening:
@@ -47,12 +48,18 @@ def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
                     request.cancel_scope.cancel()
 
             async def sending(message: Message) -> None:
+                nonlocal answering
                 # Once the answer starts, a disconnect is only the answer's end: stop listening.
                 if message["type"] == "http.response.start":
                     listening.cancel()
+                    answering = True
                 await send(message)
 
             async def body() -> ReceiveMessage:
+                if answering:
+                    # A streamed answer listens for the disconnect itself (the listener above
+                    # has stopped): it gets the real one, not an endless empty body.
+                    return await receive()
                 if body_read.is_set():
                     return _NO_BODY
                 message = await receive()

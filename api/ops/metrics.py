@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import structlog
@@ -35,8 +35,7 @@ from prometheus_client.core import (
 from redis.exceptions import RedisError
 
 from api.resources import Resources
-from api.runs import live
-from api.runs.schemas import RunInfo
+from api.runs import queue
 from shared.contracts.runs import RunStatus
 from shared.errors import SophosError
 from shared.redis.liveness import Liveness, read_liveness
@@ -107,9 +106,8 @@ _HISTOGRAMS: tuple[tuple[str, list[str]], ...] = (
 class Figures:
     """One scrape's reading of shared state; None where a source could not be read."""
 
-    queued: list[RunInfo] | None = None
-    #: of ``queued``, the runs waiting behind another run of their conversation (not the backlog)
-    behind: set[str] = field(default_factory=set)
+    #: the queue: runs queued, those waiting behind their thread, the oldest of the others
+    queue: queue.Figures | None = None
     snapshot: MetricsSnapshot | None = None
     liveness: Liveness | None = None
     #: runs recorded running (one indexed count: a scrape costs the same at any table size)
@@ -124,10 +122,7 @@ async def gather(resources: Resources) -> Figures:
     try:
         figures.snapshot = read_snapshot(await resources.redis.hgetall(METRICS_KEY))  # type: ignore[misc]
         figures.liveness = await read_liveness(resources.redis)
-        figures.queued = await resources.runs.queued()
-        figures.behind = await live.behind_their_thread(
-            resources.redis, [(r.id, r.conversation) for r in figures.queued]
-        )
+        figures.queue = await queue.figures(resources.redis, resources.store.recorded_ids)
     except (RedisError, OSError, SophosError) as exc:
         log.warning("metrics.source_unavailable", error=str(exc))
     try:
@@ -158,20 +153,20 @@ class SharedStateCollector:
         f = self.figures
         yield _gauge("sophos_redis_up", "1 when this scrape could read Redis", f.snapshot is not None)
         yield _gauge("sophos_database_up", "1 when this scrape read the database", f.running is not None)
-        if f.queued is not None:
-            yield _gauge("sophos_runs_queued", "Runs in the queue, not started", len(f.queued))
+        if f.queue is not None:
+            yield _gauge("sophos_runs_queued", "Runs in the queue, not started", f.queue.queued)
             yield _gauge(
                 "sophos_runs_waiting_for_thread",
                 "Queued runs waiting behind another run of their conversation (multitask_strategy enqueue)",
-                len(f.behind),
+                f.queue.behind,
             )
             # The backlog's age: a run waiting for its thread waits however free the worker is.
-            oldest = max((r.waited_ms or 0 for r in f.queued if r.id not in f.behind), default=0)
+            oldest = f.queue.oldest_enqueued_at
             yield _gauge(
                 "sophos_queue_oldest_age_seconds",
                 "How long the oldest queued run has waited (0: none); runs waiting behind their thread's "
                 "run are not counted",
-                int(oldest) / 1000,
+                max(0, round((f.now - oldest) * 1000)) / 1000 if oldest else 0,
             )
         if f.running is not None:
             yield _gauge("sophos_runs_running", "Runs recorded as running", f.running)

@@ -3,7 +3,8 @@
 What the LangGraph SDKs (``langgraph-sdk``, ``@langchain/langgraph-sdk``), agent-chat-ui and
 Studio speak, at the root paths they use (``/assistants``, ``/threads``, ``/info``, ``/ok``),
 mapped onto what the native routes use: a thread is a conversation, a run is a run (the same
-queue, worker, one-run rule, crash semantics and event streams), the one assistant is ``agent``.
+queue, worker, one-run rule, crash semantics and event streams), an assistant is a stored
+configuration of the one agent (``agent``, config/'s, is the default).
 Nothing here is a second store of threads: a thread created empty is a small Redis record
 (:mod:`api.protocol.threads`) until its first run creates its conversation.
 
@@ -11,9 +12,11 @@ Modules: ``status`` (Sophos statuses as the SDK's), ``translate`` (a run's nativ
 Agent Server's stream modes, pure), ``interrupts`` (approvals as langchain's
 ``HumanInTheLoopMiddleware`` interrupts, and their decisions back, pure), ``state`` (a thread's
 state and history in the SDK's shape, read in a reader process), ``assistant`` (the agent's
-graph and schemas), ``threads`` and ``runs`` (the services), ``forks`` (a run from a checkpoint,
+graph and schemas), ``assistants`` and ``assistant_routes`` (assistants: the service and its
+controller), ``threads`` and ``runs`` (the services), ``forks`` (a run from a checkpoint,
 and rollbacks, onto Sophos's branches), ``crons`` (schedules of runs: stored, fired and deleted
-by the workers; its own controller), ``routes`` (the controllers, which
+by the workers; its own controller), ``store`` (the Store's items, long-term memory: its own
+controller, on LangGraph's store for the engine), ``routes`` (the controllers, which
 only translate), ``errors`` (their error answers). Beside them, each with its own controller
 where it has routes: ``modes`` (the step stream modes: ``messages``, ``tasks``, ``checkpoints``,
 ``debug``, ``events``, pure) and ``messages`` (the message shapes streams send), ``commands``

@@ -1,4 +1,4 @@
-"""What Studio asks of the one assistant, ``agent``: its graph and its schemas.
+"""What Studio asks of an assistant: the agent's graph and its schemas.
 
 The graph is the agent's shape as the API knows it (shared.storage.thread ``reader_graph``: the worker's
 nodes and edges, without their work), drawn by LangGraph. The schemas say what the protocol
@@ -14,6 +14,7 @@ import functools
 from typing import Any
 
 from api.protocol.translate import GRAPH_ID
+from shared.contracts.assistants import NAME_MAX_CHARS, OVERRIDABLE, SYSTEM_PROMPT_MAX_CHARS
 
 _MESSAGES_STATE: dict[str, Any] = {
     "title": "AgentState",
@@ -48,6 +49,30 @@ INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
+_TOOL_NAMES: dict[str, Any] = {
+    "type": "array", "items": {"type": "string", "minLength": 1},
+}
+#: what an assistant's context (and a run's, for what the assistant marks configurable) may say:
+#: shared/contracts/assistants.py checks it
+CONTEXT_SCHEMA: dict[str, Any] = {
+    "title": "Context",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "system_prompt": {"type": "string", "maxLength": SYSTEM_PROMPT_MAX_CHARS,
+                          "description": "The system prompt, instead of config/system.md"},
+        "model": {"type": "string", "minLength": 1, "maxLength": NAME_MAX_CHARS,
+                  "description": "The Ollama model, instead of OLLAMA_MODEL"},
+        "tools": {**_TOOL_NAMES, "description": "The tools it may use: `server` or `server__tool`"},
+        "require_approval": {
+            **_TOOL_NAMES, "description": "Tools that wait for a decision, besides mcp.json's",
+        },
+        "configurable": {"type": "array", "items": {"enum": list(OVERRIDABLE)},
+                         "description": "What a run's context may override"},
+    },
+}
+
+
 @functools.cache
 def graph() -> dict[str, Any]:
     """The SDK's drawable graph: ``{nodes: [{id, type, data}], edges: [{source, target, conditional?}]}``."""
@@ -61,8 +86,8 @@ def graph() -> dict[str, Any]:
 
 
 def schemas() -> dict[str, Any]:
-    """The SDK's ``GraphSchema``: the agent takes no configuration and no context."""
+    """The SDK's ``GraphSchema``: the agent's context is an assistant's configuration of it."""
     return {
         "graph_id": GRAPH_ID, "input_schema": INPUT_SCHEMA, "output_schema": _MESSAGES_STATE,
-        "state_schema": _MESSAGES_STATE, "config_schema": None, "context_schema": None,
+        "state_schema": _MESSAGES_STATE, "config_schema": None, "context_schema": CONTEXT_SCHEMA,
     }

@@ -67,9 +67,12 @@ def command_of(command: dict[str, Any], graph_input: Any) -> dict[str, Any]:
     if isinstance(goto, list) and len(goto) == 1:
         goto = goto[0]
     if goto is not None and goto not in GOTO_NODES:
+        # agent-chat-ui's "Mark as resolved" sends goto END over a pending approval.
         raise BadRequest(
-            f"command.goto must be {' or '.join(repr(n) for n in GOTO_NODES)}: the tools run only the "
-            "calls a model's answer asks for"
+            f"command.goto is not served by Sophos to {str(goto)[:40]!r}, only to "
+            f"{' or '.join(repr(n) for n in GOTO_NODES)} (a model's turn): the tools run only the calls "
+            "a model's answer asks for, and a waiting thread goes on only by its decisions: approve, "
+            "edit or reject each pending call, or send a new message, which rejects them"
         )
     return {"goto": goto, "update": values_of(update, "command.update") if update is not None else None}
 

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
-import msgspec
 import structlog
 from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.datastructures import State
@@ -22,11 +21,11 @@ from api.http.disconnect import cancel_on_disconnect
 from api.http.limits import FOLLOWS_A_RUN, limit_submissions
 from api.http.openapi import errors
 from api.ops import metrics
-from api.protocol.assistant import graph as agent_graph
-from api.protocol.assistant import schemas
+from api.protocol.assistant_routes import AssistantsController
 from api.protocol.crons import CronsController
-from api.protocol.runs import ASSISTANT_ID, GRAPH_ID, ProtocolRuns, RunCreate, assistant_of
+from api.protocol.runs import ASSISTANT_ID, ProtocolRuns, RunCreate
 from api.protocol.state import values_with_interrupts
+from api.protocol.store import StoreController
 from api.protocol.stream import ProtocolStream, cancelled_when_left
 from api.protocol.threads import (
     StateAt,
@@ -44,12 +43,9 @@ from shared.errors import BadRequest, NotFound
 log = structlog.get_logger(__name__)
 
 TAGS = ["agent protocol"]
-#: what the protocol says of the one assistant's creation: it has always been there
-ASSISTANT_CREATED_AT = "1970-01-01T00:00:00+00:00"
 
 ThreadId = Annotated[str, Parameter(description="The thread's id (a UUID): its conversation's id")]
 RunIdParam = Annotated[str, Parameter(description="The run's id (a UUID)")]
-AssistantId = Annotated[str, Parameter(description="`agent` (the graph id) or the assistant's id")]
 CheckpointId = Annotated[str, Parameter(description="One of the thread's checkpoints (from its history)")]
 Limit = Annotated[int, Parameter(description="How many to answer at most")]
 Offset = Annotated[int, Parameter(description="How many to skip first")]
@@ -95,38 +91,6 @@ DEPENDENCIES = {
 }
 
 
-def assistant() -> dict[str, Any]:
-    """The SDK's ``Assistant``: the agent."""
-    return {
-        "assistant_id": ASSISTANT_ID, "graph_id": GRAPH_ID, "name": GRAPH_ID,
-        "description": "Sophos's durable chat agent: a model and its MCP tools, every step checkpointed",
-        "config": {}, "context": {}, "metadata": {"created_by": "system"}, "version": 1,
-        "created_at": ASSISTANT_CREATED_AT, "updated_at": ASSISTANT_CREATED_AT,
-    }
-
-
-class AssistantSearch(msgspec.Struct):
-    metadata: dict[str, Any] | None = None
-    graph_id: str | None = None
-    name: str | None = None
-    limit: int = 10
-    offset: int = 0
-    sort_by: str | None = None
-    sort_order: str | None = None
-    select: list[str] | None = None
-
-
-def _assistants(query: AssistantSearch) -> list[dict[str, Any]]:
-    """The assistants ``query`` matches: the one, or none."""
-    one = assistant()
-    matches = (
-        query.graph_id in (None, GRAPH_ID)
-        and query.name in (None, GRAPH_ID)
-        and all(one["metadata"].get(k) == v for k, v in (query.metadata or {}).items())
-    )
-    return [one] if matches else []
-
-
 class ServerController(Controller):
     tags = TAGS
 
@@ -147,46 +111,6 @@ class ServerController(Controller):
             "flags": {"assistants": True, "crons": True, "langsmith": False, "thread_ttl": False},
             "metadata": {"engine": "sophos", "docs": "docs/agent-protocol.md"},
         }
-
-
-class AssistantsController(Controller):
-    path = "/assistants"
-    tags = TAGS
-
-    @post("/search", status_code=200, summary="The assistants: the one, `agent`", responses=errors(401, 422))
-    async def search(self, data: AssistantSearch) -> list[dict[str, Any]]:
-        if data.limit < 1 or data.offset < 0:
-            raise BadRequest("limit must be at least 1 and offset at least 0")
-        return _assistants(data)[data.offset : data.offset + data.limit]
-
-    @post("/count", status_code=200, summary="How many assistants match: 1 or 0", responses=errors(401, 422))
-    async def count(self, data: AssistantSearch) -> int:
-        return len(_assistants(data))
-
-    @get("/{assistant_id:str}", summary="The assistant (`agent` or its id)", responses=errors(401, 404))
-    async def get_assistant(self, assistant_id: AssistantId) -> dict[str, Any]:
-        assistant_of(assistant_id)
-        return assistant()
-
-    @get("/{assistant_id:str}/graph", summary="The agent's graph: its nodes and edges",
-         responses=errors(401, 404))
-    async def get_graph(
-        self, assistant_id: AssistantId,
-        xray: Annotated[str | None, Parameter(description="Ignored: the agent has no subgraphs")] = None,
-    ) -> dict[str, Any]:
-        assistant_of(assistant_id)
-        return agent_graph()
-
-    @get("/{assistant_id:str}/schemas", summary="What a run takes and the state it keeps",
-         responses=errors(401, 404))
-    async def get_schemas(self, assistant_id: AssistantId) -> dict[str, Any]:
-        assistant_of(assistant_id)
-        return schemas()
-
-    @get("/{assistant_id:str}/subgraphs", summary="The agent's subgraphs: none", responses=errors(401, 404))
-    async def get_subgraphs(self, assistant_id: AssistantId) -> dict[str, Any]:
-        assistant_of(assistant_id)
-        return {}
 
 
 class ThreadsController(Controller):
@@ -434,4 +358,5 @@ async def _outcome(
     return values_with_interrupts(await threads.state(thread_id))
 
 
-ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController]
+ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController,
+          StoreController]

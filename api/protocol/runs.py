@@ -23,15 +23,16 @@ import structlog
 from redis.asyncio import Redis
 
 from api.chat.relay import run_of_conversation
-from api.chat.schemas import ChatAccepted, ChatRequest
+from api.chat.schemas import ChatAccepted, ChatRequest, DecisionBody
 from api.chat.submit import ChatService
 from api.http.ids import parse_id
+from api.protocol.assistants import Assistants
 from api.protocol.commands import breakpoints_of, command_of
 from api.protocol.forks import Forks, checkpoint_of
 from api.protocol.interrupts import decisions_of
 from api.protocol.state import pending_of
 from api.protocol.status import RUN_STATUSES, run_status
-from api.protocol.threads import ThreadCreate, Threads
+from api.protocol.threads import Found, ThreadCreate, Threads
 from api.protocol.translate import GRAPH_ID, stream_modes
 from api.runs.cancel import cancel_run
 from api.runs.schemas import RunError, RunInfo
@@ -120,8 +121,6 @@ def refuse_unserved(body: RunCreate, *, streamed: bool = False) -> None:
     for name in ("feedback_keys", "langsmith_tracer", "on_completion"):
         if getattr(body, name) is not None:
             raise _unserved(name)
-    if body.config or body.context:
-        raise _unserved("config" if body.config else "context")
     # stream_subgraphs is taken (agent-chat-ui sends it): the agent has no subgraphs, so the
     # stream is the same with it or without it.
     if body.multitask_strategy not in (None, *MULTITASK_STRATEGIES):
@@ -152,6 +151,11 @@ def resume_of(body: RunCreate) -> Any:
     """``command.resume``: the decisions that continue a thread waiting for them."""
     command = body.command or {}
     other = sorted(set(command) - {"resume"})
+    if "goto" in other:  # agent-chat-ui's "Mark as resolved": goto END over a pending approval
+        raise _unserved(
+            "command.goto", "; a waiting thread goes on only by its decisions: approve, edit or reject "
+            "each pending call, or send a new message, which rejects them"
+        )
     if other:
         raise _unserved(f"command.{other[0]} with resume", "; decisions come alone")
     if "resume" not in command:
@@ -159,6 +163,35 @@ def resume_of(body: RunCreate) -> Any:
     if body.input:
         raise BadRequest("a run takes input or command.resume, not both")
     return command["resume"]
+
+
+def answers_of(graph_input: dict[str, Any] | None) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The tool messages that come before a run's new user message (agent-chat-ui adds one for each
+    call still without a result when a message is sent over a pending approval), by tool call id,
+    and the input without them."""
+    messages = (graph_input or {}).get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return {}, graph_input
+    *tools, last = messages
+    if not all(isinstance(m, dict) and (m.get("type") or m.get("role")) == "tool" for m in tools):
+        return {}, graph_input
+    answers: dict[str, str] = {}
+    for message in tools:
+        call_id, content = message.get("tool_call_id"), message.get("content")
+        if not isinstance(call_id, str) or not call_id:
+            raise BadRequest("a tool message in the input must name its tool_call_id")
+        if not isinstance(content, str | list):
+            raise BadRequest("a tool message's content must be text or a list of text blocks")
+        answers[call_id] = text_of(content)
+    return answers, {**(graph_input or {}), "messages": [last]}
+
+
+def unanswered_calls(messages: list[dict[str, Any]]) -> list[str]:
+    """The tool calls of a thread's messages that no tool message answers (a run cut while they
+    were out), by id: those agent-chat-ui adds a tool message for."""
+    answered = {m.get("tool_call_id") for m in messages if m.get("type") == "tool"}
+    calls = [c.get("id") for m in messages if m.get("type") == "ai" for c in m.get("tool_calls") or []]
+    return [str(c) for c in calls if c and c not in answered]
 
 
 def message_of(graph_input: dict[str, Any] | None) -> str | None:
@@ -188,11 +221,16 @@ class Options:
     multitask_strategy: str = "reject"
     #: its webhook's delivery, when it has one (shared/contracts/webhooks.py)
     webhook: dict[str, Any] | None = None
+    #: the assistant it was made with
+    assistant_id: str = ASSISTANT_ID
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> Options:
         record = RunRecord.parse(fields)
-        return cls(record.metadata, record.stream_mode, record.multitask_strategy, record.webhook_state())
+        return cls(
+            record.metadata, record.stream_mode, record.multitask_strategy, record.webhook_state(),
+            record.assistant_id,
+        )
 
 
 def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
@@ -201,7 +239,7 @@ def run_shape(info: RunInfo, options: Options) -> dict[str, Any]:
         run_id=info.id, thread_id=info.conversation, status=info.status, created_at=info.enqueued_at,
         started_at=info.started_at, finished_at=info.finished_at, metadata=options.metadata,
         multitask_strategy=options.multitask_strategy, stream_mode=options.stream_mode,
-        webhook=options.webhook, error_code=_code(info),
+        webhook=options.webhook, error_code=_code(info), assistant_id=options.assistant_id,
     )
 
 
@@ -224,14 +262,19 @@ class ProtocolRuns:
         """Accept a run on the thread (busy: 409, or with ``interrupt`` cancel the run holding it
         first); its ``Run`` and options. ``command.resume`` decides a waiting thread. ``streamed``:
         the run is streamed to its creator (``on_disconnect: cancel`` is served then)."""
-        assistant_of(body.assistant_id)
         refuse_unserved(body, streamed=streamed)
+        agent = await Assistants(self.runs.store, self.redis).agent_for_run(
+            body.assistant_id, body.config, body.context
+        )
         if body.webhook is not None:
             try:
                 await WebhookPolicy.of(self.runs.settings).check(body.webhook)
             except WebhookRefused as exc:
                 raise BadRequest(str(exc)) from None
-        options = Options(body.metadata or {}, stream_modes(body.stream_mode), strategy_of(body))
+        options = Options(
+            body.metadata or {}, stream_modes(body.stream_mode), strategy_of(body),
+            assistant_id=agent.assistant_id,
+        )
         fork = checkpoint_of(body.checkpoint_id, body.checkpoint)
         # A command without resume (goto, update) is the run's input (api/protocol/commands.py).
         command = None
@@ -246,16 +289,23 @@ class ProtocolRuns:
                 raise BadRequest("after_seconds is not taken with command.resume: decisions are acted on now")
             if breakpoints is not None:
                 raise BadRequest("interrupt_before and interrupt_after are not taken with command.resume")
-            if fork is not None:
-                raise BadRequest(
-                    "checkpoint_id is not taken with command: decisions continue the thread where it waits"
-                )
             resume = resume_of(body)
-            await self.threads.find(thread_id)
+            found = await self.threads.find(thread_id)
+            if fork is not None:
+                await self._at_head(found, fork)
             # A busy thread waits for no decision (409 NO_APPROVAL_PENDING): nothing to take over.
             accepted = await self._decide(thread_id, resume)
             return await self._created(thread_id, accepted, options, kind="decide", webhook=body.webhook)
-        message = message_of(body.input)
+        answers, graph_input = answers_of(body.input)
+        message = message_of(graph_input)
+        if answers:
+            if message is None:
+                raise BadRequest("tool messages in the input must be followed by a new user message")
+            found = await self.threads.find(thread_id)
+            if fork is not None:
+                await self._at_head(found, fork)
+            if await self._answer(found, answers, options):
+                fork, options = None, Options(options.metadata, options.stream_mode, "enqueue")
         if options.multitask_strategy == "rollback" and message is None:
             raise BadRequest("multitask_strategy rollback takes a run with input (a new message)")
         if fork is not None and options.multitask_strategy == "enqueue":
@@ -282,8 +332,8 @@ class ProtocolRuns:
             lambda rolled_back_to: self.chat.submit_to_thread(
                 thread_id, message, may_be_new=record is not None, checkpoint_id=fork or rolled_back_to,
                 # A delayed run waits for its time, not behind another run: on a busy thread it is 409.
-                enqueue=options.multitask_strategy == "enqueue" and not delayed, command=command,
-                breakpoints=breakpoints, after_seconds=float(body.after_seconds or 0),
+                enqueue=options.multitask_strategy == "enqueue" and not delayed, agent=agent,
+                command=command, breakpoints=breakpoints, after_seconds=float(body.after_seconds or 0),
             ),
         )
         return await self._created(
@@ -301,6 +351,47 @@ class ProtocolRuns:
                 f"thread {thread_id} already has {waiting} runs waiting (at most {MAX_WAITING_RUNS}): "
                 "wait for one to end, or cancel one"
             )
+
+    async def _at_head(self, found: Found, checkpoint_id: str) -> None:
+        """A command's checkpoint must be the thread's head, where it waits for the decisions
+        (agent-chat-ui's ``useStream`` sends the head it read with every run); any other would
+        fork, and decisions continue the thread where it waits."""
+        head = (await self.threads.state_of(found)).get("checkpoint") or {}
+        if checkpoint_id != head.get("checkpoint_id"):
+            raise BadRequest(
+                f"checkpoint_id {checkpoint_id} is not the head of thread {found.id}: a command "
+                "continues the thread where it waits (send its head, or no checkpoint)"
+            )
+
+    async def _answer(self, found: Found, answers: dict[str, str], options: Options) -> bool:
+        """Tool messages for the calls a thread waits on, sent with a new message: each call is
+        rejected (never sent), the tool message's text told to the model as the reason, before
+        the message runs (True: a decision run was submitted). The Agent Server takes them as the
+        calls' results; Sophos's approvals give a call a result only by running it, so they are
+        its rejections. On a thread whose run was cut while its calls were out (no decision
+        pending), they are left out: the message runs as it would alone (False), from the last
+        step kept, and those calls are not sent again."""
+        thread_id = found.id
+        pending = await self.threads.store.read_thread(thread_id, pending_of)
+        requests = [r for _, rs in pending or [] for r in rs]
+        if not requests:
+            messages = (await self.threads.state_of(found))["values"].get("messages") or []
+            if answers and sorted(answers) == sorted(unanswered_calls(messages)):
+                return False
+            raise NoApprovalPending(
+                f"thread {thread_id} waits for no decision: tool messages in the input answer "
+                "pending calls, or calls a cut run left without a result, only"
+            )
+        waiting = [str(r["id"]) for r in requests]
+        if sorted(answers) != sorted(waiting):
+            raise BadRequest(
+                f"the input's tool messages answer {', '.join(sorted(answers))}, but the thread waits on "
+                f"{', '.join(waiting)}: answer every pending call, or none"
+            )
+        decisions = [DecisionBody(id=i, action="reject", message=answers[i] or None) for i in waiting]
+        decided = await self.chat.submit(ChatRequest(conversation=thread_id, decisions=decisions))
+        await self._created(thread_id, decided, options, kind="decide")
+        return True
 
     async def _decide(self, thread_id: str, resume: Any) -> ChatAccepted:
         """The decisions of ``command.resume``, mapped onto the pending requests, through the
@@ -348,6 +439,7 @@ class ProtocolRuns:
                 "metadata": msgspec.json.encode(options.metadata).decode(),
                 "stream_mode": msgspec.json.encode(list(options.stream_mode)).decode(),
                 "multitask_strategy": options.multitask_strategy,
+                "assistant_id": options.assistant_id,
                 # Whatever ends the run enqueues its delivery (shared/contracts/webhooks.py).
                 **({"webhook": webhook} if webhook is not None else {}),
             })

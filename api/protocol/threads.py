@@ -5,7 +5,10 @@ metadata) and indexes it in ``PROTOCOL_THREADS``. Until its first run the record
 thread (status ``idle``, no values); the first run creates its conversation under the same id
 (``ChatService.submit_to_thread``), and from then on the conversation is the thread and the
 record only keeps its metadata (the database has no column for it). A conversation started on
-the native routes is a thread too, with empty metadata. Deleting the conversation, by either
+the native routes is a thread too, with empty metadata. Some metadata is the server's to say
+(:data:`SERVER_METADATA`): ``owner`` always, and ``graph_id`` and ``assistant_id`` once the thread
+has a run, as the Agent Server sets them on a run's thread (agent-chat-ui lists its threads by
+``metadata.graph_id``). Deleting the conversation, by either
 route or by retention, deletes the record (worker/upkeep/deletion.py).
 """
 
@@ -31,7 +34,10 @@ from api.http.timefmt import iso_from_timestamp
 from api.protocol.state import empty_state, thread_history, thread_state, thread_state_at
 from api.protocol.status import THREAD_STATUSES, thread_status
 from api.runs import live
+from api.runs.schemas import RunError
 from api.store import ConversationRow, Store
+from shared.contracts.protocol import ASSISTANT_ID, GRAPH_ID
+from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, ThreadExists
 from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
 from shared.users import LOCAL_USER
@@ -42,6 +48,8 @@ log = structlog.get_logger(__name__)
 SEARCH_SCAN = 5000
 _PAGE = 500
 SEARCH_LIMIT_MAX = 1000
+#: metadata keys the server sets and a client cannot
+SERVER_METADATA = frozenset({"owner", "graph_id", "assistant_id"})
 
 #: a thread's record, written whole unless it exists (KEYS: the record, the index of records;
 #: ARGV: created_at, metadata, owner, the index's score, the thread's id); 1 if written
@@ -164,6 +172,12 @@ class Found:
             return self.info.owner  # a conversation's row (or queued run) says whose it is
         return self.record.owner if self.record is not None else LOCAL_USER
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The client's metadata with the server's (:data:`SERVER_METADATA`) over it."""
+        ran = {"graph_id": GRAPH_ID, "assistant_id": ASSISTANT_ID} if self.info is not None else {}
+        return {**(self.record.metadata if self.record is not None else {}), **ran, "owner": self.owner}
+
     def shape(
         self, values: dict[str, Any] | None = None, interrupts: dict[str, Any] | None = None
     ) -> dict[str, Any]:
@@ -176,7 +190,7 @@ class Found:
             "thread_id": self.id,
             "created_at": created,
             "updated_at": updated,
-            "metadata": {**(self.record.metadata if self.record is not None else {}), "owner": self.owner},
+            "metadata": self.metadata,
             "status": self.status,
             "values": values if values is not None else {},
             "interrupts": interrupts or {},
@@ -188,18 +202,38 @@ class Found:
 def _matches(found: Found, query: ThreadSearch) -> bool:
     if query.status is not None and found.status != query.status:
         return False
-    metadata = {**(found.record.metadata if found.record is not None else {}), "owner": found.owner}
+    metadata = found.metadata
     return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
 
 
 def _settable(metadata: dict[str, Any] | None) -> dict[str, Any]:
-    """What a client may set of a thread's metadata: all but ``owner``, which is the server's."""
-    return {k: v for k, v in (metadata or {}).items() if k != "owner"}
+    """What a client may set of a thread's metadata: all but :data:`SERVER_METADATA`."""
+    return {k: v for k, v in (metadata or {}).items() if k not in SERVER_METADATA}
 
 
 def _interrupts_by_task(state: dict[str, Any]) -> dict[str, Any]:
     """A ``Thread``'s ``interrupts``: each task's, by task id."""
     return {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
+
+
+#: what a thread whose run was cut (a crash, a drain) adds to its head's unfinished task
+CUT_HINT = (
+    " What was streamed of the step in flight was not kept. Send a new message to go on from the "
+    "last step kept, or start a run with no input to resume the step."
+)
+
+
+def with_cut_noted(info: ConversationInfo | None, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a head) with its last unfinished task's ``error`` set when the thread's last run
+    was cut: a UI (the SDK's ``useStream``) shows it, instead of a bare pending step, as the
+    reason the answer it streamed is gone. Other states as they are."""
+    tasks = state.get("tasks") or []
+    error = info.error if info is not None and info.status == RunStatus.INTERRUPTED else None
+    if not tasks or not isinstance(error, RunError) or any(t["interrupts"] or t["error"] for t in tasks):
+        return state
+    noted = {"error": error.code, "message": f"{error.message}.{CUT_HINT}".replace("..", ".")}
+    last = {**tasks[-1], "error": msgspec.json.encode(noted).decode()}
+    return {**state, "tasks": [*tasks[:-1], last]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +318,7 @@ class Threads:
         if found.info is None:
             return empty_state(found.id)
         state = await self.store.read_thread(found.id, thread_state)
-        return state if state is not None else empty_state(found.id)
+        return with_cut_noted(found.info, state) if state is not None else empty_state(found.id)
 
     async def history(self, thread_id: str, query: ThreadHistory) -> list[dict[str, Any]]:
         """The thread's checkpoints, newest first (an empty thread has none)."""
@@ -306,7 +340,10 @@ class Threads:
         if found.info is None:
             return []
         read = functools.partial(thread_history, query.limit, before, query.metadata)
-        return await self.store.read_thread(thread_id, read) or []
+        states = await self.store.read_thread(thread_id, read) or []
+        if states and before is None and not query.metadata:  # the first is the head
+            states[0] = with_cut_noted(found.info, states[0])
+        return states
 
     async def update(self, thread_id: str, body: ThreadUpdate) -> dict[str, Any]:
         """Merge ``body.metadata`` into the thread's (a conversation started on the native routes
@@ -383,9 +420,18 @@ class Threads:
         if query.sort_order not in (None, "asc", "desc"):
             raise BadRequest("sort_order must be asc or desc")
         found = await self._filtered(query)
-        shapes = [f.shape() for f in found if _matches(f, query)]
-        shapes.sort(key=lambda t: (t[sort_by] or "", t["thread_id"]), reverse=query.sort_order != "asc")
-        return shapes[query.offset : query.offset + query.limit]
+        matched = [(f, f.shape()) for f in found if _matches(f, query)]
+        matched.sort(
+            key=lambda m: (m[1][sort_by] or "", m[1]["thread_id"]), reverse=query.sort_order != "asc"
+        )
+        # Each thread with its values, as the Agent Server answers (a UI titles a thread by its
+        # first message): one state read per thread of the page, never of the whole scan, one
+        # after the other (a read's timeout counts its wait for a reader: api/http/readers.py).
+        page = []
+        for found_one, _ in matched[query.offset : query.offset + query.limit]:
+            state = await self.state_of(found_one)
+            page.append(found_one.shape(state["values"], _interrupts_by_task(state)))
+        return page
 
     async def _maybe(self, thread_id: str) -> Found | None:
         try:

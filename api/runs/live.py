@@ -21,12 +21,10 @@ from shared.redis.ended import ReadRow, Recorded, from_description, recorded
 from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
-    QUEUE_NAME,
     cancel_key,
     cancelled_run_key,
     progress_key,
     run_key,
-    waiting_key,
 )
 from shared.storage.rows import RunRow
 
@@ -54,12 +52,6 @@ class Progress:
     step: int
     started_at: float | None
     cancel_requested: bool
-
-
-@dataclass(frozen=True, slots=True)
-class QueueEntry:
-    run_id: str
-    enqueued_ms: float
 
 
 def _queued_run(run_id: str, fields: dict[str, str]) -> QueuedRun | None:
@@ -141,29 +133,6 @@ async def _descriptions(redis: Redis, run_ids: list[str]) -> list[dict[str, str]
     return replies
 
 
-async def behind_their_thread(redis: Redis, runs: list[tuple[str, str]]) -> set[str]:
-    """Of these queued ``(run, conversation)``, the runs waiting behind another run of their
-    conversation (``multitask_strategy`` ``enqueue``: shared/redis/queue.py): in its waiting list while
-    another run holds it, or behind an earlier one there. Not the worker's backlog: such a run
-    waits for its thread, however free the worker is. One round trip."""
-    conversations = sorted({conversation for _, conversation in runs})
-    if not conversations:
-        return set()
-    async with redis.pipeline(transaction=False) as pipe:
-        for conversation in conversations:
-            pipe.hget(ACTIVE_RUNS, conversation)
-            pipe.lrange(waiting_key(conversation), 0, -1)
-        replies = await pipe.execute()
-    behind: set[str] = set()
-    for i in range(len(conversations)):
-        holder, waiting = replies[2 * i], list(replies[2 * i + 1])
-        for position, run_id in enumerate(waiting):
-            if position > 0 or (holder is not None and holder != run_id):
-                behind.add(run_id)
-    wanted = {run_id for run_id, _ in runs}
-    return behind & wanted
-
-
 async def cancelled_while_queued(redis: Redis, conversation_id: str) -> RunRow | None:
     """The conversation's last run cancelled while queued, while its record is kept."""
     run_id: str | None = await redis.get(cancelled_run_key(conversation_id))
@@ -173,16 +142,6 @@ async def cancelled_while_queued(redis: Redis, conversation_id: str) -> RunRow |
     if run is None or run.status != RunStatus.CANCELLED or run.conversation_id != conversation_id:
         return None
     return run if visible(run.owner) else None
-
-
-async def queue(redis: Redis) -> list[QueueEntry]:
-    """arq's queue in order: one command, whatever its length.
-
-    (Whether the worker has taken a job is not asked here: one ``EXISTS`` per queued
-    run, whose answer no listing used. A taken run is queued until its row exists.)
-    """
-    members: list[tuple[str, float]] = await redis.zrange(QUEUE_NAME, 0, -1, withscores=True)
-    return [QueueEntry(run_id=run_id, enqueued_ms=score) for run_id, score in members]
 
 
 async def progress(redis: Redis, run_ids: list[str]) -> dict[str, Progress]:

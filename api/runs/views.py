@@ -30,17 +30,16 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api.auth.scope import visible
+from api.auth.scope import only_owner, visible
 from api.http.ids import parse_id
 from api.http.timefmt import iso_from_timestamp, millis_between, parse_iso
-from api.runs import live
+from api.runs import live, queue
 from api.runs.schemas import RunBreakdown, RunInfo, RunList, WorkerInfo
 from api.runs.status import run_error, run_status
 from api.store import RunRow, Store
 from shared.contracts.jobs import JobKind
 from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, QueueUnavailable
-from shared.redis.keys import QUEUE_NAME
 from shared.redis.liveness import Liveness, read_liveness
 from shared.settings import Settings
 
@@ -165,6 +164,14 @@ def from_ended(row: RunRow) -> RunInfo:
     )
 
 
+def _before_ms(before: Key | None) -> float | None:
+    """The newest enqueue time (ms) a page starting after ``before`` may hold: inclusive of the
+    whole millisecond (the key's own run is left out by its id)."""
+    if before is not None and (at := parse_iso(before[0])) is not None:
+        return at.timestamp() * 1000 + 1
+    return None
+
+
 def sort_key(run: RunInfo) -> Key:
     return (run.enqueued_at or run.started_at or "", run.id)
 
@@ -215,24 +222,66 @@ class Runs:
     redis: Redis
     settings: Settings
 
-    async def queued(self) -> list[RunInfo]:
-        """Runs in arq's queue that the worker has not started, in queue order.
+    async def queued(self, *, conversation_id: str | None, before: Key | None, want: int) -> list[RunInfo]:
+        """The newest ``want`` runs queued and not started that the caller may see, older than
+        ``before``, newest first: a window of arq's queue, never all of it (api/runs/queue.py).
 
-        ``position`` counts from 0 among them (the runs ahead; a rename or a delete queued
-        among them is not a run); the worker takes them in this order.
+        ``position`` counts from 0 the runs waiting ahead, every user's (the worker takes them in
+        this order; a rename or a delete queued among them is not a run).
         """
-        entries = await live.queue(self.redis)
-        started = await self.store.runs_by_id([e.run_id for e in entries])
-        waiting = [e.run_id for e in entries if e.run_id not in started]
-        described = await live.described_runs(self.redis, waiting)
+        before_ms = _before_ms(before)
+        owner = only_owner()
+        found: list[live.QueuedRun] = []
+        started: set[str] = set()
+        ranks: dict[str, int] = {}
+        if conversation_id is not None or owner is not None:
+            # One conversation's runs, or one user's: where they are kept, not a page of everyone's.
+            ids = await (
+                queue.of_conversation(self.redis, conversation_id) if conversation_id is not None
+                else queue.of_owner(self.redis, owner or "")
+            )
+            listed = await queue.entries(self.redis, ids)
+            entries = [e for e in listed if before_ms is None or e.enqueued_ms <= before_ms]
+            found, started = await self._waiting(entries, conversation_id, before)
+        else:
+            batch, offset = max(want, 50), 0
+            while len(found) < want:
+                entries = await queue.window(self.redis, before_ms=before_ms, offset=offset, count=batch)
+                ranks.update((e.run_id, e.rank) for e in entries if e.rank is not None)
+                offset += len(entries)
+                more, recorded = await self._waiting(entries, None, before)
+                found += more
+                started |= recorded
+                if len(entries) < batch:
+                    break
+        found = found[:want]
+        if not found:
+            return []
+        started.update(await self.store.running_ids())
+        places = await queue.positions(self.redis, [run.id for run in found], started, ranks)
         now = time.time()
-        runs = [run_id for run_id in waiting if run_id in described]
-        # Positions count every user's runs ahead (the worker takes them in this order); only
-        # the caller's own are listed.
-        return [
-            from_queued(described[run_id], position, now)
-            for position, run_id in enumerate(runs) if visible(described[run_id].owner)
-        ]
+        return [from_queued(run, places.get(run.id, 0), now) for run in found]
+
+    async def _waiting(
+        self, entries: list[queue.QueueEntry], conversation_id: str | None, before: Key | None
+    ) -> tuple[list[live.QueuedRun], set[str]]:
+        """Of these queue entries (newest first), the runs not started that the caller may see,
+        in order; and the runs among them that started (they have a row)."""
+        runs = [e.run_id for e in entries if queue.is_run(e.run_id)]
+        started = await self.store.recorded_ids(runs) if runs else set()
+        waiting = [run_id for run_id in runs if run_id not in started]
+        described = await live.described_runs(self.redis, waiting)
+        found = []
+        for run_id in waiting:
+            run = described.get(run_id)
+            if run is None or not visible(run.owner):
+                continue
+            if conversation_id is not None and run.conversation_id != conversation_id:
+                continue
+            if before is not None and (_iso(run.enqueued_at) or "", run.id) >= before:
+                continue
+            found.append(run)
+        return found, started
 
     async def worker(self) -> WorkerInfo | None:
         try:
@@ -256,13 +305,10 @@ class Runs:
     ) -> list[RunInfo]:
         runs: list[RunInfo] = []
         if status in (None, RunStatus.QUEUED):
-            runs += [r for r in await self.queued() if conversation_id in (None, r.conversation)]
+            runs += await self.queued(conversation_id=conversation_id, before=before, want=want)
         if status in (None, RunStatus.CANCELLED):
-            before_ms = None
-            if before is not None and (at := parse_iso(before[0])) is not None:
-                before_ms = at.timestamp() * 1000 + 1  # inclusive of the whole millisecond
             cancelled = await live.cancelled_runs(
-                self.redis, before_ms=before_ms, conversation_id=conversation_id, limit=want
+                self.redis, before_ms=_before_ms(before), conversation_id=conversation_id, limit=want
             )
             runs += [from_ended(r) for r in cancelled]
         return runs
@@ -312,12 +358,11 @@ class Runs:
                 return (await self.with_progress([found.row]))[0]
             if found.ended:
                 return from_ended(found.row)
-            if await self.redis.zscore(QUEUE_NAME, run_id) is not None:
-                # Its position needs the runs ahead of it.
-                for run in await self.queued():
-                    if run.id == run_id:
-                        return run
             described = (await live.described_runs(self.redis, [run_id])).get(run_id)
+            if described is not None and visible(described.owner):
+                places = await queue.positions(self.redis, [run_id], await self.store.running_ids())
+                if run_id in places:
+                    return from_queued(described, places[run_id])
         except REDIS_DOWN as exc:
             log.warning("runs.redis_unavailable", error=str(exc))
             raise QueueUnavailable("the queue is unavailable, try again shortly") from exc

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from shared.contracts.assistants import AgentConfig
+
 
 class JobKind(enum.StrEnum):
     RUN = "run"  # a new message
@@ -53,6 +55,9 @@ class RunJob:
     #: operator may ask on a user's conversation); DESIGN.md "People and what they may touch"
     owner: str = "local"
     started_by: str | None = None
+    #: the agent this run runs (an assistant's configuration, shared/contracts/assistants.py);
+    #: None: the one the thread's last run had, or config/'s for a new thread
+    agent: AgentConfig | None = None
     #: an ``update`` job's ``{"values": ..., "as_node": ...}`` (worker/run/updates.py)
     update: dict[str, Any] | None = None
     #: a ``resume`` job's Agent Protocol ``command`` without ``resume``: ``{"goto", "update"}``,

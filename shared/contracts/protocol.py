@@ -73,6 +73,8 @@ class RunRecord:
     webhook_attempts: int = 0
     webhook_last_status: str | None = None
     webhook_delivered_at: str | None = None
+    #: the assistant the run was made with (its id; the default's when the record predates it)
+    assistant_id: str = ASSISTANT_ID
 
     @classmethod
     def parse(cls, fields: dict[str, str]) -> RunRecord:
@@ -89,6 +91,7 @@ class RunRecord:
             webhook_attempts=int(fields.get("webhook_attempts") or 0),
             webhook_last_status=fields.get("webhook_last_status") or None,
             webhook_delivered_at=fields.get("webhook_delivered_at") or None,
+            assistant_id=fields.get("assistant_id") or ASSISTANT_ID,
         )
 
     def webhook_state(self) -> dict[str, Any] | None:
@@ -126,13 +129,14 @@ def sdk_run(
     *, run_id: str, thread_id: str, status: RunStatus, created_at: str | None, started_at: str | None,
     finished_at: str | None, metadata: dict[str, Any], multitask_strategy: str, stream_mode: tuple[str, ...],
     webhook: dict[str, Any] | None = None, error_code: str | None = None,
+    assistant_id: str = ASSISTANT_ID,
 ) -> dict[str, Any]:
     """The SDK's ``Run``; with ``webhook`` (its delivery) when the run has one."""
     created = created_at or started_at
     run: dict[str, Any] = {
         "run_id": run_id,
         "thread_id": thread_id,
-        "assistant_id": ASSISTANT_ID,
+        "assistant_id": assistant_id,
         "created_at": created,
         "updated_at": finished_at or started_at or created,
         "status": sdk_status(status, error_code),

@@ -460,6 +460,107 @@ return 2
 """
 
 
+# --- reading the queue ---------------------------------------------------------
+
+# Where queued jobs stand (api/runs/queue.py): ids of arq's queue, each with its rank and the jobs
+# ahead of it that are not runs (a rename, a delete, a webhook: their ids hold a ':', a run's id is
+# a UUID). The jobs ahead are walked as ids only, a thousand at a time, up to the last rank asked
+# for: no key is read per job, so a page's positions cost one pass over strings in Redis.
+# KEYS: the queue. ARGV: job ids, or ``#<rank>`` where the caller knows the rank already (a window
+# of the queue read with its place). Per item: {rank, jobs ahead that are not runs}; {-1, 0}: not queued.
+QUEUE_RANKS_LUA = """
+local ranks, wanted, top = {}, {}, -1
+for i, id in ipairs(ARGV) do
+  local rank
+  if string.sub(id, 1, 1) == '#' then
+    rank = tonumber(string.sub(id, 2))
+  else
+    rank = redis.call('ZRANK', KEYS[1], id)
+  end
+  ranks[i] = rank or -1
+  if rank then
+    wanted[#wanted + 1] = rank
+    if rank > top then top = rank end
+  end
+end
+table.sort(wanted)
+local ahead, seen, w, start = {}, 0, 1, 0
+while w <= #wanted do
+  local chunk = redis.call('ZRANGE', KEYS[1], start, math.min(start + 999, top))
+  if #chunk == 0 then break end
+  for j, id in ipairs(chunk) do
+    local rank = start + j - 1
+    while w <= #wanted and wanted[w] == rank do
+      ahead[rank] = seen
+      w = w + 1
+    end
+    if string.find(id, ':', 1, true) then seen = seen + 1 end
+  end
+  start = start + #chunk
+end
+local out = {}
+for i, rank in ipairs(ranks) do
+  out[i] = {rank, ahead[rank] or 0}
+end
+return out
+"""
+
+# The queue's figures for a /metrics scrape (api/ops/metrics.py), in one pass inside Redis: the
+# runs queued, those waiting behind another run of their conversation (``waiting_key``) and the
+# oldest enqueue time (s) of the others ('' when none). A run whose job a worker holds (arq's
+# in-progress marker) is left out of the figures and listed instead, as {id, behind (0/1),
+# enqueued_at}: the caller asks the database which of them started (their jobs stay in arq's
+# queue until they end).
+# KEYS: the queue, the active hash. ARGV: the prefixes of ``run_key``, ``waiting_key`` and arq's
+# in-progress marker.
+# Returns {count, behind, oldest, taken...}.
+QUEUE_FIGURES_LUA = """
+local holders, waiting, taken = {}, {}, {}
+local count, behind, oldest, start = 0, 0, nil, 0
+while true do
+  local chunk = redis.call('ZRANGE', KEYS[1], start, start + 999)
+  if #chunk == 0 then break end
+  start = start + #chunk
+  for _, id in ipairs(chunk) do
+    if not string.find(id, ':', 1, true) then
+      local fields = redis.call('HMGET', ARGV[1] .. id, 'conversation', 'enqueued_at')
+      local conversation = fields[1]
+      if conversation and conversation ~= '' then
+        if holders[conversation] == nil then
+          holders[conversation] = redis.call('HGET', KEYS[2], conversation) or false
+          waiting[conversation] = redis.call('LRANGE', ARGV[2] .. conversation, 0, -1)
+        end
+        local is_behind = false
+        for position, run in ipairs(waiting[conversation]) do
+          if run == id then
+            local holder = holders[conversation]
+            is_behind = position > 1 or (holder ~= false and holder ~= id)
+            break
+          end
+        end
+        local at = tonumber(fields[2] or '') or 0
+        if redis.call('EXISTS', ARGV[3] .. id) == 1 then
+          taken[#taken + 1] = id
+          taken[#taken + 1] = is_behind and 1 or 0
+          taken[#taken + 1] = tostring(at)
+        else
+          count = count + 1
+          if is_behind then
+            behind = behind + 1
+          elseif at > 0 and (oldest == nil or at < oldest) then
+            oldest = at
+          end
+        end
+      end
+    end
+  end
+end
+local out = {count, behind, oldest and tostring(oldest) or ''}
+for _, v in ipairs(taken) do out[#out + 1] = v end
+return out
+"""
+
+
 class Scripts:
     """The scripts, registered with one Redis client: call one with ``keys=``, ``args=``
     (and ``client=pipe`` to queue it in a pipeline of that client)."""
@@ -479,6 +580,8 @@ class Scripts:
         self.owners: AsyncScript = redis.register_script(OWNERS_LUA)
         self.beat: AsyncScript = redis.register_script(BEAT_LUA)
         self.stop_beating: AsyncScript = redis.register_script(STOP_BEATING_LUA)
+        self.queue_ranks: AsyncScript = redis.register_script(QUEUE_RANKS_LUA)
+        self.queue_figures: AsyncScript = redis.register_script(QUEUE_FIGURES_LUA)
 
 
 _registered: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()

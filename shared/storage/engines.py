@@ -9,7 +9,7 @@ under a lease (worker/run/leases.py). The rest of the service asks what an engin
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -20,6 +20,7 @@ from shared.storage.reading import PostgresReader, Reader, SqliteReader
 
 if TYPE_CHECKING:  # the API's main process opens a reader here, and never loads LangGraph
     from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.store.base import BaseStore
 
 log = structlog.get_logger(__name__)
 
@@ -100,3 +101,13 @@ def _hooked(base: type[Any], hooks: Sequence[type]) -> type[Any]:
     if not hooks:
         return base
     return type("".join(h.__name__ for h in hooks) + base.__name__, (*hooks, base), {})
+
+
+def open_item_store(settings: Settings, *, size: int = 2) -> AbstractAsyncContextManager[BaseStore]:
+    """LangGraph's store of the Store's items for the engine (shared/storage/memory.py): its own
+    SQLite file beside the database, or the PostgreSQL database on a pool of ``size``."""
+    from shared.storage.memory import postgres_item_store, sqlite_item_store
+
+    if settings.database_url is not None:
+        return postgres_item_store(settings.database_url, size=size)
+    return sqlite_item_store(settings.database_path)

@@ -154,6 +154,35 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_by_owner ON runs(owner, COALESCE(enqueued_at, started_at), id);
     CREATE INDEX crons_by_owner ON crons(owner, created_at, id);
     """,
+    # 11: assistants (the Agent Protocol's ``client.assistants``: configurations of the one agent,
+    # shared/contracts/assistants.py). ``assistants``: one row per assistant, its owner and the
+    # version its runs use (``latest``); ``assistant_versions``: every version, never changed
+    # once written (an update adds one). ``job_id``: the job that wrote the version, so a second
+    # delivery of it adds none. ``config``, ``context``, ``metadata``: JSON. The default
+    # assistant, ``agent``, is config/'s and is not stored.
+    """
+    CREATE TABLE assistants (
+        id         TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        latest     INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE assistant_versions (
+        id          TEXT NOT NULL REFERENCES assistants(id) ON DELETE CASCADE,
+        version     INTEGER NOT NULL,
+        graph_id    TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        description TEXT,
+        config      TEXT NOT NULL,
+        context     TEXT NOT NULL,
+        metadata    TEXT NOT NULL,
+        created_at  TEXT NOT NULL,
+        job_id      TEXT UNIQUE,
+        PRIMARY KEY (id, version)
+    );
+    CREATE INDEX assistants_by_owner ON assistants(owner, created_at, id);
+    """,
 )
 
 

@@ -15,6 +15,12 @@ several server processes do not interleave.
 
 Like the real memory server, it says on stderr that it runs (``STARTED_LINE``): the
 worker must log that as an event, not pass it on raw.
+
+``--http PORT`` serves the same tools as a remote server over Streamable HTTP on 127.0.0.1
+(``/mcp``; with ``--sse``, over the older HTTP+SSE transport at ``/sse``), in a process of its own
+that outlives any worker: every request must carry
+``Authorization: Bearer <TOOLS_TOKEN>`` (401 otherwise), and the log lines say ``"remote": true``.
+``vanish`` ends the server's process in the middle of the call (a server that dies mid-call).
 """
 
 from __future__ import annotations
@@ -55,8 +61,13 @@ def idempotency_key(ctx: Context[Any, Any, Any]) -> str | None:
     return (meta.model_extra or {}).get("sophos/idempotency-key") if meta is not None else None
 
 
+REMOTE = "--http" in sys.argv
+SSE = "--sse" in sys.argv
+
+
 def _called(tool: str, ctx: Context[Any, Any, Any], **args: Any) -> None:
-    _log({"tool": tool, "args": args, "pid": os.getpid(), "key": idempotency_key(ctx)})
+    _log({"tool": tool, "args": args, "pid": os.getpid(), "key": idempotency_key(ctx),
+          **({"remote": True} if REMOTE else {})})
 
 
 @mcp.tool(annotations=READ_ONLY)
@@ -89,6 +100,35 @@ def fail(message: str, ctx: Context[Any, Any, Any]) -> str:
     raise RuntimeError(message)
 
 
+@mcp.tool(annotations=READ_ONLY)
+def vanish(ctx: Context[Any, Any, Any]) -> str:
+    """End this server's process in the middle of the call."""
+    _called("vanish", ctx)
+    os._exit(3)
+
+
+def serve_http(port: int) -> None:
+    """The tools over Streamable HTTP on loopback, behind the bearer token ``TOOLS_TOKEN``."""
+    import uvicorn
+
+    expected = f"Bearer {os.environ['TOOLS_TOKEN']}".encode()
+    app = mcp.sse_app() if SSE else mcp.streamable_http_app()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    path = "/sse" if SSE else "/mcp"
+    print(f"{STARTED_LINE.removesuffix('stdio')}http://127.0.0.1:{port}{path}", file=sys.stderr, flush=True)
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+
+
 if __name__ == "__main__":
-    print(STARTED_LINE, file=sys.stderr, flush=True)
-    mcp.run("stdio")
+    if REMOTE:
+        serve_http(int(sys.argv[sys.argv.index("--http") + 1]))
+    else:
+        print(STARTED_LINE, file=sys.stderr, flush=True)
+        mcp.run("stdio")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support import tiers
@@ -57,3 +59,18 @@ def test_every_module_with_a_module_scoped_stack_runs_in_one_worker() -> None:
     }
     assert shared, "no module-scoped fixture found: the check reads the wrong folder"
     assert shared <= ONE_WORKER_MODULES, sorted(shared - ONE_WORKER_MODULES)
+
+
+def test_the_fast_tier_collects_its_folder_the_files_named_and_the_files_that_mark_a_test_fast(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "fast").mkdir()
+    named = next(iter(tiers.FAST_ELSEWHERE))
+    (tmp_path / named).write_text("def test_pure(): pass\n")
+    marked = f"import pytest\n\n@pytest.{tiers.FAST_MARK}\ndef test_x(): pass\n"
+    (tmp_path / "test_marked.py").write_text(marked)
+    (tmp_path / "test_processes.py").write_text("def test_y(sophos_env): pass\n")
+    assert [p.name for p in tiers.fast_files(tmp_path)] == ["fast", *sorted([named, "test_marked.py"])]
+    # The real tree: the tier's folder first, every file of FAST_ELSEWHERE among the rest.
+    found = tiers.fast_files()
+    assert found[0] == tiers.FAST_DIR and {p.name for p in found} >= set(tiers.FAST_ELSEWHERE)

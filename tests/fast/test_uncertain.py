@@ -14,14 +14,22 @@ from typing import Any
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langchain_core.tools import StructuredTool
+from langchain_core.tools import StructuredTool, ToolException
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from shared.storage.sqlite import SqliteDatabase
 from shared.storage.thread import interrupt_requests, resume_value
 from worker.agent.graph import build_graph
-from worker.tools.ledger import DONE, IDEMPOTENCY_META_KEY, UNCERTAIN_MARK, CallRef, Ledger, request_meta
+from worker.tools.ledger import (
+    DONE,
+    IDEMPOTENCY_META_KEY,
+    UNCERTAIN_MARK,
+    CallRef,
+    Ledger,
+    request_meta,
+    unanswered,
+)
 from worker.tools.policy import SAFE_TO_REPEAT
 
 
@@ -179,3 +187,81 @@ async def test_several_uncertain_calls_are_listed_together_and_decided_each_on_i
     results = await turn.results()
     assert results["call-a"].status == "error" and results["call-c"].content == "sent c"
     assert interrupt_requests(await turn.state()) is None
+
+
+class Unanswered(Turn):
+    """A turn whose calls are sent and get no answer (as a timeout or a lost transport leaves
+    them: worker/tools/mcp.py tells the ledger, then raises the error the model would get)."""
+
+    def __init__(self, ledger: Ledger, conversation: str, *, answered_after: int) -> None:
+        super().__init__(ledger, conversation)
+        self.answered_after = answered_after
+        sent = self.sent
+
+        async def silent(name: str, text: str) -> str:
+            sent.append((name, {"text": text}, (request_meta() or {})[IDEMPOTENCY_META_KEY]))
+            if len([s for s in sent if s[1] == {"text": text}]) <= self.answered_after:
+                unanswered(f"tool {name} did not answer within 1s")
+                raise ToolException(f"tool {name} did not answer within 1s")
+            return f"{name} {text}"
+
+        async def send(text: str) -> str:
+            return await silent("send", text)
+
+        async def look(text: str) -> str:
+            return await silent("look", text)
+
+        tools = [
+            StructuredTool.from_function(coroutine=send, name="send", description="acts"),
+            StructuredTool.from_function(
+                coroutine=look, name="look", description="reads", metadata={SAFE_TO_REPEAT: True},
+            ),
+        ]
+        self.calls = self.calls[:2]
+        model = _Scripted(messages=iter([AIMessage("", id="ai", tool_calls=self.calls), AIMessage("done")]))
+        self.graph = build_graph(
+            model=model, tools=lambda: tools, system_prompt=lambda: "", checkpointer=InMemorySaver(),
+            ledger=ledger,
+        )
+
+
+async def test_a_call_that_got_no_answer_is_asked_about_and_a_safe_one_sent_again_with_its_key(
+    turn: Turn,
+) -> None:
+    unanswered_turn = Unanswered(turn.ledger, turn.conversation, answered_after=1)
+    await unanswered_turn.run({"messages": [HumanMessage("hi", id="h")]})
+
+    # Never a plain error for the model: the call that acts is put to a person, in this run ...
+    assert interrupt_requests(await unanswered_turn.state()) == [
+        {"id": "call-a", "name": "send", "arguments": {"text": "a"}, "kind": "uncertain", "attempts": 1}
+    ]
+    results = await unanswered_turn.results()
+    assert "call-a" not in results
+    # ... the safe one was sent again at once, with the same key, and answered.
+    looks = [s for s in unanswered_turn.sent if s[0] == "look"]
+    assert len(looks) == 2 and looks[0][2] == looks[1][2] and results["call-b"].content == "look b"
+    a = await turn.ledger.entry(turn.ref("call-a"))
+    assert a is not None and (a.state, a.attempt) == ("intent", 1)
+
+    decisions = [{"id": "call-a", "action": "approve"}]
+    await unanswered_turn.run(Command(resume=resume_value(await unanswered_turn.state(), decisions)))
+    sends = [s for s in unanswered_turn.sent if s[0] == "send"]
+    assert len(sends) == 2 and sends[0][2] == sends[1][2] == a.key
+    assert (await unanswered_turn.results())["call-a"].content == "send a"
+    assert (await unanswered_turn.state()).values["messages"][-1].content == "done"
+
+
+async def test_no_answer_again_after_the_decision_is_told_to_the_model_not_asked_twice(turn: Turn) -> None:
+    silent = Unanswered(turn.ledger, turn.conversation, answered_after=5)
+    await silent.run({"messages": [HumanMessage("hi", id="h")]})
+    decisions = [{"id": "call-a", "action": "approve"}]
+    await silent.run(Command(resume=resume_value(await silent.state(), decisions)))
+
+    results = await silent.results()
+    assert interrupt_requests(await silent.state()) is None
+    told = results["call-a"]
+    assert told.status == "error" and "may or may not have taken effect" in str(told.content)
+    # The safe one: sent twice with its key, then its error is the outcome (repeating it is harmless).
+    assert len([s for s in silent.sent if s[0] == "look"]) == 2 and results["call-b"].status == "error"
+    a, b = [await turn.ledger.entry(turn.ref(c)) for c in ("call-a", "call-b")]
+    assert a is not None and b is not None and (a.state, a.attempt, b.state, b.attempt) == (DONE, 2, DONE, 2)

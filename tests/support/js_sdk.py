@@ -23,9 +23,13 @@ PACKAGE = "@langchain/langgraph-sdk"
 INSTALL_TIMEOUT = 120.0
 
 
+def cache_root() -> Path:
+    """Where the tests keep what npm installs: outside the checkout, kept between runs."""
+    return Path(os.environ.get("SOPHOS_TEST_CACHE") or Path.home() / ".cache" / "sophos-tests")
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("SOPHOS_TEST_CACHE") or Path.home() / ".cache" / "sophos-tests"
-    return Path(root) / f"langgraph-sdk-js-{JS_SDK_VERSION}"
+    return cache_root() / f"langgraph-sdk-js-{JS_SDK_VERSION}"
 
 
 def js_sdk() -> Path:

@@ -57,7 +57,7 @@ def loopback_listeners(*hosts: str) -> Iterator[Listeners]:
 
     servers = [(_Server6 if ":" in host else ThreadingHTTPServer)((host, 0), Recorder) for host in hosts]
     for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield Listeners([server.server_address[1] for server in servers], hits)
     finally:

@@ -99,7 +99,8 @@ class OtlpReceiver:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                         name="otlp-receiver", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:

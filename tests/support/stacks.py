@@ -1,8 +1,9 @@
 """A real worker and API that the tests of one module share, started once for the module.
 
 :func:`module_stack` is the one set-up (tests/test_branches.py, tests/test_fuzz.py,
-tests/test_tracing.py); :func:`approval_stack` is it on a Redis of its own with ``add`` asking
-for approval (the Agent Protocol's modules).
+tests/test_tracing.py); :func:`own_redis_stack` is it on a Redis of its own (tests/test_webhooks.py),
+:func:`approval_stack` that with ``add`` asking for approval (the Agent Protocol's modules,
+tests/test_approvals.py, tests/test_cli_approve.py).
 """
 
 from __future__ import annotations
@@ -62,16 +63,21 @@ def module_stack(
 
 
 @contextlib.contextmanager
-def approval_stack(root: Path, model: FakeOllama, **overrides: str) -> Iterator[SophosEnv]:
-    """:func:`module_stack` on a Redis of its own (other tests flush the session's while the
-    module's tests run), the fake tools server's ``add`` asking for approval; with the
-    environment's ``overrides``."""
+def own_redis_stack(root: Path, model: FakeOllama, **options: Any) -> Iterator[Stack]:
+    """:func:`module_stack` (with its ``options``) on a Redis of its own: the module's other tests
+    flush the session's (``sophos_env``) while its tests run."""
     redis_server = RedisServer(root / "redis", appendonly=False)
     redis_server.start()
     try:
-        with module_stack(
-            root, redis_server.url, model, approval=["add"], safe_to_repeat=True, **overrides
-        ) as stack:
-            yield stack.env
+        with module_stack(root, redis_server.url, model, **options) as stack:
+            yield stack
     finally:
         redis_server.stop()
+
+
+@contextlib.contextmanager
+def approval_stack(root: Path, model: FakeOllama, **overrides: str) -> Iterator[SophosEnv]:
+    """:func:`own_redis_stack` with the fake tools server's ``add`` asking for approval; with the
+    environment's ``overrides``."""
+    with own_redis_stack(root, model, approval=["add"], safe_to_repeat=True, **overrides) as stack:
+        yield stack.env

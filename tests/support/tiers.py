@@ -4,7 +4,9 @@
 
 1. The fast tier, ``-m fast``: tests/fast/, the pure tests of other files named in
    :data:`FAST_ELSEWHERE` (tests/conftest.py marks them) and any test marked ``fast``:
-   pure logic, no process, in one pytest process. If it fails, nothing else runs.
+   pure logic, no process, in one pytest process. If it fails, nothing else runs. It collects
+   only the files that can hold such a test (:func:`fast_files`): collecting every module
+   (the real-process ones, tests/test_fuzz.py building its cases) took half its time.
 2. The real-process tests, ``-m "not fast and not alone"``, spread over
    ``SOPHOS_TEST_WORKERS`` xdist workers (default :data:`DEFAULT_WORKERS`; ``0`` runs them
    in one process) with ``--dist loadgroup``: a module that shares a server or a browser
@@ -73,7 +75,6 @@ FAST_ELSEWHERE: dict[str, frozenset[str]] = {
 }
 
 
-#: Options after which pytest runs no test: passed through as they are.
 #: Tests that assert how fast something answers (file name -> test names): the ``alone`` tier.
 ALONE: dict[str, frozenset[str]] = {
     "test_events.py": frozenset({
@@ -94,6 +95,20 @@ ALONE: dict[str, frozenset[str]] = {
     "test_web.py": frozenset({"test_a_killed_worker_shows_within_two_seconds_and_resume_gives_one_answer"}),
 }
 
+#: How a test file outside tests/fast/ marks a test of its own ``fast`` (decorator or ``pytestmark``).
+FAST_MARK = "mark.fast"
+
+
+def fast_files(tests: Path = FAST_DIR.parent) -> list[Path]:
+    """The files the fast tier collects: tests/fast/, the files of :data:`FAST_ELSEWHERE`, and every
+    other test file that says :data:`FAST_MARK`. tests/conftest.py refuses a fast test elsewhere, so
+    none is left out of both tiers."""
+    named = {tests / name for name in FAST_ELSEWHERE}
+    marked = {path for path in tests.glob("test_*.py") if FAST_MARK in path.read_text()}
+    return [tests / FAST_DIR.name, *sorted(path for path in named | marked if path.exists())]
+
+
+#: Options after which pytest runs no test: passed through as they are.
 _NO_RUN = {"--version", "-V", "-h", "--help", "--co", "--collect-only", "--fixtures", "--funcargs",
            "--fixtures-per-test", "--markers", "--setup-plan"}
 _WORKER_OPTIONS = ("-n", "--numprocesses", "--dist", "-d", "--tx")
@@ -152,7 +167,8 @@ def _pytest(args: Sequence[str]) -> int:
 def run_tiers(args: Sequence[str]) -> int:
     expression, rest = split_marker(args)
     tiers = [
-        ("fast tier (pure logic, no process)", ["-m", narrowed("fast", expression)]),
+        ("fast tier (pure logic, no process)",
+         ["-m", narrowed("fast", expression), *(str(p.relative_to(ROOT)) for p in fast_files())]),
         ("real-process tiers", ["-m", narrowed("not fast and not alone", expression),
                                 *worker_options(rest, os.environ)]),
     ]

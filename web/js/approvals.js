@@ -36,11 +36,12 @@ function requestCard(request, index) {
     el("label", { for: `${id}-arguments`, text: "Arguments (JSON object)" }), args);
   const problem = el("p", { class: "error-text", role: "alert" });
 
-  // A call the worker was making when it stopped: it may have acted already.
+  // A call whose answer never came (the worker stopped, the call timed out, the tool's server
+  // went away): it may have acted already.
   const uncertain = request.kind === "uncertain";
   const note = uncertain
     ? el("p", { class: "uncertain-note", text:
-      "This call may already have run: the worker stopped while it was being made. "
+      "This call may already have run: its answer never came (the worker stopped, or the tool did not answer). "
       + "Approve sends it again (with the same idempotency key), Reject never sends it." })
     : null;
   if (uncertain) approve.node.lastChild.textContent = " Send again";

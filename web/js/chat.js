@@ -18,8 +18,9 @@ import { Transcript } from "./transcript.js";
 import { WorkerWatch } from "./worker.js";
 
 export class ChatView {
-  constructor({ sidebar, onConversation }) {
+  constructor({ sidebar, onConversation, assistant = () => null }) {
     this.sidebar = sidebar;
+    this.assistant = assistant; // the assistant a new conversation is with (null: the default)
     this.onConversation = onConversation; // tells the router which conversation is shown
     this.banners = new Banners(document.getElementById("banners"));
     this.form = document.getElementById("composer");
@@ -274,7 +275,7 @@ export class ChatView {
     try {
       accepted = await api("/api/chat", {
         method: "POST",
-        body: conversation ? { message: text, conversation } : { message: text },
+        body: conversation ? { message: text, conversation } : this.newConversation(text),
       });
     } catch (error) {
       this.sendButton.disabled = false;
@@ -296,6 +297,11 @@ export class ChatView {
     this.transcript.appendUser(text);
     this.stream.attach(accepted.run, 0, "queued");
     this.sidebar.refresh();
+  }
+
+  newConversation(message) {
+    const assistant = this.assistant();
+    return assistant ? { message, assistant } : { message };
   }
 
   /** Follow `run`, accepted for an edit, a regenerate or a switch; read the conversation again after. */

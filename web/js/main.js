@@ -2,6 +2,7 @@
 import { Account } from "./account.js";
 import { askForToken, keepToken } from "./api.js";
 import { AgentPanel } from "./agent.js";
+import { AssistantPicker } from "./assistants.js";
 import { ChatView } from "./chat.js";
 import { RunsView } from "./runs.js";
 import { Sidebar } from "./sidebar.js";
@@ -21,8 +22,10 @@ const sidebarEl = document.getElementById("sidebar");
 const menu = document.getElementById("menu");
 
 const sidebar = new Sidebar({ onError: (error) => chat.banners.show(error) });
+const picker = new AssistantPicker();
 const chat = new ChatView({
   sidebar,
+  assistant: () => picker.chosen(),
   onConversation: (id) => {
     // A new conversation got its id: name it in the address without reopening it.
     history.replaceState(null, "", `#/c/${id}`);
@@ -52,13 +55,17 @@ function route() {
   const id = match ? match[1].toLowerCase() : null;
   sidebar.highlight(id);
   if (id !== chat.conversation || id === null) chat.open(id);
-  if (id === null) agent.load(); // the empty page names who answers
+  if (id === null) {
+    agent.load(); // the empty page names who answers
+    picker.load();
+  }
 }
 
 document.getElementById("new-chat").addEventListener("click", () => {
   if (location.hash === "#/" || location.hash === "") {
     chat.open(null);
     agent.load();
+    picker.load();
   } else {
     location.hash = "#/";
   }

@@ -1,1 +1,2 @@
-"""The agent: its graph, its model, and the checks and counts around model calls."""
+"""The agent: its graph, its model, the checks and counts around model calls, and its memory in
+the Store (``memory``)."""

@@ -39,9 +39,11 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, Send, interrupt
 
 from shared import tracing
+from shared.contracts.assistants import AgentConfig, agent_in
 from shared.contracts.codec import decode
 from shared.contracts.jobs import Decision, DecisionAction
 from shared.contracts.runs import AGENT, APPROVAL, APPROVALS_MARK, TOOLS
@@ -92,6 +94,8 @@ def build_graph(
     needs_approval: Callable[[str], bool] = lambda tool: False,
     ledger: Ledger | None = None,
     model_calls: ModelCalls | None = None,
+    models: Callable[[str], BaseChatModel] | None = None,
+    store: BaseStore | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -107,11 +111,17 @@ def build_graph(
 
     ``model_calls`` counts the model calls a resume makes again (worker/agent/model_calls.py).
 
+    ``store``: the Store's items (shared/storage/memory.py), the graph's ``BaseStore``.
+
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
     the model, never written to the thread.
+
+    A run of an assistant (shared/contracts/assistants.py: its ``AgentConfig`` in the run's
+    ``configurable``) has its own system prompt, its model (made by ``models(name)``), only the
+    tools it may use, and approvals for the tools it names besides ``needs_approval``'s.
     """
-    bound = _Bound(model, tools)
+    bound = _Bound(model, tools, models)
     # Messages stored once per thread (DeltaChannel): see shared/storage/thread.py.
     graph = StateGraph(AgentState)
     # Each node's execution is a step's span when tracing is on (shared/tracing.py).
@@ -124,29 +134,63 @@ def build_graph(
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, _router(needs_approval), {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, store=store)
+
+
+#: the most (model, tools) pairs kept bound at once: assistants beyond them are bound again
+_BOUND_KEPT = 64
 
 
 class _Bound:
-    """The model bound to the tools now, and the tools node for them: made again only when the
-    tools function returns another object."""
+    """The model bound to the tools now, and the tools node for them, per (model, tools) an
+    assistant chooses: made again only when the tools function returns another object."""
 
     def __init__(
         self, model: BaseChatModel, tools: Sequence[BaseTool] | Callable[[], Sequence[BaseTool]],
+        models: Callable[[str], BaseChatModel] | None = None,
     ) -> None:
         self.model = model
+        self.models = models
         self.tools_now: Callable[[], Sequence[BaseTool]] = tools if callable(tools) else (lambda: tools)
         self.model_name = getattr(model, "model", None) or type(model).__name__
-        # (the tools they were made for, the bound model, the tools node): replaced as one.
-        self._made: tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode] | None = None
+        # per (model, tools): (the tools they were made for, the bound model, the tools node)
+        self._made: dict[tuple[Any, ...], tuple[Sequence[BaseTool], Runnable[Any, Any], ToolNode]] = {}
+        self._chat_models: dict[str, BaseChatModel] = {}
 
-    def now(self) -> tuple[Runnable[Any, Any], ToolNode]:
+    def name(self, agent: AgentConfig | None) -> str:
+        return agent.model if agent is not None and agent.model and self.models else self.model_name
+
+    def _model(self, agent: AgentConfig | None) -> BaseChatModel:
+        if agent is None or not agent.model or self.models is None:
+            return self.model
+        if agent.model not in self._chat_models:
+            if len(self._chat_models) >= _BOUND_KEPT:
+                self._chat_models.clear()
+            self._chat_models[agent.model] = self.models(agent.model)
+        return self._chat_models[agent.model]
+
+    def now(self, agent: AgentConfig | None = None) -> tuple[Runnable[Any, Any], ToolNode]:
         current = self.tools_now()
-        if self._made is None or self._made[0] is not current:
-            bound = self.model.bind_tools(list(current)) if current else self.model
-            # Errors of a tool go back to the model as a ToolMessage with status "error".
-            self._made = (current, bound, ToolNode(list(current), handle_tool_errors=True))
-        return self._made[1], self._made[2]
+        key = (None, None) if agent is None else (agent.model, agent.tools)
+        made = self._made.get(key)
+        if made is None or made[0] is not current:
+            allowed = [t for t in current if agent is None or agent.allows(t.name)]
+            model = self._model(agent)
+            bound = model.bind_tools(allowed) if allowed else model
+            if len(self._made) >= _BOUND_KEPT:
+                self._made.clear()
+            # Errors of a tool go back to the model as a ToolMessage with status "error"; a call
+            # of a tool the assistant may not use is one ("not a valid tool").
+            made = self._made[key] = (current, bound, ToolNode(allowed, handle_tool_errors=True))
+        return made[1], made[2]
+
+
+def _approval_needed(needs_approval: Callable[[str], bool], config: RunnableConfig) -> Callable[[str], bool]:
+    """mcp.json's approvals, and the run's assistant's."""
+    agent = agent_in(config)
+    if agent is None or not agent.require_approval:
+        return needs_approval
+    return lambda tool: needs_approval(tool) or agent.requires(tool)
 
 
 def _agent_node(
@@ -155,12 +199,15 @@ def _agent_node(
     """The model's turn: the system prompt and the thread's messages in, one answer out."""
 
     async def agent(state: AgentState, config: RunnableConfig) -> dict[str, Any]:
-        prompt = system_prompt()
+        chosen = agent_in(config)
+        prompt = chosen.system_prompt if chosen is not None and chosen.system_prompt is not None else (
+            system_prompt()
+        )
         messages = [SystemMessage(prompt), *state["messages"]] if prompt else list(state["messages"])
-        model, _ = bound.now()
+        model, _ = bound.now(chosen)
         if model_calls is not None:
             await model_calls.starting(config)
-        with timed(MODEL_CALL), tracing.model_call(bound.model_name) as call:
+        with timed(MODEL_CALL), tracing.model_call(bound.name(chosen)) as call:
             try:
                 response = await model.ainvoke(messages, call.config(config))
             except Exception:
@@ -173,34 +220,40 @@ def _agent_node(
     return agent
 
 
-def _router(needs_approval: Callable[[str], bool]) -> Callable[[AgentState], Awaitable[str | list[Send]]]:
+def _router(
+    needs_approval: Callable[[str], bool],
+) -> Callable[[AgentState, RunnableConfig], Awaitable[str | list[Send]]]:
     """After the model: the end, the approval, or one ``tools`` task per call."""
 
     # async: LangGraph runs a sync branch function of an async run in the default thread pool,
     # a thread hop per model turn for a few list lookups (17 % of the worker's samples were
     # spent handing it over: bench figure 16's profile).
-    async def route(state: AgentState) -> str | list[Send]:
+    async def route(state: AgentState, config: RunnableConfig) -> str | list[Send]:
         message = _last_ai(state["messages"])
         if message is None or not message.tool_calls:
             return END
-        if any(needs_approval(c["name"]) for c in message.tool_calls):
+        needed = _approval_needed(needs_approval, config)
+        if any(needed(c["name"]) for c in message.tool_calls):
             return APPROVAL
         return _sends(message, [dict(c) for c in message.tool_calls])
 
     return route
 
 
-def _approval_node(needs_approval: Callable[[str], bool]) -> Callable[[AgentState], Command[Any]]:
+def _approval_node(
+    needs_approval: Callable[[str], bool],
+) -> Callable[[AgentState, RunnableConfig], Command[Any]]:
     """The interrupt listing the turn's calls that need a decision, then the decisions as state."""
 
-    def approval(state: AgentState) -> Command[Any]:
+    def approval(state: AgentState, config: RunnableConfig) -> Command[Any]:
+        needed = _approval_needed(needs_approval, config)
         # Runs again from here on resume: nothing before interrupt() may act on the world.
         message = _last_ai(state["messages"])
         if message is None:  # routed here only after an answer with tool calls
             raise RuntimeError("approval step without a tool-calling answer")
         requests = [
             {"id": c["id"], "name": c["name"], "arguments": c["args"], "kind": APPROVAL_KIND}
-            for c in message.tool_calls if needs_approval(c["name"])
+            for c in message.tool_calls if needed(c["name"])
         ]
         answer = interrupt({"requests": requests})
         decisions = (decode(Decision, raw) for raw in answer)
@@ -281,7 +334,7 @@ async def _run_call(
     bound: _Bound, ledger: Ledger | None, call: dict[str, Any], message_id: str, config: RunnableConfig,
 ) -> ToolMessage:
     """One call's result, through the ledger when there is one: where a tool call is recorded."""
-    _, tool_node = bound.now()
+    _, tool_node = bound.now(agent_in(config))
 
     async def send(arguments: dict[str, Any]) -> ToolMessage:
         # The prebuilt ToolNode for one call: its argument checks, and its errors as

@@ -9,10 +9,11 @@ from langchain_ollama import ChatOllama
 from shared.settings import Settings
 
 
-def build_model(settings: Settings) -> ChatOllama:
+def build_model(settings: Settings, model: str | None = None) -> ChatOllama:
+    """The chat model: ``OLLAMA_MODEL``, or ``model`` (an assistant's) on the same Ollama."""
     return ChatOllama(
         base_url=settings.ollama_host,
-        model=settings.ollama_model,
+        model=model or settings.ollama_model,
         reasoning=settings.ollama_think,
         client_kwargs={"timeout": settings.model_timeout},
     )

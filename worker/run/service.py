@@ -39,6 +39,7 @@ Where to look, following one run (:meth:`RunService.execute` reads as these step
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared import tracing
+from shared.contracts.assistants import CONFIG_KEY as AGENT_KEY
+from shared.contracts.assistants import AgentConfig
+from shared.contracts.codec import decode, encode
 from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.redis.keys import TAKEN_SECONDS, taken_key
@@ -64,6 +68,7 @@ from shared.storage.branch import thread_at
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.leases import CURRENT_LEASE, Lease, LeaseLost
 from shared.storage.rows import RunRow
+from worker.agent.memory import RUN_OWNER
 from worker.agent.model import is_model_unavailable
 from worker.agent.model_check import unavailable_message
 from worker.metrics import collecting
@@ -239,6 +244,8 @@ class RunService:
             # PostgreSQL: every checkpoint write of the run checks its lease (the run's
             # task copies this context, and the lease with it).
             CURRENT_LEASE.set(Lease(run.job.run_id, self.store.owner))
+        # The Store's tools act in the namespace of the conversation's owner (worker/agent/memory.py).
+        RUN_OWNER.set(run.job.owner)
         try:
             return await self._run_listed(run)
         except LeaseLost:
@@ -288,7 +295,8 @@ class RunService:
             # The row names the branch now (worker/store.py start_run); the ending records its shape.
             branch = await self.graph.aget_state(at)
             return FinalState(len((branch.values or {}).get("messages", [])), pending=bool(branch.tasks))
-        config = self._config(job, at)
+        agent = job.agent or (None if job.new_conversation else await self._thread_agent(at))
+        config = self._config(job, at, agent)
         if job.kind is JobKind.UPDATE:
             return await apply_update(self.graph, job, config)
         given = await graph_input(self.graph, job, run.live.input, at)
@@ -305,17 +313,32 @@ class RunService:
             stream.final.pending = bool((await self.graph.aget_state(thread_at(job.conversation_id))).tasks)
         return stream.final
 
-    def _config(self, job: RunJob, at: RunnableConfig) -> RunnableConfig:
+    def _config(self, job: RunJob, at: RunnableConfig, agent: AgentConfig | None) -> RunnableConfig:
+        # The assistant's configuration of the agent, for the graph (worker/agent/graph.py), and
+        # on the run's checkpoints, where the thread's next run without one finds it.
+        # (LangGraph copies only plain values of a run's metadata onto its checkpoints: JSON text.)
+        chosen = {AGENT_KEY: encode(agent)} if agent is not None else {}
+        recorded = {AGENT_KEY: json.dumps(encode(agent))} if agent is not None else {}
         return {
             # With a checkpoint id, the run forks the thread there (an edit, a regenerate) or
             # continues the branch the conversation follows: its checkpoints are children of it.
-            "configurable": at["configurable"],
+            "configurable": {**at["configurable"], **chosen},
             # Stored on every checkpoint this run writes: exports can tell runs apart,
             # and start-up can tell whether the run's input was ever recorded. With
             # tracing, the run's traceparent too: a resume links to the run it continues.
-            "metadata": {"run_id": job.run_id, **tracing.stamp()},
+            "metadata": {"run_id": job.run_id, **tracing.stamp(), **recorded},
             "recursion_limit": self.settings.agent_recursion_limit,
         }
+
+    async def _thread_agent(self, at: RunnableConfig) -> AgentConfig | None:
+        """The agent of the run that wrote the checkpoint this run starts from (a resume, a
+        decision, the next message of a conversation begun with an assistant); None: config/'s."""
+        saver = self.graph.checkpointer
+        if not isinstance(saver, BaseCheckpointSaver):
+            return None
+        saved = await saver.aget_tuple(at)
+        raw = (saved.metadata or {}).get(AGENT_KEY) if saved is not None else None
+        return decode(AgentConfig, json.loads(raw)) if isinstance(raw, str) else None
 
     async def _failure(self, exc: Exception) -> Outcome:
         """The outcome of a run whose graph raised ``exc``."""
@@ -354,8 +377,12 @@ class RunService:
         # A checkpoint write cut between its statement and its commit leaves the saver's
         # transaction open (and the database's write lock held): roll it back, as a crash would.
         await self._end_failed_checkpoint_write()
+        thread: RunnableConfig = {"configurable": {"thread_id": job.conversation_id}}
+        agent = job.agent or await self._thread_agent(thread)
+        # The checkpoint that closes the thread keeps the run's agent for the thread's next run.
         config: RunnableConfig = {
-            "configurable": {"thread_id": job.conversation_id}, "metadata": {"run_id": job.run_id},
+            **thread,
+            "metadata": {"run_id": job.run_id, **({AGENT_KEY: json.dumps(encode(agent))} if agent else {})},
         }
         if job.checkpoint_id is not None and not await self._wrote(job):
             # A fork cut before its first checkpoint: the thread's latest checkpoint is another

@@ -84,11 +84,15 @@ class RunStream:
         result = None if payload.get("error") else payload.get("result")
         self.live.finished(node, payload.get("id") or "", result)
         if payload.get("interrupts"):
-            # One interrupt per turn (worker/agent/graph.py): its requests are the approval's.
-            # (The tasks stream gives each interrupt as a dict: {"value", "id"}.)
-            first = payload["interrupts"][0]
-            value = first["value"] if isinstance(first, dict) else first.value
-            self.final.requests = list(value["requests"])
+            # The approval step's one interrupt per turn, or one per call that may have run, each
+            # raised by its own task of the same step (worker/tools/ledger.py): the requests of
+            # them all are the approval's. (The tasks stream gives each interrupt as a dict:
+            # {"value", "id"}.)
+            requests = list(self.final.requests or [])
+            for interrupt in payload["interrupts"]:
+                value = interrupt["value"] if isinstance(interrupt, dict) else interrupt.value
+                requests += [r for r in value["requests"] if r not in requests]
+            self.final.requests = requests
         messages = (payload.get("result") or {}).get("messages", [])
         for message in messages:
             await self._trace_message(node, message)

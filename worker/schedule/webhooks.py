@@ -120,7 +120,7 @@ class WebhookDelivery:
             run_id=job.run_id, thread_id=job.conversation_id, status=status, created_at=times[0],
             started_at=times[1], finished_at=times[2], metadata=record.metadata,
             multitask_strategy=record.multitask_strategy, stream_mode=record.stream_mode,
-            error_code=row.error_code if row is not None else None,
+            error_code=row.error_code if row is not None else None, assistant_id=record.assistant_id,
         )
         body["values"] = await self._values(job.conversation_id)
         if error is not None:

@@ -32,6 +32,14 @@ run ends ``waiting`` with every such call listed and the finished siblings kept)
 decision decides: approve sends it again with the same key, edit sends new arguments under a
 new key, reject never sends it (the model is told it may or may not have taken effect). Nothing
 before ``interrupt()`` acts: on resume the task runs again from its start and reads the same row.
+
+A call whose answer did not come (it timed out, or its transport was lost after it was sent: the
+tool's transport says so through :func:`unanswered`) is the same case, met without a crash: it is
+never an error the model would retry under a new tool call id, so a new key. A tool safe to repeat
+is sent again at once with the same key (:data:`UNANSWERED_RESENDS` times; then its error is the
+outcome, repeating it being harmless); any other call is put to a person as above, in the run that
+sent it. One sent again on that decision that gets no answer again is not asked about twice (a task
+asks once: on resume it replays its answers from the start): the model is told it may have acted.
 """
 
 from __future__ import annotations
@@ -76,27 +84,61 @@ UNCERTAIN_MARK = "sophos_uncertain"
 def uncertain_rejection_text(decision: Decision) -> str:
     """What the model is told of an uncertain call the user chose not to send again."""
     text = (
-        "This tool call may or may not have taken effect: the worker stopped while it was being "
-        "made. The user chose not to repeat it, so it was not sent again."
+        "This tool call may or may not have taken effect: it was sent and its answer never came (the "
+        "worker stopped, or the tool did not answer in time). The user chose not to repeat it, so it "
+        "was not sent again."
     )
     return f"{text} Their message: {decision.message}" if decision.message else text
 
-#: the ``_meta`` of the ``tools/call`` request being made in this context (set by :meth:`Ledger.run`)
-_REQUEST_META: ContextVar[dict[str, Any] | None] = ContextVar("sophos_request_meta", default=None)
+
+def unanswered_again_text(why: str) -> str:
+    """What the model is told of a call sent again on the user's decision that got no answer again."""
+    return (
+        f"This tool call may or may not have taken effect: it was sent again on the user's decision and"
+        f" again got no answer ({why}). It was not sent a third time; do not call it again unless the"
+        " user asks."
+    )
+
+#: how often a call of a tool that is safe to repeat is sent again, with its key, when its answer
+#: did not come (timed out, transport lost) before its error is its outcome
+UNANSWERED_RESENDS = 1
+
+@dataclass(slots=True)
+class Attempt:
+    """The request being made in this context (set by :meth:`Ledger.run`): its ``_meta``, and
+    why its answer did not come, once the tool's transport says so (:func:`unanswered`)."""
+
+    meta: dict[str, Any]
+    unanswered: str | None = None
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("sophos_tool_attempt", default=None)
 
 
 def request_meta() -> dict[str, Any] | None:
     """The ``_meta`` for a ``tools/call`` request made now: the call's idempotency key, if any."""
-    return _REQUEST_META.get()
+    attempt = _ATTEMPT.get()
+    return attempt.meta if attempt is not None else None
+
+
+def unanswered(why: str) -> None:
+    """Say that the request made now was sent and its answer did not come: it timed out, or the
+    transport was lost (worker/tools/mcp.py). The call may have acted: the ledger treats it as a
+    call cut by a crash (module docstring), whatever error the model would otherwise be given."""
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        attempt.unanswered = why
 
 
 @contextmanager
-def _meta(key: str) -> Iterator[None]:
-    token = _REQUEST_META.set({IDEMPOTENCY_META_KEY: key})
+def sending(key: str) -> Iterator[Attempt]:
+    """The context a request of the call keyed ``key`` is made in (see :func:`request_meta`)."""
+    attempt = Attempt({IDEMPOTENCY_META_KEY: key})
+    token = _ATTEMPT.set(attempt)
     try:
-        yield
+        yield attempt
     finally:
-        _REQUEST_META.reset(token)
+        _ATTEMPT.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,10 +305,7 @@ class Ledger:
                 entry = await self.again(ref, run_id)
             else:
                 # Nothing above acted: on resume this task runs again from its start to here.
-                answer = interrupt({"requests": [{
-                    "id": ref.tool_call_id, "name": name, "arguments": arguments,
-                    "kind": UNCERTAIN_KIND, "attempts": known.attempt,
-                }]})
+                answer = interrupt(_uncertain_request(ref, name, arguments, known.attempt))
                 decision = _decision_for(ref.tool_call_id, answer)
                 decided = {"action": decision.action.value, "attempts": known.attempt,
                            **({"message": decision.message} if decision.message else {})}
@@ -289,21 +328,55 @@ class Ledger:
                             attempt=known.attempt + 1, reason=f"decided_{decision.action.value}")
                 counted(TOOL_CALLS_REPEATED, {"reason": "decided"})
             if entry is None:  # done meanwhile
-                done = await self.entry(ref)
-                if done is not None and done.state == DONE:
-                    _traced("answered", done)
-                    return self._answer(ref, name, done)
-                raise RuntimeError(f"tool call {ref.tool_call_id} changed under its attempt")
-        await self._at("after_intent", name)
-        _traced("sent" if entry.attempt == 1 else f"sent_again_{'decided' if decided else 'safe'}", entry)
-        with _meta(entry.key):
-            result = await send(arguments)
+                return await self._done_meanwhile(ref, name)
+        resent = 0
+        while True:
+            await self._at("after_intent", name)
+            _traced("sent" if entry.attempt == 1 else f"sent_again_{'decided' if decided else 'safe'}", entry)
+            with sending(entry.key) as attempt:
+                result = await send(arguments)
+            if attempt.unanswered is None:
+                break
+            # Sent, and no answer: it may have acted, exactly like a call cut by a crash.
+            log.warning("tool_call.unanswered", tool=name, tool_call_id=ref.tool_call_id,
+                        attempt=entry.attempt, why=attempt.unanswered)
+            if safe_to_repeat and resent < UNANSWERED_RESENDS:
+                resent += 1
+                log.warning("tool_call.sent_again", tool=name, tool_call_id=ref.tool_call_id,
+                            attempt=entry.attempt + 1, reason="unanswered")
+                counted(TOOL_CALLS_REPEATED, {"reason": "safe_to_repeat"})
+                again = await self.again(ref, run_id)
+                if again is None:  # done meanwhile
+                    return await self._done_meanwhile(ref, name)
+                entry = again
+                continue
+            if not safe_to_repeat:
+                if decided is None:
+                    # The question a crash would have led to, asked now; on the decision this task
+                    # runs again from its start and finds the same intent (the path above).
+                    _traced("unanswered", entry)
+                    interrupt(_uncertain_request(ref, name, arguments, entry.attempt))
+                # Sent again on a decision and unanswered again: the model is told that it may
+                # have acted, never to call it again as if it had failed (docs/approvals.md).
+                result = ToolMessage(
+                    unanswered_again_text(attempt.unanswered), tool_call_id=ref.tool_call_id, name=name,
+                    status="error", id=str(uuid.uuid4()),
+                )
+            break  # safe to repeat and still unanswered: its error is the outcome; repeating is harmless
         await self._at("before_outcome", name)
         if decided is not None:
             result.response_metadata = {**result.response_metadata, UNCERTAIN_MARK: decided}
         await self.record_outcome(ref, result.status, result.content)
         counted(TOOL_CALLS, {"outcome": "error" if result.status == "error" else "success"})
         return result
+
+    async def _done_meanwhile(self, ref: CallRef, name: str) -> ToolMessage:
+        """The answer of a call whose next attempt found it done (another worker recorded it)."""
+        done = await self.entry(ref)
+        if done is not None and done.state == DONE:
+            _traced("answered", done)
+            return self._answer(ref, name, done)
+        raise RuntimeError(f"tool call {ref.tool_call_id} changed under its attempt")
 
     async def recorded(self, ref: CallRef, name: str) -> ToolMessage | None:
         """The call's result as recorded (a cut closing the thread keeps it); None without an outcome.
@@ -336,8 +409,17 @@ def _message(ref: CallRef, name: str, entry: Entry) -> ToolMessage:
 def _traced(state: str, entry: Entry) -> None:
     """What the ledger made of the call, on its span: sent (first attempt), sent again (its tool
     is safe to repeat, or a person decided), answered from the ledger, or not repeated."""
-    tracing.annotate({"sophos.tool.ledger": state, "sophos.tool.attempt": entry.attempt,
-                      "sophos.tool.idempotency_key": entry.key})
+    # Not the key: a trace goes to whoever runs the collector, and the key is what a tool server
+    # deduplicates by (the detail and the exports show it to the conversation's owner).
+    tracing.annotate({"sophos.tool.ledger": state, "sophos.tool.attempt": entry.attempt})
+
+
+def _uncertain_request(ref: CallRef, name: str, arguments: dict[str, Any], attempts: int) -> dict[str, Any]:
+    """The interrupt that puts a call that may have run to a person (an ``approval`` request)."""
+    return {"requests": [{
+        "id": ref.tool_call_id, "name": name, "arguments": arguments, "kind": UNCERTAIN_KIND,
+        "attempts": attempts,
+    }]}
 
 
 def _decision_for(tool_call_id: str, answer: Any) -> Decision:

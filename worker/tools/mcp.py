@@ -1,13 +1,18 @@
 """Tools from MCP servers, over sessions that live as long as the worker.
 
-Servers come from ``CONFIG_DIR/mcp.json`` (``{"mcpServers": {name: {command,
-args, env}}}``); each tool is offered to the model as ``<server>__<tool>``.
+Servers come from ``CONFIG_DIR/mcp.json`` (worker/tools/config.py): a command run as a stdio
+child, or a URL reached over Streamable HTTP or SSE (worker/tools/remote.py); each tool is offered
+to the model as ``<server>__<tool>``. A remote server's secrets (the values of ``${VAR}`` in its
+URL and headers) are taken out of everything written about it: its status, logs, tool errors.
 
 Opening a stdio session costs ~0.7 s and a call on an open one ~7 ms, so each
 server's session is opened once, in a task of its own (anyio requires a
 session to be closed by the task that opened it), and reopened after it breaks.
-A server that cannot start costs only its own tools; a call that fails or
-times out comes back to the model as a tool error.
+A server that cannot start costs only its own tools. A call that was sent and got no answer (it
+timed out, or the transport was lost: the pipe closed, the connection was reset) may have acted:
+the ledger is told (:func:`worker.tools.ledger.unanswered`) and treats it like a call cut by a
+crash. A call that never left (no session) or that the server answered with an error is an error
+the model gets.
 
 The tools offered are never frozen at start-up: a server that is down or slower
 than ``MCP_START_TIMEOUT`` is tried again in the background, with a growing pause
@@ -22,23 +27,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-from collections.abc import Mapping
-from contextlib import suppress
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import anyio
 import structlog
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from mcp import ClientSession
-from mcp.types import CallToolResult, TextContent, Tool
+from mcp.shared.exceptions import McpError
+from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
 from shared import tracing
 from shared.redis.metrics import TOOL_CALL
 from worker.metrics import timed
-from worker.tools.ledger import request_meta
-from worker.tools.policy import SAFE_TO_REPEAT, McpConfigError, RepeatPolicy
+from worker.tools.config import load_config, secrets_of
+from worker.tools.ledger import request_meta, unanswered
+from worker.tools.policy import NEEDS_APPROVAL, SAFE_TO_REPEAT, ApprovalPolicy, RepeatPolicy, needs_approval
+from worker.tools.remote import open_remote_session
 from worker.tools.stdio import open_stdio_session
+
+#: the code of mcp's error for a request a Streamable HTTP server refused with 404 (its session is
+#: gone: the server restarted); mcp 1.30 sends it from ``_send_session_terminated_error``
+SESSION_TERMINATED = 32600
+
+__all__ = ["RETRY_FIRST", "RETRY_MAX", "McpServer", "McpToolbox", "load_config"]
 
 log = structlog.get_logger(__name__)
 
@@ -46,37 +59,6 @@ log = structlog.get_logger(__name__)
 RETRY_FIRST = 1.0
 #: The longest pause between two tries (each pause doubles the one before).
 RETRY_MAX = 60.0
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def load_config(path: Path, variables: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Read ``mcp.json``; ``${VAR}`` in args and env values are expanded from ``variables``."""
-    if not path.exists():
-        return {}
-    try:
-        raw = json.loads(path.read_text())
-        servers = raw["mcpServers"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise McpConfigError(f"{path}: expected {{\"mcpServers\": {{...}}}} ({exc})") from exc
-
-    def expand(value: str) -> str:
-        return _VAR.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
-
-    config: dict[str, dict[str, Any]] = {}
-    for name, spec in servers.items():
-        if "__" in name or not isinstance(spec, dict) or "command" not in spec:
-            raise McpConfigError(f"{path}: server {name!r} needs a command and a name without '__'")
-        config[name] = {
-            "transport": "stdio",
-            "command": expand(spec["command"]),
-            "args": [expand(str(a)) for a in spec.get("args", [])],
-            "env": {k: expand(str(v)) for k, v in spec.get("env", {}).items()} or None,
-        }
-        if spec.get("cwd"):
-            config[name]["cwd"] = expand(spec["cwd"])
-    return config
-
 
 def _result_text(result: CallToolResult) -> str:
     parts: list[str] = []
@@ -95,11 +77,13 @@ class McpServer:
 
     def __init__(
         self, name: str, connection: dict[str, Any], *, start_timeout: float, call_timeout: float,
-        repeat: RepeatPolicy | None = None,
+        repeat: RepeatPolicy | None = None, approvals: ApprovalPolicy | None = None,
     ):
         self.name = name
         self.connection = connection
+        self.secrets = secrets_of(connection)
         self.repeat = repeat or RepeatPolicy()
+        self.approvals = approvals or ApprovalPolicy()
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
         self.session: ClientSession | None = None
@@ -123,8 +107,7 @@ class McpServer:
         # must not wake or clear the one opened after it.
         held: ClientSession | None = None
         try:
-            # Its stderr goes to our log as events (worker/tools/stdio.py).
-            async with open_stdio_session(self.name, self.connection) as session:
+            async with self._open_session() as session:
                 await session.initialize()
                 # Listed before the session is offered: a server that is up has its tools.
                 listing = await asyncio.wait_for(session.list_tools(), self.call_timeout)
@@ -137,12 +120,29 @@ class McpServer:
                 ready.set()
                 await stop.wait()
         except Exception as exc:  # the server's own failure: it costs only its tools
-            self.error = f"{type(exc).__name__}: {exc}"
+            self.error = self._described(exc)
             log.warning("mcp.session_failed", server=self.name, error=self.error)
         finally:
             if held is not None and self.session is held:
                 self.session = None
             ready.set()
+
+    @asynccontextmanager
+    async def _open_session(self) -> AsyncIterator[ClientSession]:
+        if self.connection["transport"] == "stdio":
+            # Its stderr goes to our log as events (worker/tools/stdio.py).
+            async with open_stdio_session(self.name, self.connection) as session:
+                yield session
+        else:
+            async with open_remote_session(self.connection, call_timeout=self.call_timeout) as session:
+                yield session
+
+    def _described(self, exc: BaseException) -> str:
+        """``exc`` as the server's status or a tool error may say it: its secrets taken out. An
+        exception group (anyio's task groups raise them) is told by its first leaf."""
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+            exc = exc.exceptions[0]
+        return self.secrets.redact(f"{type(exc).__name__}: {exc}")
 
     async def open(self, wait: float | None = None) -> bool:
         """Start a session; wait for it up to ``wait`` seconds (``MCP_START_TIMEOUT`` by default).
@@ -223,62 +223,103 @@ class McpServer:
 
         hints = listed.annotations
         hinted = hints is not None and bool(hints.readOnlyHint or hints.idempotentHint)
+        # Only a tool that says so is destructive: MCP's default (true) would ask about every
+        # tool that says nothing, the memory server's among them (worker/tools/policy.py).
+        destructive = hints is not None and hints.destructiveHint is True and not hints.readOnlyHint
         return StructuredTool(
             name=f"{self.name}__{tool_name}",
             description=listed.description or "",
             args_schema=listed.inputSchema,
             coroutine=call,
-            metadata={SAFE_TO_REPEAT: self.repeat(self.name, tool_name, hinted=hinted)},
+            metadata={
+                SAFE_TO_REPEAT: self.repeat(self.name, tool_name, hinted=hinted),
+                NEEDS_APPROVAL: self.approvals.for_tool(self.name, tool_name, destructive=destructive),
+            },
         )
 
     async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        tracing.annotate({"sophos.tool.server": self.name})  # on the call's span (worker/tools/ledger.py)
+        tracing.annotate({"sophos.tool.server": self.name,  # on the call's span (worker/tools/ledger.py)
+                          "sophos.tool.transport": self.connection["transport"]})
+        full = f"{self.name}__{tool_name}"
+        for last in (False, True):
+            session = await self._session_for_call()
+            try:
+                with timed(TOOL_CALL, {"tool": full}):
+                    # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
+                    # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the
+                    # session is called directly.
+                    request = session.call_tool(tool_name, arguments, meta=request_meta())
+                    result = await asyncio.wait_for(request, self.call_timeout)
+            except McpError as exc:
+                if exc.error.code == SESSION_TERMINATED and not last:
+                    # A remote server restarted since the session opened: it refused the request
+                    # (404 for an unknown session), which never ran. Once more, on a new session.
+                    self._discard(session, "the server no longer knows the session")
+                    continue
+                if exc.error.code != CONNECTION_CLOSED:  # the server's answer: an outcome
+                    answer = self.secrets.redact(f"tool {full} failed: {exc.error.message}")
+                    raise ToolException(answer) from None
+                # The pipe closed or the connection was lost while the call was out: the server
+                # died mid-call. It may have acted.
+                why = f"tool server {self.name!r} went away during the call"
+                raise self._unanswered(session, why) from None
+            except TimeoutError:
+                # A hung server, or one that died with the answer's stream (mcp's HTTP client drops a
+                # cut stream silently): it may be acting still. Start afresh for the next call.
+                why = f"tool {full} did not answer within {self.call_timeout:g}s"
+                raise self._unanswered(session, why) from None
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+                # The session's own stream to its transport was closed: the request never left us.
+                message = f"tool server {self.name!r} is not available: {self._described(exc)}"
+                self._discard(session, message)
+                raise ToolException(message) from None
+            except Exception as exc:
+                # The transport failed while the call was out (an HTTP error, a reset): it may have acted.
+                raise self._unanswered(
+                    session, f"tool server {self.name!r} failed during the call: {self._described(exc)}"
+                ) from None
+            text = _result_text(result)
+            if result.isError:
+                raise ToolException(self.secrets.redact(text) or f"tool {full} failed")
+            return text
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    async def _session_for_call(self) -> ClientSession:
         session = self.session
         if session is None:
             await self.reopen()
             session = self.session
-            if session is None:
+            if session is None:  # never sent: an error the model may act on
                 raise ToolException(f"tool server {self.name!r} is not available: {self.error}")
-        try:
-            with timed(TOOL_CALL, {"tool": f"{self.name}__{tool_name}"}):
-                # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
-                # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the session
-                # is called directly.
-                request = session.call_tool(tool_name, arguments, meta=request_meta())
-                result = await asyncio.wait_for(request, self.call_timeout)
-        except TimeoutError:
-            # A hung server: answer the model now, and start afresh for the next call.
-            message = f"tool {self.name}__{tool_name} did not answer within {self.call_timeout:g}s"
-            self._discard(session, message)
-            raise ToolException(message) from None
-        except Exception as exc:
-            # Most likely the server died (its pipe closed): it is started again.
-            message = f"tool server {self.name!r} failed: {type(exc).__name__}: {exc}"
-            self._discard(session, message)
-            raise ToolException(message) from exc
-        text = _result_text(result)
-        if result.isError:
-            raise ToolException(text or f"tool {self.name}__{tool_name} failed")
-        return text
+        return session
+
+    def _unanswered(self, session: ClientSession, message: str) -> ToolException:
+        """A call sent and never answered: the session is replaced, the ledger told (it may have
+        acted), and the error for the model without a ledger (tests of the graph alone)."""
+        self._discard(session, message)
+        unanswered(message)
+        return ToolException(message)
 
 
 class McpToolbox:
     """All configured servers; owned by the worker for its whole life."""
 
-    def __init__(self, servers: list[McpServer]) -> None:
+    def __init__(self, servers: list[McpServer], approvals: ApprovalPolicy | None = None) -> None:
         self.servers = servers
+        self.approvals = approvals or ApprovalPolicy()
         self._listings: tuple[tuple[BaseTool, ...], ...] = ()
         self._tools: tuple[BaseTool, ...] = ()
 
     @classmethod
     def from_config(
         cls, config: dict[str, dict[str, Any]], *, start_timeout: float, call_timeout: float,
-        repeat: RepeatPolicy | None = None,
+        repeat: RepeatPolicy | None = None, approvals: ApprovalPolicy | None = None,
     ) -> McpToolbox:
         return cls([
-            McpServer(name, conn, start_timeout=start_timeout, call_timeout=call_timeout, repeat=repeat)
+            McpServer(name, conn, start_timeout=start_timeout, call_timeout=call_timeout, repeat=repeat,
+                      approvals=approvals)
             for name, conn in config.items()
-        ])
+        ], approvals)
 
     async def open(self) -> None:
         """Start every server, waiting up to ``MCP_START_TIMEOUT``; the others keep trying."""
@@ -301,6 +342,14 @@ class McpToolbox:
             self._listings = listings
             self._tools = tuple(t for listing in listings for t in listing)
         return self._tools
+
+    def needs_approval(self, name: str) -> bool:
+        """Whether a call of the tool the model calls ``name`` waits for the user's approval: as the
+        tool offered now says (worker/tools/policy.py); for one not offered now, as configured."""
+        tool = next((t for t in self.current() if t.name == name), None)
+        if tool is not None:
+            return needs_approval(tool)
+        return self.approvals(name)
 
     @property
     def tools(self) -> list[BaseTool]:

@@ -1,1 +1,2 @@
-"""Upkeep: the sweep, retention, deletion, renaming, and copying a deployment to PostgreSQL."""
+"""Upkeep: the sweep, retention, deletion, renaming, writing assistants, and copying a deployment
+to PostgreSQL."""

@@ -1,0 +1,331 @@
+"""Figure 24: what a request costs as the store grows (issue 44, DESIGN.md "Growing with the work").
+
+For each engine (SQLite, and PostgreSQL when one answers), one stack of its own (Redis, fake
+model, one worker, the API) measured twice: on its empty database, then (worker and API stopped)
+filled with ``conversations`` conversations of ten stored messages by bench/bigstore.py (the
+worker's rows, a thread's checkpoints) and started again. Each time a few real runs make the
+conversation the reads look at; then the read routes (a page of conversations, a title search,
+a detail, a page of the runs view, a ``/metrics`` scrape) are timed in rounds, in a fresh random
+order each round, and a run's POST -> ``end``; the ratio is the big store's p50 over the empty one's.
+
+On SQLite also: a JSON Lines export of a conversation of ``export_messages`` stored messages
+(written with the fill by bigstore's template), its time and the API process's RSS before and
+peak (``VmHWM``) after; and Redis's bytes per finished run's event stream (``MEMORY USAGE``),
+what Redis keeps of a conversation once its runs ended (every key naming it or its run), and
+bytes per queued run (``used_memory`` over ``queued`` runs submitted with the worker stopped, by the
+API's own submit script), and with them queued a page of ``/api/runs`` and a ``/metrics`` scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import redis as redis_sync
+from redis.asyncio import Redis
+
+from bench import bigstore
+from bench.client import BenchError, chat_once, http_client
+from bench.runs import MESSAGE
+from bench.stack import Stack, running_stack
+from shared.contracts.jobs import JobKind, RunJob
+from shared.redis.queue import submit_run
+from tests.support.postgres import PostgresServer
+
+ROUTES = ("page", "search", "detail", "runs", "metrics")
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    conversations: int
+    rounds: int
+    runs: int
+    export_messages: int
+    queued: int
+
+
+FULL = Sizes(conversations=100_000, rounds=30, runs=20, export_messages=5_000, queued=10_000)
+QUICK = Sizes(conversations=50, rounds=1, runs=1, export_messages=20, queued=10)
+
+
+@dataclass
+class Side:
+    """One stack: its store's size and what each route took, ms."""
+
+    conversations: int
+    fill_s: float = 0.0
+    fill_rate: float = 0.0
+    ms: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class Engine:
+    name: str
+    empty: Side
+    big: Side
+    skipped: str = ""
+
+
+@dataclass
+class Export:
+    messages: int = 0
+    checkpoints: int = 0
+    status: int = 0
+    ms: float = 0.0
+    bytes: int = 0
+    rss_before_kb: int = 0
+    peak_after_kb: int = 0
+    fill_s: float = 0.0
+
+
+@dataclass
+class RedisBytes:
+    per_queued_run: float = 0.0
+    per_stream: float = 0.0
+    idle_keys: list[str] = field(default_factory=list)
+    idle_bytes: int = 0
+    #: with ``queued`` runs queued: a page of /api/runs and a /metrics scrape, ms
+    runs_page_ms: list[float] = field(default_factory=list)
+    scrape_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Growth:
+    sizes: Sizes
+    engines: list[Engine] = field(default_factory=list)
+    export: Export = field(default_factory=Export)
+    redis: RedisBytes = field(default_factory=RedisBytes)
+    elapsed_s: float = 0.0
+
+
+def _vm(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+async def _timed(http: httpx.AsyncClient, target: str) -> float:
+    started = time.perf_counter()
+    answer = await http.get(target)
+    if answer.status_code != 200:
+        raise BenchError(f"GET {target}: {answer.status_code} {answer.text[:300]}")
+    return (time.perf_counter() - started) * 1000
+
+
+async def _measure_side(stack: Stack, side: Side, sizes: Sizes, rng: random.Random) -> None:
+    client = http_client(stack.api_url)
+    mine = None
+    for _ in range(3):  # warm, and the conversation the reads look at
+        mine = (await chat_once(client, f"growth probe {uuid.uuid4().hex[:6]}: {MESSAGE}", None)).conversation
+    targets = {
+        "page": "/api/conversations?limit=50",
+        "search": "/api/conversations?limit=50&q=probe",
+        "detail": f"/api/conversations/{mine}",
+        "runs": "/api/runs?limit=50",
+        "metrics": "/metrics",
+    }
+    side.ms = {route: [] for route in (*ROUTES, "run")}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=120, trust_env=False) as http:
+        for _ in range(sizes.rounds):
+            order = list(ROUTES)
+            rng.shuffle(order)
+            for route in order:
+                side.ms[route].append(await _timed(http, targets[route]))
+    for _ in range(sizes.runs):
+        side.ms["run"].append((await chat_once(client, MESSAGE, None)).total_ms)
+
+
+async def _export(stack: Stack, conversation: str, result: Export, say: Callable[[str], None]) -> None:
+    """The long conversation's JSON Lines export, its time and the API process's peak RSS."""
+    assert stack.api is not None
+    pid = stack.api.popen.pid
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=900, trust_env=False) as http:
+        result.rss_before_kb = _vm(pid, "VmRSS")
+        say(f"figure 24: exporting {result.messages} messages ({result.checkpoints} checkpoints)")
+        started = time.perf_counter()
+        answer = await http.get(f"/api/conversations/{conversation}/export", params={"format": "jsonl"})
+        result.ms = (time.perf_counter() - started) * 1000
+        result.status, result.bytes = answer.status_code, len(answer.content)
+        result.peak_after_kb = _vm(pid, "VmHWM")
+
+
+async def _redis_bytes(stack: Stack, queued: int, rounds: int, found: RedisBytes) -> None:
+    """What Redis holds per finished run's stream and per idle conversation (after three runs), then
+    per queued run (``queued`` runs submitted with the worker stopped)."""
+    client = http_client(stack.api_url)
+    ended = [await chat_once(client, MESSAGE, None) for _ in range(3)]
+    r = cast(Any, redis_sync.Redis.from_url(stack.redis.url, decode_responses=True))  # sync replies
+    try:
+        found.per_stream = statistics.median(r.memory_usage(f"sophos:events:{e.run}") or 0 for e in ended)
+        conversation, run = ended[0].conversation, ended[0].run
+        found.idle_keys = sorted(k for k in r.scan_iter(count=1000) if conversation in k or run in k)
+        found.idle_bytes = sum(r.memory_usage(k) or 0 for k in found.idle_keys)
+        stack.stop_worker()
+        before = int(r.info("memory")["used_memory"])
+        # Submitted as the API submits (shared/redis/queue.py), without a round trip through it each.
+        queue_client = Redis.from_url(stack.redis.url)
+        try:
+            now = time.time()
+            for i in range(queued):
+                job = RunJob(
+                    run_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4()), kind=JobKind.RUN,
+                    message=f"queued {i}", enqueued_at=now + i / 1000, new_conversation=True,
+                )
+                if await submit_run(queue_client, job, title=f"queued {i}") is not None:
+                    raise BenchError("a queued run was refused")
+        finally:
+            await queue_client.aclose()
+        found.per_queued_run = (int(r.info("memory")["used_memory"]) - before) / queued
+        async with httpx.AsyncClient(base_url=stack.api_url, timeout=120, trust_env=False) as http:
+            for _ in range(rounds):
+                found.runs_page_ms.append(await _timed(http, "/api/runs?limit=50"))
+                found.scrape_ms.append(await _timed(http, "/metrics"))
+    finally:
+        r.close()
+
+
+def _engine(
+    engine: str, result: Growth, rng: random.Random, pg: PostgresServer | None,
+    say: Callable[[str], None], keep: bool,
+) -> Engine:
+    """One stack: measured on its empty database, then filled (the worker and API stopped) and
+    measured again. On SQLite the long conversation is written with the fill and exported, and
+    Redis's bytes are counted last."""
+    sizes = result.sizes
+    done = Engine(engine, Side(0), Side(sizes.conversations))
+    overrides = {"DATABASE_URL": pg.create_database()} if pg is not None else {}
+    with running_stack(overrides=overrides, keep=keep) as stack:
+        where = overrides.get("DATABASE_URL") or str(stack.database_path)
+        settings = bigstore.settings_for(engine, where)
+        stack.start_worker()
+        stack.start_api()
+        asyncio.run(_measure_side(stack, done.empty, sizes, rng))
+        stack.stop_worker()
+        if stack.api is not None:
+            stack.api.stop()
+            stack.api = None
+        say(f"figure 24: {engine}, filling {sizes.conversations:,} conversations")
+        filled = asyncio.run(bigstore.fill(settings, sizes.conversations, say=say))
+        done.big.fill_s, done.big.fill_rate = filled.seconds, filled.rate
+        say(f"figure 24: {engine}, {filled.rate:.0f} conversations/s ({filled.seconds:.0f} s)")
+        long_one = None
+        if engine == "sqlite":
+            steps = bigstore.template(sizes.export_messages // 2)
+            result.export = Export(messages=sizes.export_messages, checkpoints=len(steps))
+            started = time.perf_counter()
+            asyncio.run(bigstore.fill(settings, 1, steps=steps))
+            result.export.fill_s = time.perf_counter() - started
+            import sqlite3
+
+            with sqlite3.connect(stack.database_path) as db:
+                long_one = db.execute(
+                    "SELECT conversation_id FROM runs GROUP BY conversation_id ORDER BY count(*) DESC LIMIT 1"
+                ).fetchone()[0]
+        stack.start_worker()
+        stack.start_api()
+        asyncio.run(_measure_side(stack, done.big, sizes, rng))
+        if long_one is not None:
+            asyncio.run(_export(stack, long_one, result.export, say))
+            asyncio.run(_redis_bytes(stack, sizes.queued, sizes.rounds, result.redis))
+    return done
+
+
+def measure(
+    *, quick: bool, rng: random.Random, keep: bool = False, conversations: int | None = None,
+    export_messages: int | None = None, say: Callable[[str], None] = lambda _: None,
+) -> Growth:
+    sizes = QUICK if quick else FULL
+    sizes = Sizes(
+        conversations or sizes.conversations, sizes.rounds, sizes.runs,
+        export_messages or sizes.export_messages, sizes.queued,
+    )
+    started = time.monotonic()
+    result = Growth(sizes=sizes)
+    pg = PostgresServer()
+    why = pg.unreachable()
+    try:
+        result.engines.append(_engine("sqlite", result, rng, None, say, keep))
+        if quick:  # the smoke run: one engine is enough to show the figure works
+            why = why or "not in the smoke run"
+        if why:
+            result.engines.append(Engine("postgres", Side(0), Side(0), skipped=why))
+        else:
+            result.engines.append(_engine("postgres", result, rng, pg, say, keep))
+    finally:
+        pg.drop_all()
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+HEADING = "## Growing with the work: a request's cost on a big store (figure 24)"
+
+_NAMES = {
+    "page": "a page of conversations (50)", "search": "a title search (`q`, 50)",
+    "detail": "a conversation's detail", "runs": "a page of `/api/runs` (50)",
+    "metrics": "a `/metrics` scrape", "run": "a run, POST → `end`",
+}
+
+
+def _p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def section(g: Growth, *, stamp: str = "") -> str:
+    s = g.sizes
+    out = [
+        f"{HEADING}\n",
+        f"Per engine, one stack measured twice: on its empty database, then (worker and API stopped) "
+        f"filled with {s.conversations:,} conversations of ten stored messages (five runs each and their "
+        f"checkpoints: bench/bigstore.py, through the worker's store and LangGraph's saver) and started "
+        f"again. Each time three runs, then {s.rounds} rounds of the five reads in a random order, then "
+        f"{s.runs} runs one at a time. p50 ms; the ratio is big over empty. Took {g.elapsed_s:.0f} s.\n",
+    ]
+    if stamp:
+        out.append(stamp.strip() + "\n")
+    for e in g.engines:
+        if e.skipped:
+            out.append(f"**{e.name}**: not measured ({e.skipped}).\n")
+            continue
+        out.append(
+            f"**{e.name}**: filled at {e.big.fill_rate:,.0f} conversations/s ({e.big.fill_s:.0f} s for "
+            f"{e.big.conversations:,}).\n\n| {e.name} | empty p50 ms | big p50 ms | ratio |\n"
+            "|---|---:|---:|---:|"
+        )
+        for route in (*ROUTES, "run"):
+            a, b = _p50(e.empty.ms.get(route, [])), _p50(e.big.ms.get(route, []))
+            out.append(f"| {_NAMES[route]} | {a:.1f} | {b:.1f} | {b / a if a else float('nan'):.2f}× |")
+        out.append("")
+    x = g.export
+    out.append(
+        f"**JSON Lines export** of one conversation of {x.messages:,} stored messages ({x.checkpoints:,} "
+        f"checkpoints, SQLite): HTTP {x.status}, {x.ms:,.0f} ms, {x.bytes:,} bytes; the API process's RSS "
+        f"{x.rss_before_kb / 1024:.0f} MB before, peak {x.peak_after_kb / 1024:.0f} MB after (`VmHWM`; the "
+        f"thread is rebuilt in a reader process, not counted).\n"
+    )
+    r = g.redis
+    kinds = ", ".join(f"`{key.split(':')[1]}`" for key in r.idle_keys) or "none"
+    out.append(
+        f"**Redis**: {r.per_queued_run:,.0f} bytes per queued run (`used_memory` over {s.queued:,} runs "
+        f"queued by the API's submit script, the worker stopped); {r.per_stream:,.0f} bytes per finished "
+        f"run's event stream (`MEMORY USAGE`, kept `EVENT_RETENTION`); a conversation whose runs ended: "
+        f"{len(r.idle_keys)} key(s), {r.idle_bytes:,} bytes ({kinds}).\n"
+    )
+    sqlite = next((e for e in g.engines if e.name == "sqlite" and not e.skipped), None)
+    if sqlite is not None and r.runs_page_ms:
+        page0, scrape0 = _p50(sqlite.big.ms["runs"]), _p50(sqlite.big.ms["metrics"])
+        page, scrape = _p50(r.runs_page_ms), _p50(r.scrape_ms)
+        out.append(
+            f"**With {s.queued:,} runs queued** (SQLite, the big store, the worker stopped): a page of "
+            f"`/api/runs` (50) {page:.1f} ms against {page0:.1f} ms with none queued ({page / page0:.2f}×); "
+            f"a `/metrics` scrape {scrape:.1f} ms against {scrape0:.1f} ms ({scrape / scrape0:.2f}×).\n"
+        )
+    return "\n".join(out)
