@@ -500,7 +500,7 @@ def test_the_readme_examples_run(sophos_env: SophosEnv, start_worker, start_api,
     api_block = _sh_block("api.md", "API by example")
     assert api_block.startswith("API=http://127.0.0.1:8000\n")
     answers = run(api_block.replace("API=http://127.0.0.1:8000", f"API={sophos_env.api_url}", 1))
-    assert answers.count('data: "model."') == 3  # the stream, then twice resumed after event 2
+    assert answers.count('data: "model."') == 3  # the stream, then twice resumed after event 3
     assert answers.count('data: "Hello "') == 1
     for expected in ["event: end", "RUN_NOT_RESUMABLE", "# hello", '"checkpoint_id"', "RUN_FINISHED",
                      '{"status":"ok"}', '"status":"ready"', 'sophos_runs_finished_total{status="completed"}',

@@ -260,7 +260,7 @@ async def test_tools_server_over_stdio(tmp_path: Path) -> None:
     )
     async with client.session("t") as session:
         tools = {t.name: t for t in await load_mcp_tools(session)}
-        assert sorted(tools) == ["add", "echo", "fail", "slow"]
+        assert sorted(tools) == ["add", "echo", "fail", "slow", "vanish"]
         # Results come back as content blocks, not plain strings.
         assert (await tools["echo"].ainvoke({"text": "héllo"}))[0]["text"] == "héllo"
         assert (await tools["add"].ainvoke({"a": 2, "b": 40}))[0]["text"] == "42"

@@ -23,6 +23,7 @@ from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RETENTION_SECONDS,
     CANCELLED_RUNS,
+    OWNERS_TAKEN,
     QUEUE_NAME,
     WAKE_LIST,
     WORKER_LAST_BEAT,
@@ -110,6 +111,11 @@ BOUNDED: dict[str, tuple[str, Callable[[redis_sync.Redis], bool]]] = {
     WAKE_LIST: (
         f"trimmed to {WAKE_LIST_BOUND} entries by the submit script, emptied by the worker's BLPOP",
         lambda r: r.llen(WAKE_LIST) <= WAKE_LIST_BOUND,
+    ),
+    OWNERS_TAKEN: (
+        "one field per user a worker took a run of (the fair order, worker/fair.py): as many as "
+        "there are users; here the one local user",
+        lambda r: set(r.hkeys(OWNERS_TAKEN)) <= {"local"},
     ),
     CANCELLED_RUNS: (
         "one entry per run cancelled while queued whose record is still kept (the sweep prunes "

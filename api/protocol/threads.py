@@ -40,6 +40,7 @@ from shared.contracts.protocol import ASSISTANT_ID, GRAPH_ID
 from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest, NotFound, ThreadExists
 from shared.redis.keys import PROTOCOL_THREADS, protocol_thread_key
+from shared.redis.scripts import scripts
 from shared.users import LOCAL_USER
 
 log = structlog.get_logger(__name__)
@@ -51,14 +52,6 @@ SEARCH_LIMIT_MAX = 1000
 #: metadata keys the server sets and a client cannot
 SERVER_METADATA = frozenset({"owner", "graph_id", "assistant_id"})
 
-#: a thread's record, written whole unless it exists (KEYS: the record, the index of records;
-#: ARGV: created_at, metadata, owner, the index's score, the thread's id); 1 if written
-CLAIM_THREAD_LUA = """
-if redis.call('HEXISTS', KEYS[1], 'created_at') == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'created_at', ARGV[1], 'metadata', ARGV[2], 'owner', ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
-return 1
-"""
 
 
 class ThreadCreate(msgspec.Struct):
@@ -287,10 +280,10 @@ class Threads:
         """Write the thread's record unless it exists, whole in one script: of two creators one
         writes it, and the other never sees it half written (``metadata`` missing)."""
         now = time.time()
-        created: int = await self.redis.eval(  # type: ignore[misc]
-            CLAIM_THREAD_LUA, 2, protocol_thread_key(thread_id), PROTOCOL_THREADS,
-            iso_from_timestamp(now), msgspec.json.encode(metadata).decode(), owner_for_new(),
-            str(int(now * 1000)), thread_id,
+        created = await scripts(self.redis).claim_thread(
+            keys=[protocol_thread_key(thread_id), PROTOCOL_THREADS],
+            args=[iso_from_timestamp(now), msgspec.json.encode(metadata).decode(), owner_for_new(),
+                  str(int(now * 1000)), thread_id],
         )
         return bool(created)
 

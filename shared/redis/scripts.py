@@ -17,6 +17,7 @@ before sending it. Every script below is atomic: that is why each is a script.
 
 from __future__ import annotations
 
+from hashlib import sha1
 from weakref import WeakKeyDictionary
 
 from redis.asyncio import Redis
@@ -460,6 +461,29 @@ return 2
 """
 
 
+# The first run waiting on a conversation (``enqueue``: worker/run/turns.py) due now, and an idle
+# worker woken: a rider of a run's ending (worker/run/ending.py ``wake_next_turn``).
+# KEYS: the waiting list, arq's queue, the wake list. ARGV: now in ms. 1 if a run was woken.
+WAKE_NEXT_TURN_LUA = """
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head then return 0 end
+local woken = redis.call('ZADD', KEYS[2], 'XX', 'CH', ARGV[1], head)
+redis.call('LPUSH', KEYS[3], '1')
+redis.call('LTRIM', KEYS[3], 0, 15)
+return woken
+"""
+
+# A protocol thread's record, written whole unless it exists (api/protocol/threads.py): of two
+# creators one writes it, and the other never sees it half written.
+# KEYS: the record, the index of records. ARGV: created_at, metadata, owner, the index's score, the
+# thread's id. 1 if written.
+CLAIM_THREAD_LUA = """
+if redis.call('HEXISTS', KEYS[1], 'created_at') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'created_at', ARGV[1], 'metadata', ARGV[2], 'owner', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+return 1
+"""
+
 # --- reading the queue ---------------------------------------------------------
 
 # Where queued jobs stand (api/runs/queue.py): ids of arq's queue, each with its rank and the jobs
@@ -566,6 +590,7 @@ class Scripts:
     (and ``client=pipe`` to queue it in a pipeline of that client)."""
 
     def __init__(self, redis: Redis) -> None:
+        self._redis = redis
         self.release_active: AsyncScript = redis.register_script(RELEASE_ACTIVE_LUA)
         self.end_run: AsyncScript = redis.register_script(END_RUN_LUA)
         self.hook: AsyncScript = redis.register_script(HOOK_LUA)
@@ -582,7 +607,19 @@ class Scripts:
         self.stop_beating: AsyncScript = redis.register_script(STOP_BEATING_LUA)
         self.queue_ranks: AsyncScript = redis.register_script(QUEUE_RANKS_LUA)
         self.queue_figures: AsyncScript = redis.register_script(QUEUE_FIGURES_LUA)
+        self.wake_next_turn: AsyncScript = redis.register_script(WAKE_NEXT_TURN_LUA)
+        self.claim_thread: AsyncScript = redis.register_script(CLAIM_THREAD_LUA)
 
+    async def load(self) -> None:
+        """SCRIPT LOAD every script (after a Redis restart emptied its cache): for the scripts
+        queued by SHA in a pipeline, which redis-py does not load by itself."""
+        for script in vars(self).values():
+            if isinstance(script, AsyncScript):
+                await self._redis.script_load(script.script)
+
+
+#: the SHA-1 of :data:`WAKE_NEXT_TURN_LUA`, to queue it by SHA in a run's ending's pipeline
+WAKE_NEXT_TURN_SHA = sha1(WAKE_NEXT_TURN_LUA.encode()).hexdigest()  # noqa: S324 - Redis's script id
 
 _registered: WeakKeyDictionary[Redis, Scripts] = WeakKeyDictionary()
 

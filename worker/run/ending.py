@@ -62,7 +62,7 @@ from shared.redis.metrics import (
     queue_increments,
 )
 from shared.redis.queue import record_ended
-from shared.redis.scripts import scripts
+from shared.redis.scripts import WAKE_NEXT_TURN_SHA, scripts
 from shared.settings import Settings
 from shared.storage.branch import thread_config
 from shared.storage.rows import Breakdown
@@ -252,6 +252,8 @@ class RunEnding:
                 replies[0] = await script(keys=keys, args=args)
             if isinstance(replies[0], Exception):
                 raise replies[0]
+            if any(isinstance(reply, NoScriptError) for reply in replies[1:]):
+                await scripts(self.redis).load()  # Redis restarted: the riders' scripts, for next time
             for reply in replies[1:]:  # a view (progress, metrics): not worth a second ending
                 if isinstance(reply, Exception):
                     log.warning("run.notify_along_failed", run_id=run_id, error=str(reply))
@@ -282,25 +284,14 @@ class RunEnding:
         task.add_done_callback(_retrying.discard)
 
 
-#: the first run waiting on a conversation (``enqueue``: worker/run/turns.py), due now, and an
-#: idle worker woken (KEYS: the waiting list, arq's queue, the wake list; ARGV: now in ms)
-WAKE_NEXT_TURN_LUA = """
-local head = redis.call('LINDEX', KEYS[1], 0)
-if not head then return 0 end
-local woken = redis.call('ZADD', KEYS[2], 'XX', 'CH', ARGV[1], head)
-redis.call('LPUSH', KEYS[3], '1')
-redis.call('LTRIM', KEYS[3], 0, 15)
-return woken
-"""
-
-
 def wake_next_turn(conversation_id: str) -> Callable[[Pipeline], None]:
     """A rider of a run's ending (after the script that freed the conversation): the run waiting
     first on it takes its turn now, instead of when its deferral would have looked again."""
 
     def ride(pipe: Pipeline) -> None:
-        pipe.eval(
-            WAKE_NEXT_TURN_LUA, 3, waiting_key(conversation_id), QUEUE_NAME, WAKE_LIST,
+        # EVALSHA queued as a plain command, as the ending's own (send() loads it after a restart)
+        pipe.evalsha(
+            WAKE_NEXT_TURN_SHA, 3, waiting_key(conversation_id), QUEUE_NAME, WAKE_LIST,
             str(int(time.time() * 1000)),
         )
 
