@@ -239,16 +239,19 @@ class Store:
         return [LedgerRow.from_row(r) for r in rows]
 
     async def crons(
-        self, *, cron_id: str | None = None, thread_id: str | None = None, order: str = "created_at DESC",
-        limit: int = 1, offset: int = 0,
+        self, *, cron_id: str | None = None, thread_id: str | None = None, enabled: bool | None = None,
+        order: str = "created_at DESC", limit: int = 1, offset: int = 0,
     ) -> list[CronRow]:
-        """Crons (shared/contracts/crons.py), filtered by id or thread; ``order``: a column and direction."""
+        """Crons (shared/contracts/crons.py), filtered by id, thread or ``enabled``; ``order``: a
+        column and direction."""
         mine, who = owned()
-        where = [c for c, v in (("id = ?", cron_id), ("thread_id = ?", thread_id)) if v is not None]
+        given = (("id = ?", cron_id), ("thread_id = ?", thread_id),
+                 ("enabled = ?", None if enabled is None else int(enabled)))
+        where = [c for c, v in given if v is not None]
         rows = await self._fetch(
             f"SELECT {CRON_COLUMNS} FROM crons WHERE {' AND '.join([*where, mine])}"
             f" ORDER BY {order}, id LIMIT ? OFFSET ?",
-            (*(v for v in (cron_id, thread_id) if v is not None), *who, limit, offset),
+            (*(v for _, v in given if v is not None), *who, limit, offset),
         )
         return [CronRow.from_row(tuple(r)) for r in rows]
 

@@ -13,7 +13,7 @@ from arq.worker import Function
 
 from shared import tracing
 from shared.contracts.assistants import ASSISTANT_WRITE_FUNCTION
-from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION
+from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION, CRON_UPDATE_FUNCTION
 from shared.contracts.jobs import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WEBHOOK_FUNCTION
@@ -22,7 +22,7 @@ from worker.entry import entry_point
 from worker.resources import worker_resources
 from worker.run.service import RunService
 from worker.run.turns import TURN_TRIES, take_turn
-from worker.schedule.crons import cron_create_job, cron_delete_job
+from worker.schedule.crons import cron_create_job, cron_delete_job, cron_update_job
 from worker.schedule.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
 from worker.upkeep.assistants import assistant_write_job
 from worker.upkeep.deletion import delete_job
@@ -72,6 +72,7 @@ def functions(settings: Settings) -> list[Function]:
         # started again after a kill record its failure (worker/schedule/webhooks.py).
         func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),
         func(cron_create_job, name=CRON_CREATE_FUNCTION),
+        func(cron_update_job, name=CRON_UPDATE_FUNCTION),
         func(cron_delete_job, name=CRON_DELETE_FUNCTION),
         func(assistant_write_job, name=ASSISTANT_WRITE_FUNCTION),
     ]

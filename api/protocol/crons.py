@@ -1,12 +1,13 @@
 """Crons through the Agent Protocol: ``client.crons.create``, ``create_for_thread``, ``search``,
-``delete`` (docs/agent-protocol.md, "Crons").
+``update``, ``delete`` (docs/agent-protocol.md, "Crons").
 
-The API never writes the database: a cron is stored and deleted by a worker, through a job
-(``cron_create``, ``cron_delete``: shared/contracts/crons.py, worker/schedule/crons.py), as a rename is. The
+The API never writes the database: a cron is stored, changed and deleted by a worker, through a
+job (``cron_create``, ``cron_update``, ``cron_delete``: shared/contracts/crons.py,
+worker/schedule/crons.py), as a rename is. The
 request validates first (a bad schedule, input or parameter is 422 and enqueues nothing), then
 waits up to :data:`CRON_WAIT_SECONDS` for the worker's word; without it the job stays queued,
-and the cron is stored when a worker takes it. Search and the existence check of a delete read
-the database.
+and the cron is stored when a worker takes it. Search and the existence check of an update or a
+delete read the database.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 
 import msgspec
 import structlog
-from litestar import Controller, Response, delete, post
+from litestar import Controller, Response, delete, patch, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -35,9 +36,11 @@ from api.store import Store
 from shared.contracts.crons import (
     CRON_CREATE_FUNCTION,
     CRON_DELETE_FUNCTION,
+    CRON_UPDATE_FUNCTION,
     CronCreate,
     CronDelete,
     CronRow,
+    CronUpdate,
     Schedule,
     cron_done_key,
     iso,
@@ -82,6 +85,27 @@ class CronBody(msgspec.Struct):
     durability: str | None = None
 
 
+class CronPatch(msgspec.Struct):
+    """Body of ``PATCH /runs/crons/{id}`` (``client.crons.update``): every field the SDK sends."""
+
+    schedule: Any = None
+    input: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: dict[str, Any] | None = None
+    interrupt_before: str | list[str] | None = None
+    interrupt_after: str | list[str] | None = None
+    webhook: str | None = None
+    on_run_completed: str | None = None
+    end_time: str | None = None
+    enabled: bool | None = None
+    timezone: str | None = None
+    stream_mode: str | list[str] | None = None
+    stream_subgraphs: bool | None = None
+    stream_resumable: bool | None = None
+    durability: str | None = None
+
+
 class CronSearch(msgspec.Struct):
     assistant_id: str | None = None
     thread_id: str | None = None
@@ -98,17 +122,14 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
     return BadRequest(f"{name} is not served by Sophos's crons{detail} (docs/agent-protocol.md)")
 
 
-def refuse_unserved(body: CronBody, *, on_thread: bool) -> None:
+def refuse_unserved(body: CronBody | CronPatch, *, on_thread: bool) -> None:
     """Refuse what a cron of Sophos does not do, naming it, rather than ignore it."""
     for name in ("config", "context", "interrupt_before", "interrupt_after", "webhook", "end_time"):
         if getattr(body, name):
             raise _unserved(name)
-    if body.enabled is False:
-        raise _unserved("enabled: false", "; a cron fires until it is deleted")
-    if body.multitask_strategy not in (None, "reject"):
-        raise _unserved(
-            f"multitask_strategy {body.multitask_strategy!r}", "; a tick on a busy thread is skipped (reject)"
-        )
+    strategy = getattr(body, "multitask_strategy", None)
+    if strategy not in (None, "reject"):
+        raise _unserved(f"multitask_strategy {strategy!r}", "; a tick on a busy thread is skipped (reject)")
     if body.on_run_completed is not None and (on_thread or body.on_run_completed != "keep"):
         raise _unserved(f"on_run_completed {body.on_run_completed!r}", "; each tick's new thread is kept")
     modes = [body.stream_mode] if isinstance(body.stream_mode, str) else body.stream_mode or []
@@ -134,7 +155,8 @@ def cron_shape(row: CronRow) -> dict[str, Any]:
             "assistant_id": ASSISTANT_ID, "input": {"messages": [{"role": "user", "content": row.message}]},
             "metadata": metadata,
         },
-        "user_id": None, "next_run_date": iso(row.next_tick), "metadata": metadata, "enabled": True,
+        "user_id": None, "next_run_date": iso(row.next_tick) if row.enabled else None, "metadata": metadata,
+        "enabled": row.enabled,
         "fired": row.fired, "skipped": row.skipped, "last_tick": last,
     }
 
@@ -161,7 +183,7 @@ class Crons:
         cron_id = new_id()
         job = CronCreate(
             cron_id, thread_id, schedule.text, message, body.metadata or {}, now, f"cron:create:{cron_id}",
-            owner,
+            owner, body.enabled is not False,
         )
         await submit_cron_job(self.redis, CRON_CREATE_FUNCTION, job)
         log.info("cron.create_accepted", cron_id=cron_id, thread_id=thread_id, schedule=schedule.text)
@@ -173,7 +195,50 @@ class Crons:
         created = iso_from_timestamp(now)
         return cron_shape(CronRow(
             cron_id, thread_id, schedule.text, message, json.dumps(body.metadata or {}), created, created,
-            schedule.next_after(now), 0, 0, None, None, None, owner,
+            schedule.next_after(now), 0, 0, None, None, None, owner, job.enabled,
+        ))
+
+    async def update(self, cron_id: str, body: CronPatch) -> dict[str, Any]:
+        """Change the cron's schedule, ``enabled`` or run payload (NotFound if there is none); the
+        cron as the worker stored it, or, before a worker takes the job, as it will."""
+        cron_id = parse_id(cron_id, "cron_id")
+        found = await self.store.crons(cron_id=cron_id)
+        if not found:
+            raise NotFound(f"cron {cron_id} not found")
+        cron = found[0]
+        refuse_unserved(body, on_thread=cron.thread_id is not None)
+        schedule = None
+        if body.schedule is not None or body.timezone is not None:
+            current = Schedule.parse(cron.schedule)
+            expression = current.expression if body.schedule is None else body.schedule
+            zone = current.zone if body.timezone is None and body.schedule is None else body.timezone
+            schedule = Schedule.parse(expression, zone).text
+        message = None
+        if body.input is not None:
+            message = message_of(body.input)
+            if message is None:
+                raise BadRequest(
+                    "a cron's input must be one user message: {\"messages\": [{\"role\": \"user\", ...}]}"
+                )
+        now = time.time()
+        job = CronUpdate(cron_id, f"cron:update:{cron_id}:{new_id()}", now, schedule, message, body.metadata,
+                         body.enabled)
+        await submit_cron_job(self.redis, CRON_UPDATE_FUNCTION, job)
+        log.info("cron.update_accepted", cron_id=cron_id, schedule=schedule, enabled=body.enabled)
+        if await self._done(job.job_id, f"update cron {cron_id}"):
+            stored = await self.store.crons(cron_id=cron_id)
+            if stored:
+                return cron_shape(stored[0])
+        # Not taken by a worker yet: what it will store.
+        enabled = cron.enabled if body.enabled is None else body.enabled
+        restart = schedule is not None or (enabled and not cron.enabled)
+        return cron_shape(CronRow(
+            cron.id, cron.thread_id, schedule or cron.schedule, message or cron.message,
+            cron.metadata if body.metadata is None else json.dumps(body.metadata), cron.created_at,
+            iso_from_timestamp(now),
+            Schedule.parse(schedule or cron.schedule).next_after(now) if restart else cron.next_tick,
+            cron.fired, cron.skipped, cron.last_tick, cron.last_outcome, cron.last_run_id, cron.owner,
+            enabled,
         ))
 
     async def delete(self, cron_id: str) -> bool:
@@ -199,17 +264,19 @@ class Crons:
                 assistant_of(body.assistant_id)
             except NotFound:
                 return []
-        if body.enabled is False:
-            return []  # every cron is enabled
         thread_id = thread_id_of(body.thread_id) if body.thread_id is not None else None
         order = f"{SORTS[body.sort_by or 'created_at']} {(body.sort_order or 'desc').upper()}"
         if body.metadata:
-            rows = await self.store.crons(thread_id=thread_id, order=order, limit=SEARCH_MAX, offset=0)
+            rows = await self.store.crons(
+                thread_id=thread_id, enabled=body.enabled, order=order, limit=SEARCH_MAX, offset=0
+            )
             shaped = [cron_shape(r) for r in rows]
             wanted = body.metadata.items()
             matching = [c for c in shaped if all(c["metadata"].get(k) == v for k, v in wanted)]
             return matching[body.offset : body.offset + body.limit]
-        rows = await self.store.crons(thread_id=thread_id, order=order, limit=body.limit, offset=body.offset)
+        rows = await self.store.crons(
+            thread_id=thread_id, enabled=body.enabled, order=order, limit=body.limit, offset=body.offset
+        )
         return [cron_shape(r) for r in rows]
 
     async def _done(self, job_id: str, what: str) -> bool:
@@ -253,6 +320,12 @@ class CronsController(Controller):
           responses=errors(401, 422))
     async def search(self, data: CronSearch, crons: Crons) -> list[dict[str, Any]]:
         return await crons.search(data)
+
+    @patch("/runs/crons/{cron_id:str}", status_code=200,
+           summary="Change a cron: its schedule, whether it is enabled, its run's input and metadata",
+           responses=errors(401, 404, 422, 503))
+    async def update(self, cron_id: CronId, data: CronPatch, crons: Crons) -> dict[str, Any]:
+        return await crons.update(cron_id, data)
 
     @delete("/runs/crons/{cron_id:str}", status_code=204,
             summary="Delete a cron: none of its ticks fires after",

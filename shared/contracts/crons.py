@@ -38,6 +38,7 @@ from shared.redis.queue import submit_job
 #: the arq functions that store and delete a cron (worker/schedule/crons.py)
 CRON_CREATE_FUNCTION = "cron_create"
 CRON_DELETE_FUNCTION = "cron_delete"
+CRON_UPDATE_FUNCTION = "cron_update"
 #: the longest schedule text taken
 SCHEDULE_MAX_CHARS = 200
 
@@ -233,6 +234,23 @@ class CronCreate:
     job_id: str
     #: whose cron it is: its runs are theirs
     owner: str = "local"
+    #: False: stored, and never fired until an update enables it
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CronUpdate:
+    """Change a cron (``cron_update``): each field given replaces the stored one (None: kept).
+    A new schedule, or a cron enabled, fires next at its schedule's first tick after
+    ``updated_at`` (no tick missed while it was disabled fires). Safe twice."""
+
+    cron_id: str
+    job_id: str
+    updated_at: float
+    schedule: str | None = None
+    message: str | None = None
+    metadata: dict[str, Any] | None = None
+    enabled: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +266,7 @@ def cron_done_key(job_id: str) -> str:
     return f"sophos:cron-done:{job_id}"
 
 
-async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDelete) -> None:
+async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronUpdate | CronDelete) -> None:
     """Enqueue ``job`` and wake a worker, atomically (shared/redis/queue.py ``submit_job``)."""
     await submit_job(redis, function, job.job_id, job, time.time())
 
@@ -257,7 +275,7 @@ async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronDel
 
 CRON_COLUMNS = (
     "id, thread_id, schedule, message, metadata, created_at, updated_at, next_tick,"
-    " fired, skipped, last_tick, last_outcome, last_run_id, owner"
+    " fired, skipped, last_tick, last_outcome, last_run_id, owner, enabled"
 )
 
 
@@ -277,11 +295,13 @@ class CronRow:
     last_outcome: str | None
     last_run_id: str | None
     owner: str = "local"
+    #: False: its ticks do not fire
+    enabled: bool = True
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> CronRow:
         return cls(
             str(row[0]), row[1], str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
             int(row[7]), int(row[8]), int(row[9]), None if row[10] is None else int(row[10]),
-            row[11], row[12], str(row[13]),
+            row[11], row[12], str(row[13]), bool(row[14]),
         )

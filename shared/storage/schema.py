@@ -183,6 +183,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX assistants_by_owner ON assistants(owner, created_at, id);
     """,
+    # 12: a cron disabled (the protocol's ``enabled: false``, on a create or an update): its
+    # ticks do not fire, and the tickers neither look for them nor wake for them.
+    """
+    ALTER TABLE crons ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1;
+    """,
 )
 
 

@@ -63,6 +63,7 @@ from shared.contracts.crons import (
     CronCreate,
     CronDelete,
     CronRow,
+    CronUpdate,
     Schedule,
     cron_done_key,
     iso,
@@ -130,9 +131,10 @@ async def create(db: Database, redis: Redis, job: CronCreate) -> str:
         async with db.transaction() as tx:
             await tx.execute(
                 "INSERT INTO crons (id, thread_id, schedule, message, metadata, created_at, updated_at,"
-                " next_tick, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                " next_tick, owner, enabled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(id) DO NOTHING",
                 (job.cron_id, job.thread_id, job.schedule, job.message, json.dumps(job.metadata),
-                 created, created, first, job.owner),
+                 created, created, first, job.owner, int(job.enabled)),
             )
         outcome = "done"
         log.info("cron.created", cron_id=job.cron_id, thread_id=job.thread_id, schedule=job.schedule,
@@ -144,6 +146,39 @@ async def create(db: Database, redis: Redis, job: CronCreate) -> str:
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("cron.create_failed", cron_id=job.cron_id)
+    finally:
+        await _notify(redis, job.job_id, outcome)
+    return outcome
+
+
+async def update(db: Database, redis: Redis, job: CronUpdate) -> str:
+    """Change the cron (a cron gone stays gone). A new schedule, or the cron enabled, moves its
+    next tick to the schedule's first after the update: no tick missed while disabled fires."""
+    outcome = "failed: the worker stopped"
+    try:
+        async with db.transaction() as tx:
+            rows = await tx.fetchall(f"SELECT {CRON_COLUMNS} FROM crons WHERE id = ?", (job.cron_id,))
+            if rows:
+                cron = CronRow.from_row(tuple(rows[0]))
+                schedule = job.schedule if job.schedule is not None else cron.schedule
+                enabled = cron.enabled if job.enabled is None else job.enabled
+                restart = job.schedule is not None or (enabled and not cron.enabled)
+                next_tick = Schedule.parse(schedule).next_after(job.updated_at) if restart else cron.next_tick
+                metadata = cron.metadata if job.metadata is None else json.dumps(job.metadata)
+                await tx.execute(
+                    "UPDATE crons SET schedule = ?, message = ?, metadata = ?, enabled = ?, next_tick = ?,"
+                    " updated_at = ? WHERE id = ?",
+                    (schedule, job.message if job.message is not None else cron.message, metadata,
+                     int(enabled), next_tick, iso_from_timestamp(job.updated_at), job.cron_id),
+                )
+        outcome = "done"
+        log.info("cron.updated", cron_id=job.cron_id, found=bool(rows), schedule=job.schedule,
+                 enabled=job.enabled)
+        with contextlib.suppress(RedisError):  # its next tick may be sooner: the tickers look again
+            await redis.publish(CRONS_CHANNEL, job.cron_id)
+    except Exception as exc:
+        outcome = f"failed: {type(exc).__name__}: {exc}"
+        log.exception("cron.update_failed", cron_id=job.cron_id)
     finally:
         await _notify(redis, job.job_id, outcome)
     return outcome
@@ -169,6 +204,12 @@ async def delete(db: Database, redis: Redis, job: CronDelete) -> str:
 async def cron_create_job(ctx: dict[str, Any], job: CronCreate) -> str:
     """arq's entry point: store."""
     return await create(ctx["store"].db, ctx["redis"], job)
+
+
+@entry_point(CronUpdate)
+async def cron_update_job(ctx: dict[str, Any], job: CronUpdate) -> str:
+    """arq's entry point: update."""
+    return await update(ctx["store"].db, ctx["redis"], job)
 
 
 @entry_point(CronDelete)
@@ -215,7 +256,8 @@ class CronTicker:
         this worker fired or skipped."""
         now = time.time() if now is None else now
         rows = await self.db.fetchall(
-            f"SELECT {CRON_COLUMNS} FROM crons WHERE next_tick <= ? ORDER BY next_tick LIMIT ?",
+            f"SELECT {CRON_COLUMNS} FROM crons WHERE next_tick <= ? AND enabled = 1"
+            " ORDER BY next_tick LIMIT ?",
             (int(now), BATCH),
         )
         unsubmitted = await self.db.fetchall(
@@ -248,12 +290,12 @@ class CronTicker:
         async with self.db.transaction() as tx:
             moved = await tx.execute(
                 "UPDATE crons SET next_tick = ?, last_tick = ?, last_outcome = ?, last_run_id = ?,"
-                " updated_at = ? WHERE id = ? AND next_tick = ?"
+                " updated_at = ? WHERE id = ? AND next_tick = ? AND enabled = 1"
                 " AND (last_outcome IS NULL OR last_outcome <> ?)",
                 (following, tick, SUBMITTING, run_id, now_iso(), cron.id, tick, SUBMITTING),
             )
         if moved == 0:
-            # Another worker fired it, or the cron was deleted, or its tick before is still being
+            # Another worker fired it, or the cron was deleted or disabled, or its tick before is still being
             # submitted (one tick of a cron at a time: this one is fired once that one is recorded).
             return False
         try:
@@ -363,8 +405,8 @@ class CronTicker:
         return thread_id
 
     async def earliest(self) -> int | None:
-        """The earliest next tick of all crons; None if there is no cron."""
-        rows = await self.db.fetchall("SELECT MIN(next_tick) FROM crons")
+        """The earliest next tick of all enabled crons; None if there is none."""
+        rows = await self.db.fetchall("SELECT MIN(next_tick) FROM crons WHERE enabled = 1")
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     async def _forever(self) -> None:
