@@ -268,6 +268,76 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
         await wait_for_async(none_left, timeout=10, message="the thread's cron deleted with it")
 
 
+async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_change_what_it_runs(
+    sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
+) -> None:
+    start_worker(sophos_env)
+    api = start_api(sophos_env)
+    async with get_client(url=api.url) as client:
+        # A witness: an enabled cron, whose ticks say time passed for the disabled one too.
+        witness = as_cron(await client.crons.create("agent", schedule=EVERY_2S, input=said("witness")))
+        assert witness["enabled"] is True
+        cron = as_cron(await client.crons.create(
+            "agent", schedule="0 9 * * *", input=said("before"), metadata={"v": 1}, enabled=False,
+        ))
+        assert cron["enabled"] is False and cron["next_run_date"] is None
+
+        async def witness_fired(at_least: int) -> int:
+            async def enough() -> int | None:
+                fired = int((await one_cron(client, witness["cron_id"]))["fired"])
+                return fired if fired >= at_least else None
+
+            return await wait_for_async(enough, timeout=30, message=f"the witness fired {at_least} ticks")
+
+        await witness_fired(2)
+        assert (await one_cron(client, cron["cron_id"]))["fired"] == 0, "a disabled cron never fires"
+        assert [c["cron_id"] for c in await client.crons.search(enabled=False)] == [cron["cron_id"]]
+        assert [c["cron_id"] for c in await client.crons.search(enabled=True)] == [witness["cron_id"]]
+
+        # Enabled, on a new schedule, with a new message and metadata.
+        updated = dict(await client.crons.update(
+            cron["cron_id"], schedule=EVERY_2S, enabled=True, input=said("after"), metadata={"v": 2},
+        ))
+        assert updated["enabled"] is True and updated["schedule"] == EVERY_2S
+        assert updated["payload"]["input"] == said("after") and updated["metadata"] == {"v": 2}
+        assert updated["next_run_date"] is not None
+
+        async def fired_once() -> dict[str, Any] | None:
+            stored = await one_cron(client, cron["cron_id"])
+            return stored if stored["fired"] >= 1 and stored["last_tick"]["outcome"] == "fired" else None
+
+        fired = await wait_for_async(fired_once, timeout=30, message="the enabled cron fired")
+        threads = await client.threads.search(limit=100)
+        runs = [r for t in threads for r in await cron_runs(client, t["thread_id"])
+                if r["metadata"]["cron_id"] == cron["cron_id"]]
+        assert runs and all(r["metadata"]["v"] == 2 for r in runs)
+
+        # Disabled again: no tick fires while the witness's do.
+        disabled = dict(await client.crons.update(cron["cron_id"], enabled=False))
+        assert disabled["enabled"] is False and disabled["next_run_date"] is None
+        assert disabled["schedule"] == EVERY_2S and disabled["metadata"] == {"v": 2}
+
+        async def settled() -> int | None:
+            stored = await one_cron(client, cron["cron_id"])
+            return None if stored["last_tick"]["outcome"] == "submitting" else int(stored["fired"])
+
+        count = await wait_for_async(settled, timeout=30, message="the tick in flight recorded")
+        assert count >= fired["fired"]
+        await witness_fired(int((await one_cron(client, witness["cron_id"]))["fired"]) + 2)
+        assert (await one_cron(client, cron["cron_id"]))["fired"] == count, "a disabled cron never fires"
+
+        # Refused by name, and an unknown cron is 404.
+        with pytest.raises(UnprocessableEntityError) as refused:
+            await client.crons.update(cron["cron_id"], webhook="http://example.test/")
+        assert "webhook is not served" in refused.value.response.json()["detail"]
+        with pytest.raises(UnprocessableEntityError) as refused:
+            await client.crons.update(cron["cron_id"], schedule="61 * * * *")
+        assert "61 is out of the minute field's range" in refused.value.response.json()["detail"]
+        with pytest.raises(NotFoundError):
+            await client.crons.update("00000000-0000-4000-8000-000000000000", enabled=True)
+        assert (await one_cron(client, cron["cron_id"]))["enabled"] is False
+
+
 async def test_refusals_name_the_problem_and_change_nothing(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
 ) -> None:
@@ -292,7 +362,6 @@ async def test_refusals_name_the_problem_and_change_nothing(
             assert named in body["error"]["message"] and body["error"]["code"] == "BAD_REQUEST", body
         threadless: list[tuple[dict[str, Any], str]] = [
             ({"end_time": datetime(2030, 1, 1, tzinfo=UTC)}, "end_time is not served"),
-            ({"enabled": False}, "enabled: false is not served"),
             ({"on_run_completed": "delete"}, "on_run_completed 'delete' is not served"),
             ({"stream_mode": "updates"}, "stream_mode other than values"),
         ]

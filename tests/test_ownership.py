@@ -55,6 +55,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/threads/search"): {"limit": 100},
     ("POST", "/threads/prune"): {"thread_ids": ["{thread_id}"]},
     ("POST", "/runs/crons/search"): {"limit": 100},
+    ("PATCH", "/runs/crons/{cron_id}"): {"enabled": False, "schedule": "0 0 2 1 *"},
     ("POST", "/assistants/search"): {},
     ("POST", "/assistants/count"): {},
     ("POST", "/assistants"): {"graph_id": "agent", "name": "bob's own"},
