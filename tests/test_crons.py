@@ -283,11 +283,12 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
         assert cron["enabled"] is False and cron["next_run_date"] is None
 
         async def witness_fired(at_least: int) -> int:
-            async def enough() -> int | None:
-                fired = int((await one_cron(client, witness["cron_id"]))["fired"])
-                return fired if fired >= at_least else None
+            async def enough() -> dict[str, Any] | None:
+                stored = await one_cron(client, witness["cron_id"])
+                return stored if stored["fired"] >= at_least else None
 
-            return await wait_for_async(enough, timeout=30, message=f"the witness fired {at_least} ticks")
+            found = await wait_for_async(enough, timeout=30, message=f"the witness fired {at_least} ticks")
+            return int(found["fired"])
 
         await witness_fired(2)
         assert (await one_cron(client, cron["cron_id"]))["fired"] == 0, "a disabled cron never fires"
@@ -295,7 +296,7 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
         assert [c["cron_id"] for c in await client.crons.search(enabled=True)] == [witness["cron_id"]]
 
         # Enabled, on a new schedule, with a new message and metadata.
-        updated = dict(await client.crons.update(
+        updated: dict[str, Any] = dict(await client.crons.update(
             cron["cron_id"], schedule=EVERY_2S, enabled=True, input=said("after"), metadata={"v": 2},
         ))
         assert updated["enabled"] is True and updated["schedule"] == EVERY_2S
@@ -313,15 +314,16 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
         assert runs and all(r["metadata"]["v"] == 2 for r in runs)
 
         # Disabled again: no tick fires while the witness's do.
-        disabled = dict(await client.crons.update(cron["cron_id"], enabled=False))
+        disabled: dict[str, Any] = dict(await client.crons.update(cron["cron_id"], enabled=False))
         assert disabled["enabled"] is False and disabled["next_run_date"] is None
         assert disabled["schedule"] == EVERY_2S and disabled["metadata"] == {"v": 2}
 
-        async def settled() -> int | None:
+        async def settled() -> dict[str, Any] | None:
             stored = await one_cron(client, cron["cron_id"])
-            return None if stored["last_tick"]["outcome"] == "submitting" else int(stored["fired"])
+            return None if stored["last_tick"]["outcome"] == "submitting" else stored
 
-        count = await wait_for_async(settled, timeout=30, message="the tick in flight recorded")
+        recorded = await wait_for_async(settled, timeout=30, message="the tick in flight recorded")
+        count = int(recorded["fired"])
         assert count >= fired["fired"]
         await witness_fired(int((await one_cron(client, witness["cron_id"]))["fired"]) + 2)
         assert (await one_cron(client, cron["cron_id"]))["fired"] == count, "a disabled cron never fires"
