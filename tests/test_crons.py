@@ -308,10 +308,14 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
             return stored if stored["fired"] >= 1 and stored["last_tick"]["outcome"] == "fired" else None
 
         fired = await wait_for_async(fired_once, timeout=30, message="the enabled cron fired")
-        threads = await client.threads.search(limit=100)
-        runs = [r for t in threads for r in await cron_runs(client, t["thread_id"])
-                if r["metadata"]["cron_id"] == cron["cron_id"]]
-        assert runs and all(r["metadata"]["v"] == 2 for r in runs)
+        async def its_runs() -> list[dict[str, Any]] | None:
+            # A tick's thread is listed once a worker starts its run (it may queue behind the witness's).
+            threads = await client.threads.search(limit=100)
+            return [r for t in threads for r in await cron_runs(client, t["thread_id"])
+                    if r["metadata"]["cron_id"] == cron["cron_id"]] or None
+
+        runs = await wait_for_async(its_runs, timeout=30, message="the enabled cron's run listed")
+        assert all(r["metadata"]["v"] == 2 for r in runs)
 
         # Disabled again: no tick fires while the witness's do.
         disabled: dict[str, Any] = dict(await client.crons.update(cron["cron_id"], enabled=False))
@@ -319,10 +323,11 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
         assert disabled["schedule"] == EVERY_2S and disabled["metadata"] == {"v": 2}
 
         async def settled() -> dict[str, Any] | None:
+            # Stored disabled (a busy worker takes the job later than the answer), no tick in flight.
             stored = await one_cron(client, cron["cron_id"])
-            return None if stored["last_tick"]["outcome"] == "submitting" else stored
+            return None if stored["enabled"] or stored["last_tick"]["outcome"] == "submitting" else stored
 
-        recorded = await wait_for_async(settled, timeout=30, message="the tick in flight recorded")
+        recorded = await wait_for_async(settled, timeout=30, message="stored disabled, tick recorded")
         count = int(recorded["fired"])
         assert count >= fired["fired"]
         await witness_fired(int((await one_cron(client, witness["cron_id"]))["fired"]) + 2)
