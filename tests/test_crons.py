@@ -24,7 +24,7 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import NotFoundError, UnprocessableEntityError
 from redis.asyncio import Redis
 
-from shared.contracts.crons import CronCreate, Schedule, tick_run_id, tick_thread_id
+from shared.contracts.crons import CronCreate, CronUpdate, Schedule, tick_run_id, tick_thread_id
 from shared.contracts.jobs import JobKind, RunJob
 from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from shared.redis.queue import submit_run
@@ -37,7 +37,7 @@ from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, require_approval
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
-from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create
+from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create, update
 
 EVERY_2S = "*/2 * * * * *"
 SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'
@@ -530,6 +530,28 @@ async def test_a_tick_whose_submission_failed_is_fired_again_as_the_same_run(
         assert await redis.zcard(QUEUE_NAME) == 2  # the first cron's run and this one, once each
     finally:
         await unreachable.aclose()
+        await db.close()
+
+
+async def test_a_cron_enabled_again_fires_none_of_the_ticks_missed_while_disabled(
+    tmp_path: Path, redis: Redis
+) -> None:
+    """The ``cron_update`` job: a cron disabled an hour ago and enabled now fires next at its
+    schedule's first tick after now, not the hour's missed ticks; a ticker skips it while disabled."""
+    db = await SqliteDatabase.open(tmp_path / "sophos.db")
+    try:
+        now = time.time()
+        cron_id = str(uuid.uuid4())
+        made = CronCreate(cron_id, None, EVERY_2S, "hi", {}, now - 3600, str(uuid.uuid4()), enabled=False)
+        assert await create(db, redis, made) == "done"
+        assert await CronTicker(db, redis).once(now) == 0, "a disabled cron's due tick does not fire"
+        assert await CronTicker(db, redis).earliest() is None
+        job = CronUpdate(cron_id, str(uuid.uuid4()), now, enabled=True)
+        assert await update(db, redis, job) == "done"
+        rows = await db.fetchall("SELECT next_tick, enabled, fired FROM crons WHERE id = ?", (cron_id,))
+        assert rows == [(Schedule.parse(EVERY_2S).next_after(now), 1, 0)]
+        assert await update(db, redis, CronUpdate(str(uuid.uuid4()), str(uuid.uuid4()), now)) == "done"
+    finally:
         await db.close()
 
 
