@@ -102,7 +102,9 @@ def test_compose_file_parses_with_its_services_and_volumes() -> None:
     services = spec["services"]
     assert set(services) == DEFAULT_SERVICES | {"postgres"}
     assert active(services) == DEFAULT_SERVICES  # postgres only under its profile (below)
-    assert set(spec["volumes"]) == {"redis-data", "ollama-models", DATA_VOLUME, "sophos-store", "postgres-data"}
+    assert set(spec["volumes"]) == {
+        "redis-data", "ollama-models", DATA_VOLUME, "sophos-store", "postgres-data",
+    }
     # Redis keeps accepted runs across a restart (AOF), DESIGN's requirement.
     assert "--appendonly" in services["redis"]["command"]
     # Every service runs for good: each has a health check and comes back after a crash.

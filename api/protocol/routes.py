@@ -23,7 +23,8 @@ from api.http.openapi import errors
 from api.ops import metrics
 from api.protocol.assistant_routes import AssistantsController
 from api.protocol.crons import CronsController
-from api.protocol.runs import ASSISTANT_ID, ProtocolRuns, RunCreate
+from api.protocol.run_input import RunCreate
+from api.protocol.runs import ASSISTANT_ID, ProtocolRuns
 from api.protocol.state import values_with_interrupts
 from api.protocol.store import StoreController
 from api.protocol.stream import ProtocolStream, cancelled_when_left
