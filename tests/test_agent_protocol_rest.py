@@ -2,7 +2,8 @@
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
 runs without a thread (``on_completion`` ``delete`` and ``keep``), ``update_state``, ``command``
-``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, and ``threads.prune``."""
+``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, ``threads.prune`` and
+``threads.copy``."""
 
 from __future__ import annotations
 
@@ -365,6 +366,8 @@ async def test_a_copy_holds_the_threads_history_and_goes_on_apart(
     assert [t["thread_id"] for t in await client.threads.search(metadata={"topic": "copying"})] == [
         copy_id, source,
     ]
+
+    assert await client.runs.list(copy_id) == []
 
     # A run on the copy goes on from its history; the source is as it was.
     model.script(Text("Apart."))
