@@ -8,7 +8,8 @@ row names is the copy's too), each with the channels that changed since its pare
 pending writes through ``aput_writes``: the messages are a DeltaChannel
 (shared/storage/thread.py), rebuilt from the writes back to the last snapshot, so the whole
 chain is copied, as ``BaseCheckpointSaver.copy_thread`` asks (no saver here implements it).
-The row goes last: until it exists the copy reads as an empty thread, never a partial one.
+The row goes last: until it exists the copy reads as an empty thread, never a partial one;
+a copy that fails, or whose source was deleted meanwhile, deletes what it wrote.
 Writing the same checkpoints and row again is harmless, so a second delivery does what the
 first did.
 """
@@ -75,12 +76,23 @@ async def copy(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, j
         outcome = "copied" if found else "gone"
         log.info("thread.copied" if found else "thread.copy_gone", checkpoints=checkpoints,
                  conversation_id=job.source_id, copy_id=job.target_id)
+        if not found:  # deleted meanwhile: what was copied of it goes too
+            await saver.adelete_thread(job.target_id)
     except Exception as exc:
         outcome = f"failed: {type(exc).__name__}: {exc}"
         log.exception("thread.copy_failed", conversation_id=job.source_id)
+        await _forget(saver, job.target_id)
     finally:
         await _notify(redis, job, outcome)
     return outcome
+
+
+async def _forget(saver: BaseCheckpointSaver[Any], target_id: str) -> None:
+    """Delete what a failed copy wrote of the copy's checkpoints (the API drops its record)."""
+    try:
+        await saver.adelete_thread(target_id)
+    except Exception as exc:
+        log.warning("thread.copy_cleanup_failed", copy_id=target_id, error=str(exc))
 
 
 async def _notify(redis: Redis, job: CopyJob, outcome: str) -> None:
