@@ -26,11 +26,12 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm \
     && rm -rf /var/lib/apt/lists/*
-# The processes run as this user; /data (the sophos-data volume: database, memory file) is
-# its own. A new named volume takes the ownership of the image's directory it is mounted on.
+# The processes run as this user; /data (the sophos-data volume: database, memory file) and
+# /store (the sophos-store volume: the Store's items, STORE_PATH) are its own. A new named volume
+# takes the ownership of the image's directory it is mounted on.
 RUN useradd --system --uid 10001 --create-home --home-dir /home/sophos --shell /usr/sbin/nologin sophos \
-    && mkdir -p /data/db /data/memory \
-    && chown -R sophos:sophos /data
+    && mkdir -p /data/db /data/memory /store \
+    && chown -R sophos:sophos /data /store
 WORKDIR /app
 # The locked dependencies, before any source: a code change reuses this layer.
 COPY --from=build /requirements.txt /tmp/requirements.txt

@@ -250,6 +250,9 @@ class Settings:
     """Everything a Sophos process can be configured with."""
 
     database_path: Path = Path("data/db/sophos.db")
+    # The Store's items on SQLite (shared/storage/memory.py): written by every API process and the
+    # worker, so apart from the database, which only the worker writes. None: beside the database.
+    store_path: Path | None = None
     # postgresql://…: all state in PostgreSQL instead of the SQLite file at database_path,
     # and any number of workers (shared/storage). None: SQLite, one worker.
     database_url: str | None = None
@@ -394,6 +397,7 @@ class Settings:
         oidc = _oidc(env)
         return cls(
             database_path=_path(env, "DATABASE_PATH", "data/db/sophos.db"),
+            store_path=_path(env, "STORE_PATH", "") if env.get("STORE_PATH") else None,
             database_url=_database_url(env, "DATABASE_URL"),
             run_lease_seconds=_float(env, "RUN_LEASE_SECONDS", d.run_lease_seconds, minimum=1.0),
             redis_url=_url(env, "REDIS_URL", d.redis_url, ("redis", "rediss", "unix")),

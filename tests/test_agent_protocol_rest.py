@@ -2,7 +2,8 @@
 ``langgraph-sdk`` client against a real API and worker with the fake model, on one stack for the
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
 runs without a thread (``on_completion`` ``delete`` and ``keep``), ``update_state``, ``command``
-``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, and ``threads.prune``."""
+``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, ``threads.prune`` and
+``threads.copy``."""
 
 from __future__ import annotations
 
@@ -330,3 +331,48 @@ async def test_a_cron_in_a_time_zone(client: LangGraphClient) -> None:
     with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as refused:
         await client.crons.create_for_thread(thread_id, "agent", schedule="0 9 * * *", timezone="Mars/Base")
     assert status_of(refused.value)[0] == 422 and "Mars/Base" in status_of(refused.value)[1]
+
+
+@shared_stack
+async def test_a_copy_holds_the_threads_history_and_goes_on_apart(
+    client: LangGraphClient, model: FakeOllama
+) -> None:
+    model.script(ToolCalls([("tools__echo", {"text": "ping"})]), Text("Echoed."))
+    source = (await client.threads.create(metadata={"topic": "copying"}))["thread_id"]
+    await client.runs.wait(source, "agent", input=said("echo ping"))
+
+    # Refused while a run holds the thread, by name.
+    hang = Hang(text="Busy.")
+    model.script(hang)
+    run = await client.runs.create(source, "agent", input=said("hold it"))
+    await hang.wait_started_async(20)
+    with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as busy:
+        await client.threads.copy(source)
+    assert status_of(busy.value)[0] == 409 and "SESSION_IN_PROGRESS" in status_of(busy.value)[1]
+    hang.release()
+    await client.runs.join(source, run["run_id"])
+
+    copied: Any = await client.threads.copy(source)
+    copy_id = copied["thread_id"]
+    assert copy_id != source and copied["status"] == "idle"
+    assert copied["metadata"]["topic"] == "copying" and copied["metadata"]["owner"] == "local"
+    before = await client.threads.get_state(source)
+    assert copied["values"] == before["values"] and len(before["values"]["messages"]) == 6
+    assert (await client.threads.get_state(copy_id))["values"] == before["values"]
+    histories = [await client.threads.get_history(t, limit=50) for t in (source, copy_id)]
+    ids = [[h["checkpoint"]["checkpoint_id"] for h in history] for history in histories]
+    assert ids[0] == ids[1] and len(ids[0]) >= 6
+    assert [h["values"] for h in histories[0]] == [h["values"] for h in histories[1]]
+    assert [t["thread_id"] for t in await client.threads.search(metadata={"topic": "copying"})] == [
+        copy_id, source,
+    ]
+
+    assert await client.runs.list(copy_id) == []
+
+    # A run on the copy goes on from its history; the source is as it was.
+    model.script(Text("Apart."))
+    values: Any = await client.runs.wait(copy_id, "agent", input=said("and now?"))
+    assert [m["content"] for m in values["messages"]][-3:] == ["Busy.", "and now?", "Apart."]
+    assert await client.threads.get_state(source) == before
+    with pytest.raises(NotFoundError):
+        await client.threads.copy(str(uuid.uuid4()))

@@ -102,7 +102,9 @@ def test_compose_file_parses_with_its_services_and_volumes() -> None:
     services = spec["services"]
     assert set(services) == DEFAULT_SERVICES | {"postgres"}
     assert active(services) == DEFAULT_SERVICES  # postgres only under its profile (below)
-    assert set(spec["volumes"]) == {"redis-data", "ollama-models", DATA_VOLUME, "postgres-data"}
+    assert set(spec["volumes"]) == {
+        "redis-data", "ollama-models", DATA_VOLUME, "sophos-store", "postgres-data",
+    }
     # Redis keeps accepted runs across a restart (AOF), DESIGN's requirement.
     assert "--appendonly" in services["redis"]["command"]
     # Every service runs for good: each has a health check and comes back after a crash.
@@ -182,6 +184,21 @@ def test_the_image_runs_as_a_user_that_owns_the_data_dirs() -> None:
     assert re.search(rf"chown -R {user}:{user} {data_dir}\b", text)
     for path in (dockerfile_env()["DATABASE_PATH"], dockerfile_env()["MEMORY_FILE_PATH"]):
         assert f"mkdir -p {Path(path).parent}" in text or Path(path).parent.as_posix() in text
+
+
+def test_the_stores_items_are_on_a_volume_the_api_and_the_worker_both_write() -> None:
+    """The Store's items (STORE_PATH) are written by every API process and the worker: their file is
+    on a volume of its own, read-write for both, owned by the image's user; the database's volume
+    stays read-only for the API."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name in ("worker", "api"):
+        store = services[name]["environment"]["STORE_PATH"]
+        mounts = [str(v) for v in services[name]["volumes"]]
+        folder = str(Path(store).parent)
+        assert any(m.split(":")[1] == folder and not m.endswith(":ro") for m in mounts), (name, mounts)
+        assert not folder.startswith("/data"), store
+    assert "sophos-data:/data:ro" in services["api"]["volumes"]
+    assert re.search(r"chown -R sophos:sophos [^\n]*/store\b", DOCKERFILE.read_text())
 
 
 def test_memory_server_is_pinned_to_one_exact_version() -> None:
@@ -352,9 +369,11 @@ def test_the_worker_can_be_scaled() -> None:
         worker = spec["services"]["worker"]
         assert "container_name" not in worker and "ports" not in worker, worker
         assert "hostname" not in worker
-        # A host path other than the read-only config would be one file for N writers.
+        # A host path other than the read-only config would be one file for N writers. (The
+        # Store's volume is written by many on purpose, under SQLite's locks, and unused on
+        # PostgreSQL, where the workers are scaled.)
         for source, _target, read_only in mounts(worker):
-            assert source == DATA_VOLUME or read_only, source
+            assert source in (DATA_VOLUME, "sophos-store") or read_only, source
     # The API scales too (only the proxy publishes a port): none has a fixed name.
     for name, service in compose()["services"].items():
         assert "container_name" not in service, name

@@ -14,7 +14,7 @@ from arq.worker import Function
 from shared import tracing
 from shared.contracts.assistants import ASSISTANT_WRITE_FUNCTION
 from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION, CRON_UPDATE_FUNCTION
-from shared.contracts.jobs import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.contracts.jobs import COPY_FUNCTION, DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WEBHOOK_FUNCTION
 from shared.settings import Settings
@@ -27,6 +27,7 @@ from worker.schedule.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webho
 from worker.upkeep.assistants import assistant_write_job
 from worker.upkeep.deletion import delete_job
 from worker.upkeep.renaming import rename_job
+from worker.upkeep.threadcopy import copy_job
 
 
 @entry_point(RunJob)
@@ -68,6 +69,7 @@ def functions(settings: Settings) -> list[Function]:
         func(execute_run, name=JOB_FUNCTION, max_tries=TURN_TRIES),
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
+        func(copy_job, name=COPY_FUNCTION),
         # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job
         # started again after a kill record its failure (worker/schedule/webhooks.py).
         func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),

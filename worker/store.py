@@ -213,6 +213,22 @@ class RunStore:
             )
         return changed > 0
 
+    async def copy_conversation(self, source_id: str, target_id: str, owner: str) -> bool:
+        """Give ``target_id`` a row like ``source_id``'s, owned by ``owner``, with no runs (its
+        thread's checkpoints copied before); False when the source has no row (deleted meanwhile).
+        Safe twice: an existing row is left as it is."""
+        now = now_iso()
+        async with self.db.transaction() as tx:
+            found = await tx.fetchall("SELECT 1 FROM conversations WHERE id = ?", (source_id,))
+            await tx.execute(
+                "INSERT INTO conversations (id, title, created_at, updated_at, message_count,"
+                " pending_tasks, branch_head, forked, owner)"
+                " SELECT ?, title, ?, ?, message_count, pending_tasks, branch_head, forked, ?"
+                " FROM conversations WHERE id = ? ON CONFLICT(id) DO NOTHING",
+                (target_id, now, now, owner, source_id),
+            )
+        return bool(found)
+
 
 class _AlreadyRecorded(Exception):
     pass

@@ -29,7 +29,8 @@ from api.auth.scope import owner_for_new
 from api.conversations.views import Conversations
 from api.http.ids import new_id, parse_id
 from api.http.openapi import errors
-from api.protocol.runs import ASSISTANT_ID, assistant_of, message_of
+from api.protocol.run_input import assistant_of, message_of
+from api.protocol.runs import ASSISTANT_ID
 from api.protocol.threads import Threads, thread_id_of
 from api.resources import Resources
 from api.store import Store

@@ -22,8 +22,10 @@ from api.http.limits import FOLLOWS_A_RUN, limit_submissions
 from api.http.openapi import errors
 from api.ops import metrics
 from api.protocol.assistant_routes import AssistantsController
+from api.protocol.copies import Copies
 from api.protocol.crons import CronsController
-from api.protocol.runs import ASSISTANT_ID, ProtocolRuns, RunCreate
+from api.protocol.run_input import RunCreate
+from api.protocol.runs import ASSISTANT_ID, ProtocolRuns
 from api.protocol.state import values_with_interrupts
 from api.protocol.store import StoreController
 from api.protocol.stream import ProtocolStream, cancelled_when_left
@@ -158,6 +160,12 @@ class ThreadsController(Controller):
         self, thread_id: ThreadId, data: ThreadUpdate, threads: Threads
     ) -> dict[str, Any]:
         return await threads.update(thread_id_of(thread_id), data)
+
+    @post("/{thread_id:str}/copy", status_code=200,
+          summary="A new thread, the caller's, holding a copy of the thread's history",
+          responses=errors(401, 404, 409, 422, 503))
+    async def copy_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
+        return await Copies(threads).copy(thread_id_of(thread_id))
 
     @post("/{thread_id:str}/history", status_code=200,
           summary="The thread's checkpoints, newest first, each as a state", responses=errors(401, 404, 422))

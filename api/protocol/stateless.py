@@ -32,7 +32,8 @@ from api.http.disconnect import cancel_on_disconnect
 from api.http.limits import FOLLOWS_A_RUN, limit_submissions
 from api.http.openapi import errors
 from api.protocol.routes import DEPENDENCIES, TAGS, _ended, _locations, _outcome, _stream
-from api.protocol.runs import ProtocolRuns, RunCreate
+from api.protocol.run_input import RunCreate
+from api.protocol.runs import ProtocolRuns
 from api.protocol.threads import ThreadCreate, Threads
 from api.resources import Resources
 from shared.errors import BadRequest, SophosError

@@ -199,7 +199,7 @@ def _matches(found: Found, query: ThreadSearch) -> bool:
     return all(metadata.get(k) == v for k, v in (query.metadata or {}).items())
 
 
-def _settable(metadata: dict[str, Any] | None) -> dict[str, Any]:
+def settable(metadata: dict[str, Any] | None) -> dict[str, Any]:
     """What a client may set of a thread's metadata: all but :data:`SERVER_METADATA`."""
     return {k: v for k, v in (metadata or {}).items() if k not in SERVER_METADATA}
 
@@ -264,7 +264,7 @@ class Threads:
             raise BadRequest("if_exists must be 'raise' or 'do_nothing'")
         thread_id = thread_id_of(body.thread_id) if body.thread_id else new_id()
         info = await self._info(thread_id)
-        created = info is None and await self._claim(thread_id, _settable(body.metadata))
+        created = info is None and await self.claim(thread_id, settable(body.metadata))
         if not created:
             if info is None and await self.record(thread_id) is None:
                 # Another user's thread: as absent here as everywhere (never 409: its existence
@@ -276,7 +276,7 @@ class Threads:
         log.info("thread.created", conversation_id=thread_id)
         return Found(thread_id, await self.record(thread_id), None)
 
-    async def _claim(self, thread_id: str, metadata: dict[str, Any]) -> bool:
+    async def claim(self, thread_id: str, metadata: dict[str, Any]) -> bool:
         """Write the thread's record unless it exists, whole in one script: of two creators one
         writes it, and the other never sees it half written (``metadata`` missing)."""
         now = time.time()
@@ -352,7 +352,7 @@ class Threads:
                     await pipe.watch(key)
                     current = Record.parse(thread_id, await pipe.hgetall(key))  # type: ignore[misc]
                     before = current.metadata if current is not None else {}
-                    metadata = {**before, **_settable(body.metadata)}
+                    metadata = {**before, **settable(body.metadata)}
                     pipe.multi()
                     pipe.hset(key, mapping={
                         "created_at": current.created_at if current is not None else created,

@@ -134,3 +134,24 @@ class RenameJob:
     title: str
     job_id: str
     enqueued_at: float
+
+
+#: The arq function that copies a thread (the Agent Protocol's ``POST /threads/{id}/copy``).
+COPY_FUNCTION = "copy_thread"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyJob:
+    """Payload of a copy job; ``job_id`` (``copy:<uuid>``) is its arq job id.
+
+    Safe twice: the saver writes a checkpoint (and a write) with the same ids again, and the
+    conversation's row is inserted only if missing. It holds no claim: the API refuses a copy
+    while a run holds the source (api/protocol/copies.py).
+    """
+
+    source_id: str
+    target_id: str
+    #: whose the copy is: whoever asked for it
+    owner: str
+    job_id: str
+    enqueued_at: float

@@ -181,6 +181,11 @@ def deleted_key(claim: str) -> str:
     return f"sophos:deleted:{claim}"
 
 
+def copied_key(job_id: str) -> str:
+    """List the worker pushes a thread copy's outcome to (``copied``, ``gone`` or ``failed: ...``)."""
+    return f"sophos:copied:{job_id}"
+
+
 def renamed_key(job_id: str) -> str:
     """List the worker pushes a rename's outcome to (``renamed``, ``gone`` or ``failed: ...``)."""
     return f"sophos:renamed:{job_id}"

@@ -31,7 +31,16 @@ from arq.constants import expires_extra_ms
 from redis.asyncio import Redis
 
 from shared.contracts.codec import PayloadError, job_of_record, job_record
-from shared.contracts.jobs import DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, DeleteJob, RenameJob, RunJob
+from shared.contracts.jobs import (
+    COPY_FUNCTION,
+    DELETE_FUNCTION,
+    JOB_FUNCTION,
+    RENAME_FUNCTION,
+    CopyJob,
+    DeleteJob,
+    RenameJob,
+    RunJob,
+)
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import hook_keys_args
 from shared.redis.keys import (
@@ -300,3 +309,8 @@ async def submit_job(redis: Redis, function: str, job_id: str, job: Any, enqueue
 async def submit_rename(redis: Redis, job: RenameJob) -> None:
     """Enqueue ``job`` and wake the worker, atomically (:func:`submit_job`)."""
     await submit_job(redis, RENAME_FUNCTION, job.job_id, job, job.enqueued_at)
+
+
+async def submit_copy(redis: Redis, job: CopyJob) -> None:
+    """Enqueue ``job`` and wake the worker, atomically (:func:`submit_job`)."""
+    await submit_job(redis, COPY_FUNCTION, job.job_id, job, job.enqueued_at)

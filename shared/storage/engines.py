@@ -105,9 +105,10 @@ def _hooked(base: type[Any], hooks: Sequence[type]) -> type[Any]:
 
 def open_item_store(settings: Settings, *, size: int = 2) -> AbstractAsyncContextManager[BaseStore]:
     """LangGraph's store of the Store's items for the engine (shared/storage/memory.py): its own
-    SQLite file beside the database, or the PostgreSQL database on a pool of ``size``."""
-    from shared.storage.memory import postgres_item_store, sqlite_item_store
+    SQLite file (``STORE_PATH``, else beside the database), or the PostgreSQL database on a pool
+    of ``size``."""
+    from shared.storage.memory import postgres_item_store, sqlite_item_store, store_path
 
     if settings.database_url is not None:
         return postgres_item_store(settings.database_url, size=size)
-    return sqlite_item_store(settings.database_path)
+    return sqlite_item_store(settings.store_path or store_path(settings.database_path))

@@ -38,12 +38,11 @@ def store_path(database_path: Path) -> Path:
 
 
 @asynccontextmanager
-async def sqlite_item_store(database_path: Path) -> AsyncIterator[BaseStore]:
-    """LangGraph's SQLite store on its own file, set up, on a connection of its own."""
+async def sqlite_item_store(path: Path) -> AsyncIterator[BaseStore]:
+    """LangGraph's SQLite store on its own file ``path``, set up, on a connection of its own."""
     import aiosqlite
     from langgraph.store.sqlite.aio import AsyncSqliteStore
 
-    path = store_path(database_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Autocommit: the store opens and commits its own transactions (BEGIN … COMMIT).
     conn = await aiosqlite.connect(path, timeout=5.0, isolation_level=None)

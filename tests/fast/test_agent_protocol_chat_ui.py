@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from api.conversations.schemas import ConversationInfo
-from api.protocol.runs import answers_of, message_of
+from api.protocol.run_input import answers_of, message_of
 from api.protocol.threads import CUT_HINT, Found, Record, with_cut_noted
 from api.runs.schemas import RunError
 from shared.contracts.protocol import ASSISTANT_ID

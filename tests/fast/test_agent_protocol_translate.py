@@ -12,7 +12,7 @@ from api.chat.relay import PING
 from api.chat.schemas import DecisionBody
 from api.conversations.schemas import ConversationInfo
 from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
-from api.protocol.runs import message_of
+from api.protocol.run_input import message_of
 from api.protocol.status import run_status, thread_status
 from api.protocol.stream import Native, native_events
 from api.protocol.translate import VALUES, Asked, Part, Translator, ValuesAt, after_id, number, stream_modes

@@ -52,6 +52,7 @@ FAST_ELSEWHERE: dict[str, frozenset[str]] = {
         "test_config_is_mounted_not_baked_into_the_image",
         "test_the_image_runs_as_a_user_that_owns_the_data_dirs",
         "test_memory_server_is_pinned_to_one_exact_version",
+        "test_the_stores_items_are_on_a_volume_the_api_and_the_worker_both_write",
         "test_postgres_runs_only_under_its_profile_with_a_health_check",
         "test_the_default_deployment_is_sqlite_without_postgres",
         "test_the_postgres_override_points_worker_and_api_at_postgres",
