@@ -18,7 +18,7 @@ from arq.jobs import serialize_job
 
 from shared.contracts.assistants import AgentConfig, AssistantWrite
 from shared.contracts.codec import PayloadError, decode, dumps, encode, job_of_record, job_record, loads
-from shared.contracts.crons import CronCreate, CronDelete
+from shared.contracts.crons import CronCreate, CronDelete, CronUpdate
 from shared.contracts.jobs import Decision, DecisionAction, DeleteJob, JobKind, RenameJob, RunJob
 from shared.contracts.webhooks import WebhookJob
 from shared.settings import Settings
@@ -39,6 +39,7 @@ JOBS: list[Any] = [
     WebhookJob(RUN, CONVERSATION, 4.0),
     CronCreate("cron-1", None, "*/5 * * * *", "tick", {"k": [1, 2]}, 5.0, "cron:1"),
     CronDelete("cron-1", "cron:2"),
+    CronUpdate("cron-1", "cron:3", 5.5, "*/2 * * * * *", "tock", {"k": 2}, enabled=False),
     RunJob(RUN, CONVERSATION, JobKind.RUN, "hi", 6.0, agent=AgentConfig(
         "a-1", 2, "You are terse.", "other-model", ("tools__echo",), ("tools",))),
     AssistantWrite("update", "a-1", "assistant:1", 7.0, "alice", context={"model": "m"}, metadata={"k": 1}),
@@ -93,7 +94,7 @@ async def test_the_entry_point_decodes_binds_the_log_context_and_calls() -> None
 
 def test_every_function_the_worker_registers_is_an_entry_point() -> None:
     registered = functions(Settings())
-    assert len(registered) == 7
+    assert len(registered) == 9
     for function in registered:
         wrapped = getattr(function.coroutine, "__wrapped__", None)
         assert wrapped is not None, f"{function.name}: make it an entry point (worker/entry.py)"
