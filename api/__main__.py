@@ -49,7 +49,8 @@ def main() -> int:
     from api.http.parser import MAX_HEADER_BYTES, protocol
     from shared import tracing
     from shared.logging import configure_logging
-    from shared.settings import Settings, SettingsError
+    from shared.settings import Settings
+    from shared.settings_parsing import SettingsError
     from shared.speedups import Speedups
 
     try:

@@ -19,14 +19,17 @@ from api.conversations import routes as conversation_routes
 from api.http.access_log import access_log
 from api.http.errors import exception_handlers
 from api.http.limits import StreamLimit, SubmissionLimit
+from api.ops import pruning as ops_pruning
 from api.ops import routes as ops_routes
 from api.protocol.errors import protocol_exception_handlers
-from api.protocol.prune import ROUTES as PRUNE_ROUTES
+from api.protocol.mcp_mount import McpMount
 from api.protocol.routes import ROUTES as PROTOCOL_ROUTES
-from api.protocol.stateless import ROUTES as STATELESS_ROUTES
-from api.protocol.updates import ROUTES as UPDATE_ROUTES
+from api.protocol.runs.stateless import ROUTES as STATELESS_ROUTES
+from api.protocol.threads.prune import ROUTES as PRUNE_ROUTES
+from api.protocol.threads.updates import ROUTES as UPDATE_ROUTES
 from api.resources import Resources, lifespan
 from api.runs import routes as run_routes
+from shared import compat
 from shared.settings import Settings
 
 
@@ -79,6 +82,8 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
             ops_routes.agent,
             ops_routes.healthz,
             ops_routes.readyz,
+            ops_pruning.prune_checkpoints,
+            ops_pruning.prune_progress,
             auth_routes.whoami,
             auth_routes.signin,
         ],
@@ -91,9 +96,12 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
     )
     # The Agent Protocol (api/protocol/), at the root paths the LangGraph SDKs use, behind the
     # same guard: the SDKs present a key as x-api-key, a JWT as a bearer token.
+    # The agent as an MCP server at /mcp (api/protocol/mcp.py): mounted there, behind the same guard,
+    # loaded on its first request (api/protocol/mcp_mount.py).
+    mcp = McpMount(settings.max_body_bytes)
     protocol = Router(
         path="/",
-        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES, *UPDATE_ROUTES, *PRUNE_ROUTES],
+        route_handlers=[*PROTOCOL_ROUTES, *STATELESS_ROUTES, *UPDATE_ROUTES, *PRUNE_ROUTES, mcp.route],
         guards=[identify],
         security=[{"bearer": []}],
         exception_handlers=protocol_exception_handlers(),
@@ -107,9 +115,10 @@ def create_app(settings: Settings, *, draining: threading.Event | None = None) -
         render_plugins=web.schema_viewers(),  # served from web/vendor: works offline
         components=components,
     )
-    return Litestar(
+    # Litestar but pydantic's plugin: the API has no pydantic model (~7 MB: bench figure 16).
+    return compat.litestar_without_pydantic()(
         route_handlers=[api, scrape, protocol, *web.routes(settings)],  # the page at / (api/web.py)
-        lifespan=[lifespan(settings, draining)],
+        lifespan=[lifespan(settings, draining), mcp.lifespan],
         state=State(
             {"draining": draining, "submission_limit": SubmissionLimit(settings.rate_limit_per_minute)}
         ),

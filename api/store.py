@@ -8,8 +8,7 @@ nothing to read: every call returns nothing and looks again next time.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,32 +18,27 @@ from api.auth.scope import owned
 from api.conversations import title_search
 from api.conversations.ledger_view import LEDGER_COLUMNS, LedgerRow
 from api.http.readers import Readers
+from api.thread_read import hang, read_thread
 from shared.contracts.assistants import ASSISTANT_COLUMNS, AssistantRow
 from shared.contracts.crons import CRON_COLUMNS, CronRow
 from shared.contracts.runs import RunStatus
-from shared.errors import ConversationUnreadable, DatabaseUnavailable
+from shared.errors import DatabaseUnavailable
 from shared.settings import Settings
-from shared.storage import CheckpointDecodeError
-from shared.storage.branch import thread_config
 from shared.storage.engines import open_reader
-from shared.storage.reading import Reader, ThreadSource
+from shared.storage.reading import Reader
 from shared.storage.rows import RUN_COLUMNS, RunRow
 from shared.storage.schema import MIGRATIONS
+from shared.storage.threads.branch import thread_config
 
-# LangGraph is loaded by the reader processes, which run the reads (``_read_thread``), not
+# LangGraph is loaded by the reader processes, which run the reads (api/thread_read.py), not
 # by the API's main process, which only names them: ≈0.6 s of CPU and ≈45 MB less per API
 # process (tests/test_api_readers.py checks the process).
 if TYPE_CHECKING:
-    from langchain_core.runnables import RunnableConfig
-    from langgraph.pregel import Pregel
+    from api.thread_read import ThreadRead
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-
-if TYPE_CHECKING:
-    #: what reads a thread: the agent graph's reader and the thread's config
-    ThreadRead = Callable[[Pregel[Any, Any, Any, Any], RunnableConfig], T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +83,12 @@ def conversation_page_sql(conditions: Sequence[str]) -> str:
 #: what /metrics shows of the runs table (index ``runs_by_status``)
 RUNNING_COUNT_SQL = "SELECT count(*) FROM runs WHERE status = ?"
 #: conversations whose last run ended waiting for a decision: the waiting runs through the status
-#: index, each checked against its conversation's last run by primary key
+#: index, each checked against its conversation's last run by primary key. A subquery per waiting
+#: run, not a join: with statistics older than a big store's growth, PostgreSQL's planner hashed
+#: every conversation for it (a /metrics scrape 4.3x slower at 100,000 conversations, figure 24)
 WAITING_COUNT_SQL = (
-    "SELECT count(*) FROM runs r JOIN conversations c ON c.id = r.conversation_id"
-    " WHERE r.status = ? AND c.last_run_id = r.id"
+    "SELECT count(*) FROM runs r WHERE r.status = ?"
+    " AND r.id = (SELECT c.last_run_id FROM conversations c WHERE c.id = r.conversation_id)"
 )
 
 
@@ -322,12 +318,12 @@ class Store:
                 return None
             self._checkpoints_ready = True
         if conversation_id == self._hang_read:
-            read = functools.partial(_hang, read)
+            read = functools.partial(hang, read)
         # The branch the conversation follows (api/chat/branches.py): a read sees that branch.
         config = await thread_config(self._fetch, conversation_id)
         try:
             return await self.readers.run(
-                _read_thread, self.db.threads, conversation_id, read, config,
+                read_thread, self.db.threads, conversation_id, read, config,
                 what=f"conversation {conversation_id}",
             )
         except DatabaseUnavailable as exc:
@@ -338,42 +334,15 @@ class Store:
 #: most processes reading threads for one API process: as many exports at once
 READER_PROCESSES = 2
 #: what a reader imports before its first read: the functions reads send it, and LangGraph and
-#: langchain, which those import only when they run (so that the API's main process never does)
+#: langchain, which those import only when they run (so that the API's main process never does).
+#: Never this module, nor any that imports Redis, arq or the web framework: a reader would hold
+#: them for nothing (tests/test_api_readers.py, tests/fast/test_snapshot.py).
 READER_MODULES = (
-    "api.store", "api.conversations.transcript", "api.chat.approvals", "api.chat.branches",
-    "api.protocol.state",
-    "shared.storage.thread", "shared.storage.decoding", "langgraph.checkpoint.sqlite",
+    "api.thread_read", "api.conversations.transcript", "api.chat.approvals", "api.chat.branches",
+    "api.protocol.threads.state", "api.protocol.runs.fork_reads",
+    "shared.storage.threads.snapshot", "shared.storage.threads.decoding", "shared.storage.threads.history",
+    "langgraph.checkpoint.sqlite",
 )
-
-
-def _hang(read: ThreadRead[T], graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> T:
-    """Test-only (SOPHOS_FAULT_HANG_READ): a read that never ends, as one of a huge thread would not."""
-    while True:
-        time.sleep(3600)
-
-
-def _read_thread(
-    source: ThreadSource, conversation_id: str, read: ThreadRead[T], config: RunnableConfig
-) -> T:
-    """In a reader process: ``read`` on the conversation's thread. What fails here, short of
-    the database itself (DATABASE_UNAVAILABLE), is the thread's data: this process has its own
-    connection and only decodes and rebuilds the thread."""
-    from shared.storage.thread import reader_graph
-
-    try:
-        return source.read(lambda saver: read(reader_graph(saver), config))
-    except (DatabaseUnavailable, ConversationUnreadable):
-        raise
-    except Exception as exc:
-        raise _unreadable(conversation_id, exc) from exc
-
-
-def _unreadable(conversation_id: str, exc: Exception) -> ConversationUnreadable:
-    """The checkpoint serializer refused the thread's data (it never runs what it refuses)."""
-    reason = str(exc) if isinstance(exc, CheckpointDecodeError) else f"{type(exc).__name__}: {exc}"
-    return ConversationUnreadable(
-        f"the saved state of conversation {conversation_id} cannot be read: {reason}"
-    )
 
 
 def open_store(settings: Settings) -> Store:

@@ -11,7 +11,10 @@ Granian; needs the ``bench`` extra, and is measured only then), ``--only fairnes
 (what a key or an OIDC JWT costs a request against no identity), ``--only crossing`` for figure 22
 (system calls, context switches and Redis commands per run, per process, against the floor),
 ``--only remote`` for figure 23 (a remote tool call against a stdio one), ``--only growth`` for figure 24
-(a request's cost on a big store against an empty one, both engines).
+(a request's cost on a big store against an empty one, both engines), ``--only streams`` for
+figure 26 (1,000 open streams on one API process; ``--streams N`` for another number), ``--only
+retention`` for figure 27 (the retention deleting old conversations beside live runs;
+``--retention-conversations N`` for another number).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` takes well under a
 minute and only checks that everything works (CI): it never judges speed, and it
@@ -47,8 +50,11 @@ from bench import (
     identity,
     ledger,
     memory,
+    openstreams,
     profiling,
+    pruning,
     remote,
+    retention,
     servers,
     solo,
     tracing,
@@ -56,8 +62,18 @@ from bench import (
 )
 from bench.client import BenchError, Client, chat_once, http_client
 from bench.floor import Floor, in_process_floor
-from bench.postgres import on_postgres
-from bench.report import LEDGER_HEADING, Results, console, ledger_section, markdown, raw, splice_section
+from bench.postgres import Postgres, on_postgres
+from bench.report import (
+    LEDGER_HEADING,
+    POSTGRES_HEADING,
+    Results,
+    console,
+    ledger_section,
+    markdown,
+    postgres_section,
+    raw,
+    splice_section,
+)
 from bench.runs import (
     MESSAGE,
     checkpointed_size,
@@ -144,11 +160,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--only",
         choices=["ledger", "tracing", "memory", "solo", "hops", "switches", "servers", "fairness",
-                 "identity", "crossing", "remote", "growth"],
+                 "identity", "crossing", "remote", "growth", "pruning", "retention", "streams",
+                 "postgres"],
         default=None,
         help="measure one figure alone (ledger: figure 14; tracing: figure 15; memory: figure 16; "
         "solo: figure 17; hops: figure 18; switches: figure 12; servers: figure 19; fairness: figure 20; "
-        "identity: figure 21; crossing: figure 22; remote: figure 23; growth: figure 24) and replace only "
+        "identity: figure 21; crossing: figure 22; remote: figure 23; growth: figure 24; pruning: figure 25; "
+        "streams: figure 26; retention: figure 27; postgres: figure 13) "
+        "and replace only "
         "its section of the results",
     )
     p.add_argument(
@@ -158,6 +177,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--growth-export-messages", type=int, default=None,
         help="stored messages of figure 24's exported conversation (default 5,000; 20 with --quick)",
+    )
+    p.add_argument(
+        "--retention-conversations", type=int, default=None,
+        help="old conversations figure 27's retention deletes beside live runs (default 1000; 10 quick)",
     )
     p.add_argument("--ledger-runs", type=int, default=None, help="override the runs of each arm of figure 14")
     for name in ("single", "rounds", "round-runs", "clients", "messages", "relay", "streams"):
@@ -405,6 +428,32 @@ def growth_phase(
     return result, growth.section(result, stamp=_stamp(command, load_start))
 
 
+def streams_phase(args: argparse.Namespace, command: str) -> tuple[openstreams.OpenStreams, str]:
+    """Figure 26 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    n = args.streams or (openstreams.QUICK_STREAMS if args.quick else openstreams.FULL_STREAMS)
+    result = openstreams.measure(streams=n, strict=args.quick, keep=args.keep, say=say)
+    result.command, result.code = command, code_version()
+    result.load = f"{load_start}; {load_average()}"
+    result.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
+    return result, openstreams.section(result)
+
+
+def pruning_phase(args: argparse.Namespace, command: str) -> tuple[pruning.Pruning, str]:
+    """Figure 25 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = pruning.measure(quick=args.quick, say=say)
+    return result, pruning.section(result, stamp=_stamp(command, load_start))
+
+
+def retention_phase(args: argparse.Namespace, command: str) -> tuple[retention.Retention, str]:
+    """Figure 27 and its section, stamped with how it was measured."""
+    load_start = load_average()
+    result = retention.measure(quick=args.quick, keep=args.keep, conversations=args.retention_conversations,
+                               say=say)
+    return result, retention.section(result, stamp=_stamp(command, load_start))
+
+
 def _stamp(command: str, load_start: str) -> str:
     """How a figure measured alone was measured: command, date, code, load (its section's first line)."""
     date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
@@ -459,10 +508,19 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     measured: (
         ledger.LedgerCost | tracing.TracingCost | memory.Memory | solo.Solo | hops.Hops | variants.Switches
         | servers.Servers | fairness.Fairness | identity.Identity | crossing.Crossing | remote.RemoteCost
-        | growth.Growth
+        | growth.Growth | pruning.Pruning | retention.Retention | openstreams.OpenStreams | Postgres
     )
     try:
-        if args.only == "ledger":
+        if args.only == "postgres":
+            load_start = load_average()
+            sizes = QUICK if args.quick else FULL
+            measured = pg = on_postgres(
+                quick=args.quick, rng=random.Random(args.seed), single=args.single or sizes.single,
+                overrides=overrides, keep=args.keep, say=say,
+            )
+            heading = POSTGRES_HEADING
+            section = f"{heading}\n\n{_stamp(command, load_start)}{postgres_section(pg)}"
+        elif args.only == "ledger":
             measured = cost = ledger_phase(args, overrides, command)
             heading, section = LEDGER_HEADING, ledger_section(cost)
         elif args.only == "tracing":
@@ -495,6 +553,15 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
         elif args.only == "growth":
             measured, section = growth_phase(args, overrides, command)
             heading = growth.HEADING
+        elif args.only == "streams":
+            measured, section = streams_phase(args, command)
+            heading = openstreams.HEADING
+        elif args.only == "pruning":
+            measured, section = pruning_phase(args, command)
+            heading = pruning.HEADING
+        elif args.only == "retention":
+            measured, section = retention_phase(args, command)
+            heading = retention.HEADING
         else:
             measured, section = hops_phase(args, command)
             heading = hops.HEADING
@@ -593,6 +660,15 @@ def main(argv: list[str] | None = None) -> int:
         growth_result, growth_text = growth_phase(args, overrides, command)
         results.sections.append(growth_text)
         results.elapsed_s += growth_result.elapsed_s
+        pruning_result, pruning_text = pruning_phase(args, command)
+        results.sections.append(pruning_text)
+        results.elapsed_s += pruning_result.elapsed_s
+        retention_result, retention_text = retention_phase(args, command)
+        results.sections.append(retention_text)
+        results.elapsed_s += retention_result.elapsed_s
+        streams_result, streams_text = streams_phase(args, command)
+        results.sections.append(streams_text)
+        results.elapsed_s += streams_result.elapsed_s
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1

@@ -8,7 +8,7 @@ messages), written through the storage interface the worker writes with:
 - its thread as LangGraph checkpoints through LangGraph's saver for the engine (the SQLite saver
   the worker uses; on PostgreSQL LangGraph's own saver, the worker's fenced saver without the
   lease check, which only guards a live run): one template thread is made
-  once by running a graph of the agent's shape (``shared/storage/thread.py``'s state, a
+  once by running a graph of the agent's shape (``shared/storage/threads/state.py``'s state, a
   DeltaChannel of messages) turn by turn, then every conversation gets its checkpoints and
   task writes, each put under the conversation's own thread and run ids.
 
@@ -98,7 +98,7 @@ def template(turns: int = TURNS) -> list[Step]:
     from langgraph.graph import END, START, StateGraph
 
     from shared.contracts.runs import AGENT
-    from shared.storage.thread import AgentState
+    from shared.storage.threads.state import AgentState
 
     def agent(state: AgentState) -> dict[str, Any]:
         asked = state["messages"][-1].content

@@ -4,7 +4,7 @@ One stack (Redis, fake model, one worker at ``WORKER_CONCURRENCY`` 1, the API) w
 made by ``sophos users add``. Each round measures B's queue wait (``waitedMs`` of
 ``GET /api/runs/{id}``: from acceptance to a worker's start) twice, side by side: B's one run on
 an idle service, and B's one run submitted just after A queued ``queued`` runs. Round-robin
-across owners (worker/fair.py) should leave B behind at most the one run of A in progress; in
+across owners (worker/queue/fair.py) should leave B behind at most the one run of A in progress; in
 queue order B would wait for all of A's still queued. The figure also counts how many of A's runs
 started while B's waited (acceptance to start), and A's run time, what B's wait is made of.
 """

@@ -3,7 +3,7 @@
 Every hop hands work to another thread and back (a queue put, a wake-up of the event loop
 through its self-pipe): the profile of figure 17 shows the worker's event loop thread
 losing the CPU at each one. Counted in this process on the worker's own graph
-(``worker.agent.graph.build_graph``), its ledger (``worker.tools.ledger.Ledger``) and its saver
+(``worker.agent.graph.build_graph``), its ledger (``worker.tools.ledger.calls.Ledger``) and its saver
 (``shared.storage.sqlite_saver.OneHopSaver``), beside the same runs with LangGraph's own
 ``AsyncSqliteSaver`` (the floor's), on a file opened like the worker's
 (``shared.storage.sqlite.connect``: WAL, ``synchronous=FULL``); a scripted model without
@@ -39,7 +39,7 @@ from bench.stats import percentile as _p
 from shared.storage.sqlite import SqliteDatabase, connect
 from shared.storage.sqlite_saver import OneHopSaver
 from worker.agent.graph import build_graph
-from worker.tools.ledger import Ledger
+from worker.tools.ledger.calls import Ledger
 
 HEADING = "## Thread hops per run (figure 18)"
 

@@ -42,7 +42,7 @@ from shared.storage.engines import open_checkpointer, open_database
 from shared.storage.schema import now_iso
 from worker.agent.graph import build_graph, read_system_prompt
 from worker.agent.model import build_model
-from worker.tools.ledger import Ledger
+from worker.tools.ledger.calls import Ledger
 from worker.tools.mcp import McpToolbox, load_config
 from worker.tools.policy import load_approvals, load_repeat
 

@@ -103,7 +103,7 @@ def pss_bytes(pid: int) -> int:
 
 def _role(parent: str, pid: int) -> str:
     line = _cmdline(pid)
-    if "api.http.readers" in line:
+    if "api.http.reader" in line:  # api.http.reader_process (api.http.readers before)
         return f"{parent}'s reader process"
     if "tools_server" in line or "mcp" in line:
         return f"{parent}'s MCP server"

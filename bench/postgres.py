@@ -1,11 +1,11 @@
-"""Figure 13: PostgreSQL. One run against SQLite, and runs/s with 1, 2, 4 workers.
+"""Figure 13: PostgreSQL. One run against SQLite, and runs/s with 1, 2, 4, 8 workers (the smoke run: 1, 2).
 
 13: POST → ``end`` of one run at a time on PostgreSQL against SQLite, side by side: two
 stacks (each with Redis, the fake model answering at once, one worker and one API), the
 runs alternating between them in a random order, so both see the same machine.
 Target: PostgreSQL within 1.5 times SQLite at p50.
 
-13b-d: runs/s through W workers (``WORKER_CONCURRENCY=1`` each) on one PostgreSQL
+13b-e: runs/s through W workers (``WORKER_CONCURRENCY=1`` each) on one PostgreSQL
 database, the fake model waiting ``MODEL_LATENCY`` before each reply as in figure 11;
 2W clients share the runs, each on a new conversation. Target: at least 0.8 times W times
 the rate of one worker.
@@ -29,7 +29,7 @@ from bench.stack import Stack, running_stack, start_side_by_side
 from tests.support.postgres import PostgresServer
 from tests.support.procs import ServiceProcess, wait_worker_ready
 
-FULL_WORKERS = (1, 2, 4)
+FULL_WORKERS = (1, 2, 4, 8)
 QUICK_WORKERS = (1, 2)
 
 

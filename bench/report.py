@@ -323,6 +323,10 @@ def _postgres_rows(pg: Postgres) -> list[Row]:
     return out
 
 
+#: figure 13's section heading (``--only postgres`` replaces that section alone)
+POSTGRES_HEADING = "## PostgreSQL (figure 13)"
+
+
 def postgres_section(pg: Postgres) -> str:
     if pg.skipped:
         return f"Left out: {pg.skipped}.\n"
@@ -606,7 +610,7 @@ def markdown(r: Results) -> str:
         "## More numbers\n",
         extras(r),
         *(["## More runs at once (figure 11)\n", scaling_section(r.scaling)] if r.scaling else []),
-        *(["## PostgreSQL (figure 13)\n", postgres_section(r.postgres)] if r.postgres else []),
+        *([f"{POSTGRES_HEADING}\n", postgres_section(r.postgres)] if r.postgres else []),
         *([ledger_section(r.ledger)] if r.ledger else []),
         *([tracing_section(r.tracing)] if r.tracing else []),
         *([memory_section(r.memory)] if r.memory else []),

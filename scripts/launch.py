@@ -36,9 +36,10 @@ if str(ROOT) not in sys.path:  # run as a script: its own folder is on the path,
     sys.path.insert(0, str(ROOT))
 
 from shared.model_probe import probe_sync  # noqa: E402 - after the path is set
-from shared.settings import Settings, SettingsError  # noqa: E402
+from shared.settings import Settings  # noqa: E402
+from shared.settings_parsing import SettingsError  # noqa: E402
 
-#: exit status of a worker or API that refused its settings (shared.settings.SettingsError)
+#: exit status of a worker or API that refused its settings (shared.settings_parsing.SettingsError)
 EXIT_BAD_SETTINGS = 2
 FIRST_DELAY = 1.0
 MAX_DELAY = 30.0

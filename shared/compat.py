@@ -4,7 +4,7 @@ Each one here, and nowhere else, with the version it was read from; tests/fast/t
 fails when an installed library no longer has what is used (the name, its signature, or the
 source of what is overridden). Whoever upgrades one of these libraries reads its new code
 where that test points, brings the use here in line, and updates the version and the test.
-The worker's reaches into arq's loop are in worker/compat.py.
+The worker's reaches into arq's loop are in worker/queue/compat.py.
 
 Nothing is imported until it is used: the API's main process imports this module (through
 shared/speedups.py) and must load neither LangGraph, nor a database driver, nor the fetch
@@ -14,6 +14,7 @@ server by it.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -30,10 +31,12 @@ READ_FROM = {
     "redis": "5.3.1",
     "mcp-server-fetch": "2026.10.10",
     "langgraph": "1.2.24",
+    "langgraph-checkpoint": "4.3.2",
     "aiosqlite": "0.22.1",
     "langgraph-checkpoint-sqlite": "3.1.2",
     "langgraph-checkpoint-postgres": "3.2.0",
     "httpx": "0.29.0",
+    "litestar": "2.25.0",
 }
 
 
@@ -49,6 +52,35 @@ def redis_parsers() -> tuple[type[Any], type[Any]]:
     return _AsyncHiredisParser, _AsyncRESP2Parser
 
 
+# --- litestar 2.25.0: the plugins every app is given (api/app.py) -------------------------------
+# ``Litestar.__init__`` adds its default plugins by the private ``_get_default_plugins``, which
+# imports pydantic's plugin (and pydantic, ~7 MB a process) whenever pydantic is installed, as it
+# is for LangGraph: the API has no pydantic model, its types are msgspec's.
+
+
+def litestar_without_pydantic() -> type[Any]:
+    """``Litestar`` given its default plugins but pydantic's: msgspec's (dependencies) and attrs'
+    (schemas), as ``Litestar._get_default_plugins`` adds them."""
+    from contextlib import suppress
+
+    from litestar import Litestar
+    from litestar.exceptions import MissingDependencyException
+    from litestar.plugins.core import MsgspecDIPlugin
+
+    class App(Litestar):
+        @staticmethod
+        def _get_default_plugins(plugins: list[Any]) -> list[Any]:
+            plugins.append(MsgspecDIPlugin())
+            with suppress(MissingDependencyException):
+                from litestar.plugins.attrs import AttrsSchemaPlugin
+
+                if not any(isinstance(plugin, AttrsSchemaPlugin) for plugin in plugins):
+                    plugins.append(AttrsSchemaPlugin())
+            return plugins
+
+    return App
+
+
 # --- mcp-server-fetch 2026.10.10: its rule of a public address (shared/pinned.py) ----------------
 
 
@@ -60,7 +92,7 @@ def fetch_is_public_address(address: str) -> bool:
     return bool(_is_public_address(address))
 
 
-# --- langgraph 1.2.24: the batch reducer of a DeltaChannel of messages (shared/storage/thread.py) --
+# --- langgraph 1.2.24: the batch reducer of a DeltaChannel of messages (shared/storage/threads/state.py) --
 
 
 def messages_delta_reducer() -> Callable[[list[AnyMessage], list[list[AnyMessage]]], list[AnyMessage]]:
@@ -70,6 +102,200 @@ def messages_delta_reducer() -> Callable[[list[AnyMessage], list[list[AnyMessage
     from langgraph.graph.message import _messages_delta_reducer
 
     return _messages_delta_reducer
+
+
+# --- langgraph-checkpoint 4.3.2: the strict serializer's decoding of msgpack ext values -----------
+# (shared/storage/threads/decoding.py). ``JsonPlusSerializer`` takes another decoding as its
+# ``__unpack_ext_hook__``; LangGraph's own, to fall back on, is made by ``_create_msgpack_ext_hook``.
+
+
+ExtHook = Callable[[int, bytes], Any]
+
+
+def strict_serializer_options(wrap: Callable[[ExtHook], ExtHook]) -> Any:
+    """``JsonPlusSerializer``'s keyword arguments for strict deserialization (LangGraph's safe types
+    only, whatever the environment says) whose msgpack ext values ``wrap(LangGraph's decoding of
+    them)`` decodes."""
+    from langgraph.checkpoint.serde.jsonplus import _create_msgpack_ext_hook
+
+    return {"allowed_msgpack_modules": None, "__unpack_ext_hook__": wrap(_create_msgpack_ext_hook(None))}
+
+
+# --- langgraph 1.2.24, langgraph-checkpoint 4.3.2: a thread's state without the graph runtime ----
+# (shared/storage/threads/snapshot.py). Each is LangGraph's own, reached where it lives (the constants, the
+# snapshot blob, the Overwrite test), or copied where its module would import ``langgraph.pregel``
+# (the reducer, the task ids, the tasks' order): tests/fast/test_compat.py holds each copy to the
+# original, on the same inputs.
+
+
+def pregel_constants() -> Any:
+    """LangGraph's reserved channel and task names (``langgraph._internal._constants``)."""
+    from langgraph._internal import _constants
+
+    return _constants
+
+
+def lazy_delta_snapshot(decode: Callable[[], Any], length: int | None) -> Any:
+    """A ``_DeltaSnapshot`` (LangGraph's private blob of a DeltaChannel's full value) whose
+    ``value`` is ``decode()``, called on first access (shared/storage/threads/decoding.py), and
+    whose ``length`` is the value's, if a list, read without decoding it (else None).
+
+    LangGraph reads the blob only by ``isinstance(x, _DeltaSnapshot)`` and ``x.value``
+    (``DeltaChannel.from_checkpoint``, ``BinaryOperatorAggregate.from_checkpoint``, the savers'
+    ``put``, ``_msgpack_default``); the tuple's one item reads the value too. LangGraph decodes it
+    from msgpack ext code ``EXT_DELTA_SNAPSHOT`` (7) as ``_DeltaSnapshot(unpackb(data))``:
+    :func:`delta_snapshot_code`."""
+    return _lazy_snapshot_type()(decode, length)
+
+
+def delta_snapshot_code() -> int:
+    """The msgpack ext code of a ``_DeltaSnapshot`` (``jsonplus.EXT_DELTA_SNAPSHOT``)."""
+    from langgraph.checkpoint.serde.jsonplus import EXT_DELTA_SNAPSHOT
+
+    return int(EXT_DELTA_SNAPSHOT)
+
+
+_LAZY: list[type[Any]] = []
+
+
+def _lazy_snapshot_type() -> type[Any]:
+    if _LAZY:
+        return _LAZY[0]
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+    class LazyDeltaSnapshot(_DeltaSnapshot):
+        """A ``_DeltaSnapshot`` decoded when its value is first read."""
+
+        _decode: Callable[[], Any] | None
+        _value: Any
+        length: int | None
+
+        def __new__(cls, decode: Callable[[], Any], length: int | None) -> LazyDeltaSnapshot:
+            self = tuple.__new__(cls, (None,))
+            self._decode, self._value, self.length = decode, None, length
+            return self
+
+        @property
+        def decoded(self) -> bool:
+            return self._decode is None
+
+        @property
+        def value(self) -> Any:
+            if self._decode is not None:
+                self._value, self._decode = self._decode(), None
+            return self._value
+
+        def __getitem__(self, index: Any) -> Any:
+            return (self.value,)[index]
+
+        def __iter__(self) -> Any:
+            return iter((self.value,))
+
+        def __eq__(self, other: object) -> bool:
+            return tuple(self) == (tuple(other) if isinstance(other, tuple) else other)
+
+        def __ne__(self, other: object) -> bool:
+            return not self == other
+
+        def __hash__(self) -> int:
+            return hash(tuple(self))
+
+        def __repr__(self) -> str:
+            return f"_DeltaSnapshot(value={self.value!r})"
+
+        def __reduce__(self) -> Any:
+            return (_DeltaSnapshot, (self.value,))
+
+    _LAZY.append(LazyDeltaSnapshot)
+    return LazyDeltaSnapshot
+
+
+def __getattr__(name: str) -> Any:
+    # ``DeltaSnapshot`` (a type, for isinstance): LangGraph's private ``_DeltaSnapshot``, the blob
+    # of a DeltaChannel's full value, imported when first named.
+    if name == "DeltaSnapshot":
+        from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+        return _DeltaSnapshot
+    raise AttributeError(name)
+
+
+def overwrite_of(value: Any) -> tuple[bool, Any]:
+    """Whether a write replaces the channel's value, and with what (``binop._get_overwrite``,
+    copied: its module imports ``langgraph.types`` and with it ``langchain_core.runnables``,
+    langsmith and OpenTelemetry, ~18 MB a reader process). An ``Overwrite`` exists only once
+    ``langgraph.types`` is imported (decoding one imports it), so it is looked for only then."""
+    types = sys.modules.get("langgraph.types")
+    if types is not None and isinstance(value, types.Overwrite):
+        return True, value.value
+    if isinstance(value, dict):
+        mark = pregel_constants().OVERWRITE
+        if len(value) == 1 and mark in value:
+            return True, value[mark]
+        if value.get("type") == mark and "value" in value:
+            return True, value["value"]
+    return False, None
+
+
+def task_id(checkpoint_id: bytes, *parts: str) -> str:
+    """A task's id as LangGraph makes it for a checkpoint of format 2 or later
+    (``pregel._algo._xxhash_str``): the XXH3-128 of the checkpoint's id and the parts, as a UUID."""
+    from xxhash import xxh3_128_hexdigest
+
+    hexed = xxh3_128_hexdigest(checkpoint_id + b"".join(p.encode() for p in parts))
+    return f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:32]}"
+
+
+def task_path_str(path: str | int | tuple[Any, ...]) -> str:
+    """The key LangGraph orders a step's tasks by when it applies their writes
+    (``pregel._algo.task_path_str``)."""
+    if isinstance(path, (tuple, list)):
+        return f"~{', '.join(task_path_str(x) for x in path)}"
+    return f"{path:010d}" if isinstance(path, int) else str(path)
+
+
+def graph_snapshot(graph: Any, saved: Any, saver: Any) -> Any:
+    """LangGraph's own snapshot of one listed checkpoint, as ``get_state_history`` builds each
+    (``Pregel._prepare_state_snapshot``): what shared/storage/threads/snapshot.py falls back to."""
+    return graph._prepare_state_snapshot(saved.config, saved, saver=saver)
+
+
+def messages_delta_reduce(state: list[Any], writes: list[Any]) -> list[Any]:
+    """LangGraph's ``_messages_delta_reducer`` (``pregel._messages``), applied: ``state`` after
+    ``writes``, deduplicated by id, ``RemoveMessage`` tombstones, ``REMOVE_ALL_MESSAGES`` resets."""
+    from langchain_core.messages import BaseMessage, RemoveMessage
+    from langchain_core.messages.utils import convert_to_messages
+
+    flat: list[Any] = []
+    for write in writes:
+        if isinstance(write, list):
+            flat.extend(write)
+        else:
+            flat.append(write)
+    state_msgs = state if state and isinstance(state[0], BaseMessage) else convert_to_messages(state)
+    msgs = convert_to_messages(flat)
+    for idx in range(len(msgs) - 1, -1, -1):
+        m = msgs[idx]
+        if isinstance(m, RemoveMessage) and m.id == "__remove_all__":
+            state_msgs = []
+            msgs = msgs[idx + 1 :]
+            break
+    index: dict[str, int] = {m.id: i for i, m in enumerate(state_msgs) if m.id is not None}
+    result: list[Any] = list(state_msgs)
+    for msg in msgs:
+        mid = msg.id
+        if mid is None:
+            result.append(msg)
+        elif isinstance(msg, RemoveMessage):
+            if mid in index:
+                result[index[mid]] = None
+                del index[mid]
+        elif mid in index:
+            result[index[mid]] = msg
+        else:
+            index[mid] = len(result)
+            result.append(msg)
+    return [m for m in result if m is not None]
 
 
 # --- aiosqlite 0.22.1, langgraph-checkpoint-sqlite 3.1.2 (shared/storage/sqlite_saver.py) --------

@@ -15,6 +15,7 @@
     ├── AssistantExists         409 ASSISTANT_EXISTS (POST /assistants of an id taken, if_exists=raise)
     ├── DefaultAssistant        409 DEFAULT_ASSISTANT (the default, `agent`, is config/'s: not changed)
     ├── WaitingListFull         409 WAITING_LIST_FULL (the Agent Protocol: enqueue on a full thread)
+    ├── TooManyEmptyThreads     409 TOO_MANY_EMPTY_THREADS (POST /threads: USER_MAX_EMPTY_THREADS)
     ├── PayloadTooLarge         413 PAYLOAD_TOO_LARGE
     ├── IdempotencyKeyReused    422 IDEMPOTENCY_KEY_REUSED
     ├── NotForkable             422 NOT_FORKABLE (an edit of a message not the user's)
@@ -114,6 +115,13 @@ class WaitingListFull(SophosError):
     """The Agent Protocol: a run enqueued on a thread that has as many waiting as it may hold."""
 
     code = "WAITING_LIST_FULL"
+    status = 409
+
+
+class TooManyEmptyThreads(SophosError):
+    """The Agent Protocol: a thread created empty by a user who holds ``USER_MAX_EMPTY_THREADS``."""
+
+    code = "TOO_MANY_EMPTY_THREADS"
     status = 409
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from shared.settings import redact_url
+from shared.redaction import redact_url
 
 #: a look at the model server must not hold anything up for long
 PROBE_SECONDS = 2.0

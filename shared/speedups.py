@@ -26,7 +26,8 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from shared.compat import redis_parsers
 from shared.contracts import codec
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 
 
 def _installed(module: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.errors import BadRequest, NotFound, UserExists
-from shared.settings import USER_NAME
+from shared.settings_parsing import USER_NAME
 from shared.storage import Database
 from shared.storage.schema import now_iso
 

@@ -155,6 +155,15 @@ class Api:
         """204: deleted; 202: the worker deletes it when it takes the job."""
         return self._send("DELETE", f"/api/conversations/{conversation_id}").status_code
 
+    def prune(self) -> dict[str, Any]:
+        """Start pruning old checkpoints (operators): the job and its progress so far."""
+        result: dict[str, Any] = self._call("POST", "/api/checkpoints/prune")
+        return result
+
+    def prune_progress(self, job: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/checkpoints/prune/{job}")
+        return result
+
     def stream(self, conversation: str, run: str | None = None) -> EventStream:
         return EventStream(self, conversation, run)
 

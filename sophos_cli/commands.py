@@ -14,6 +14,7 @@ from sophos_cli.approve import UsageError, approve, approve_command, request_lin
 from sophos_cli.chat import chat
 from sophos_cli.client import Api, ApiError, Unreachable
 from sophos_cli.printing import duration, short, table, tool_call_line, tool_result_line
+from sophos_cli.prune import prune
 from sophos_cli.watch import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE, resume_hint
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -159,6 +160,7 @@ PLAN_WORDS = {
     "answer": "answered from the ledger (it finished; not sent again)",
     "send": "sent (it was never sent)",
     "resend": "sent again with its key (it may have run; safe to repeat)",
+    "task": "answered from its task on the tool's server (asked about only if the server forgot it)",
     "ask": "asked about first (it may already have run)",
 }
 
@@ -309,6 +311,16 @@ def parser() -> argparse.ArgumentParser:
 
     p = command("whoami", "print who the API takes this client for (its token's user)")
     p.set_defaults(handler=whoami)
+
+    p = command("prune", "prune the checkpoints no conversation needs any more (operators)", (
+        "Ask the worker to prune old checkpoints: each conversation keeps its branches' latest "
+        "checkpoints and what they are read from; the older steps go (docs/operating.md, \"Pruning "
+        "checkpoints\"). Conversations with a run queued, running or waiting are skipped. Waits "
+        "for the worker to finish and prints what it did, unless --no-wait."))
+    p.add_argument("--no-wait", action="store_true", help="print the job's id and return at once")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds to wait for the prune to finish (default 3600)")
+    p.set_defaults(handler=prune)
 
     p = command("cancel", "cancel a queued or running run")
     p.add_argument("run", help="the run's id")

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from shared.errors import SophosError
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from shared.storage.engines import open_migrated_database
 from shared.users import add_user, list_users, revoke_user
 

@@ -10,7 +10,8 @@ first, in one process; the rest run after, spread over xdist workers. Every sess
 fixture here is per worker (each xdist worker has its own Redis, fake model and
 PostgreSQL database prefix); a module whose tests share one server or browser is kept
 in one worker (:data:`ONE_WORKER_MODULES`). The web modules' browser fixtures (``playwright``,
-``browser``, ``offline``, ``service``) are tests/support/browser.py's, imported here.
+``browser``, ``offline``, ``service``) are tests/support/browser.py's, and the Agent Protocol
+modules' ``client`` tests/support/agent_protocol.py's, imported here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from tests.fakes.ollama import FakeOllama
+from tests.support.agent_protocol import client  # noqa: F401 - a fixture
 from tests.support.browser import browser, offline, playwright, service  # noqa: F401 - fixtures
 from tests.support.env import SophosEnv, make_sophos_env
 from tests.support.ports import free_port
@@ -50,10 +52,12 @@ PROCESS_FIXTURES = frozenset({
 ONE_WORKER_MODULES = frozenset({
     "test_agent_chat_ui.py", "test_agent_protocol.py", "test_agent_protocol_assistants.py",
     "test_agent_protocol_defaults.py", "test_agent_protocol_enqueue.py", "test_agent_protocol_forks.py",
+    "test_agent_protocol_lifetimes.py",
     "test_agent_protocol_rest.py", "test_agent_protocol_store.py",
     "test_branches.py", "test_fuzz.py",
-    "test_kill_points.py", "test_packaging.py", "test_remote_tools.py", "test_tracing.py", "test_web.py",
-    "test_web_basics.py",
+    "test_kill_points.py", "test_mcp_server.py", "test_packaging.py", "test_remote_tools.py",
+    "test_tool_tasks.py",
+    "test_tracing.py", "test_web.py", "test_web_basics.py",
     "test_web_branches.py", "test_web_people.py",
     # a module-scoped stack (tests/support/stacks.py) beside tests with stacks of their own
     "test_approvals.py", "test_cli.py", "test_cli_approve.py", "test_identities.py", "test_webhooks.py",
@@ -169,29 +173,29 @@ def start_redis(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Call
 
 
 def _flush(url: str) -> None:
-    client = redis_sync.Redis.from_url(url)
+    connection = redis_sync.Redis.from_url(url)
     try:
-        client.flushall()
+        connection.flushall()
     finally:
-        client.close()
+        connection.close()
 
 
 @pytest.fixture
 async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
     """An async client (``decode_responses=True``) to the session Redis, flushed first."""
-    client = Redis.from_url(redis_server.url, decode_responses=True)
-    await client.flushall()
-    yield client
-    await client.aclose()
+    connection = Redis.from_url(redis_server.url, decode_responses=True)
+    await connection.flushall()
+    yield connection
+    await connection.aclose()
 
 
 @pytest.fixture
 def redis_sync_client(redis_server: RedisServer) -> Iterator[redis_sync.Redis]:
     """A synchronous client (``decode_responses=True``) to the session Redis, flushed first."""
-    client = redis_sync.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushall()
-    yield client
-    client.close()
+    connection = redis_sync.Redis.from_url(redis_server.url, decode_responses=True)
+    connection.flushall()
+    yield connection
+    connection.close()
 
 
 # --- the model -----------------------------------------------------------------------------

@@ -4,15 +4,12 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
-import json
 import re
 import signal
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -22,25 +19,19 @@ from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import APIStatusError, ConflictError, NotFoundError, UnprocessableEntityError
 from langgraph_sdk.schema import Command
 
-from api.protocol.runs import ASSISTANT_ID
+from api.protocol.runs.service import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import said
 from tests.support.client import chat, get_json, tool_calls, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
-from tests.support.js_sdk import run_script
+from tests.support.js_sdk import run_js
 from tests.support.stacks import approval_stack
-
-JS_DIR = Path(__file__).parent / "js"
 
 #: the one decision that approves the one pending call
 APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol")
-
-
-def said(text: str, role: str = "user") -> dict[str, Any]:
-    """A run's input: one new message."""
-    return {"messages": [{"role": role, "content": text}]}
 
 
 def messages_of(thread: Any) -> list[dict[str, Any]]:
@@ -62,13 +53,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> 
     flush theirs). The fake tools server's ``add`` asks for approval."""
     with approval_stack(tmp_path_factory.mktemp("protocol"), fake_ollama) as env:
         yield env
-
-
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    """The SDK's client on the module's shared API and worker."""
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
 
 
 async def wait(client: LangGraphClient, thread_id: str, text: str, **options: Any) -> dict[str, Any]:
@@ -193,6 +177,13 @@ async def test_runs_create_join_stream_and_rejoin(client: LangGraphClient, model
     assert {meta["langgraph_node"] for _, meta in tokens} == {"agent"}
     final = parts[-2].data["messages"]
     assert [text_of(m) for m in final] == ["one", "First answer.", "two", "Second answer, streamed."]
+    # The first run replayed after the second: it ends with the values it left (its own last
+    # checkpoint), not the thread's now; so does a rejoin from one of its parts.
+    first = [p async for p in client.runs.join_stream(thread_id, run["run_id"], last_event_id="-1")]
+    assert [p.event for p in first[-2:]] == ["values", "end"]
+    assert [text_of(m) for m in first[-2].data["messages"]] == ["one", "First answer."]
+    rejoined = [p async for p in client.runs.join_stream(thread_id, run["run_id"], last_event_id=first[1].id)]
+    assert rejoined[-2].data == first[-2].data
     assert parts[-1].data == {"run_id": run_id, "status": "success"}
     ids = [p.id for p in parts[1:]]
     assert None not in ids and len(set(ids)) == len(ids)  # every event after metadata has its own id
@@ -444,12 +435,13 @@ async def test_an_approval_is_an_interrupt_decided_with_command_resume(
     asked = [p.data["__interrupt__"] for p in parts if p.event == "updates" and "__interrupt__" in p.data]
     assert parts[-1].data["status"] == "success"  # as the Agent Server ends a paused run
     [[interrupt]] = asked
+    described = 'Tool execution requires approval\n\nTool: tools__add\nArgs: {"a": 2, "b": 3}'
     assert interrupt["value"] == {
-        "action_requests": [{
-            "name": "tools__add", "args": {"a": 2, "b": 3},
-            "description": 'Tool execution requires approval\n\nTool: tools__add\nArgs: {"a": 2, "b": 3}',
-        }],
+        "action_requests": [{"name": "tools__add", "args": {"a": 2, "b": 3}, "description": described}],
         "review_configs": [{"action_name": "tools__add", "allowed_decisions": ["approve", "edit", "reject"]}],
+        # the earlier HumanInterrupt, for the published agent-chat-ui (api/protocol/runs/interrupts.py)
+        "action_request": {"action": "tools__add", "args": {"a": 2, "b": 3}}, "description": described,
+        "config": {"allow_ignore": False, "allow_respond": True, "allow_edit": True, "allow_accept": True},
     }
     assert _interrupt_of(parts[-2].data) == interrupt  # the last values carry it too
     thread = await client.threads.get(thread_id)
@@ -563,8 +555,8 @@ async def test_history_newest_first_and_metadata_updates(client: LangGraphClient
     assert [t["thread_id"] for t in await client.threads.search(metadata={"via": "api"})] == [native]
     with pytest.raises(NotFoundError):
         await client.threads.update(str(uuid.uuid4()), metadata={"a": 1})
-    with pytest.raises(UnprocessableEntityError, match="ttl"):
-        await client.threads.update(thread_id, metadata={}, ttl=60)
+    with pytest.raises(UnprocessableEntityError, match="keep_latest"):
+        await client.threads.update(thread_id, metadata={}, ttl={"strategy": "keep_latest", "ttl": 60})
 
 
 async def _leave_once_answering(parts: AsyncIterator[Any], hang: Hang) -> str:
@@ -654,9 +646,7 @@ async def test_multitask_reject_or_interrupt(client: LangGraphClient, model: Fak
 @shared_stack
 async def test_the_javascript_sdk_streams_and_rejoins_a_run(stack: SophosEnv, model: FakeOllama) -> None:
     model.script(Text("Hello from Sophos, in JavaScript."))
-    done = await asyncio.to_thread(run_script, JS_DIR / "stream_a_run.mjs", stack.api_url, "hi from node")
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = await run_js("stream_a_run.mjs", stack.api_url, "hi from node")
     thread_id, run_id = out["thread"]["thread_id"], out["created"][0]["run_id"]
     assert out["created"] == [{"run_id": run_id, "thread_id": thread_id}]  # from Content-Location
     streamed = out["streamed"]

@@ -8,28 +8,27 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
+from shared.contracts.protocol import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import said
 from tests.support.client import read_sse, wait_for_async
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
-from tests.support.redis_server import RedisServer
-from tests.support.stacks import Stack, module_stack
+from tests.support.js_sdk import run_js
+from tests.support.postgres import engine_overrides
+from tests.support.stacks import Stack, own_redis_stack
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_assistants")
 APPROVE = {"resume": {"decisions": [{"type": "approve"}]}}
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def system_prompt(request: dict[str, Any]) -> str | None:
@@ -47,29 +46,14 @@ def service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama
 ) -> Iterator[Stack]:
     """One API and worker per engine for the module, on a Redis of its own."""
-    overrides: dict[str, str] = {}
-    if request.param == "postgresql":
-        overrides = {"DATABASE_URL": request.getfixturevalue("postgres_server").create_database(),
-                     "RUN_LEASE_SECONDS": "3"}
     root = tmp_path_factory.mktemp(f"assistants-{request.param}")
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    try:
-        with module_stack(root, redis_server.url, fake_ollama, **overrides) as started:
-            yield started
-    finally:
-        redis_server.stop()
+    with own_redis_stack(root, fake_ollama, **engine_overrides(request, request.param)) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def stack(service: Stack) -> SophosEnv:
     return service.env
-
-
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
 
 
 @shared_stack
@@ -138,6 +122,36 @@ async def test_assistants_are_created_versioned_searched_and_deleted(client: Lan
 
 
 @shared_stack
+async def test_the_javascript_sdk_versions_searches_runs_and_deletes_an_assistant(
+    stack: SophosEnv, model: FakeOllama
+) -> None:
+    model.script(Text("Arr, from node."))
+    tag = str(uuid.uuid4())
+    out = await run_js("assistants.mjs", stack.api_url, tag, "hi from node")
+    made, updated = out["created"], out["updated"]
+    pirate = made["assistant_id"]
+    assert (made["version"], made["name"], made["graph_id"]) == (1, "JS Pirate", "agent")
+    assert made["context"] == {"system_prompt": "You are a terse JS pirate.", "model": "test-model"}
+    assert (updated["assistant_id"], updated["version"], updated["name"]) == (pirate, 2, "JS Pirate")
+    assert updated["context"] == {"system_prompt": "You are a polite JS pirate."}
+    assert updated["metadata"] == {"tag": tag, "tier": 2}
+    assert [v["version"] for v in out["versions"]] == [2, 1]
+    # includePagination reads X-Pagination-Next: one of the two, the next page at 1
+    assert [a["name"] for a in out["page"]["assistants"]] == ["JS Other"] and out["page"]["next"] == "1"
+    assert [a["assistant_id"] for a in out["byName"]] == [pirate]
+    assert out["counted"] == {"tagged": 2, "tier2": 1}
+
+    # The run was the assistant's latest version: its prompt, its model.
+    assert [m["content"] for m in out["values"]["messages"]] == ["hi from node", "Arr, from node."]
+    asked = model.requests[-1]
+    assert system_prompt(asked) == "You are a polite JS pirate." and asked["model"] == "test-model"
+    assert [r["assistant_id"] for r in out["runs"]] == [pirate]
+    latest = out["latest"]
+    assert latest["version"] == 1 and latest["context"]["system_prompt"] == "You are a terse JS pirate."
+    assert out["gone"] == {"status": 404} and out["left"] == 0
+
+
+@shared_stack
 async def test_a_run_is_the_agent_its_assistant_configures(
     client: LangGraphClient, model: FakeOllama, stack: SophosEnv
 ) -> None:
@@ -169,6 +183,11 @@ async def test_a_run_is_the_agent_its_assistant_configures(
     with pytest.raises(UnprocessableEntityError, match="tools"):
         await client.runs.create(thread_id, helper, input=said("no"), context={"tools": []})
     assert {r["assistant_id"] for r in await client.runs.list(thread_id)} == {helper}
+    # The thread says whose its latest run was, as the Agent Server's does (agent-chat-ui lists
+    # the threads of an assistant chosen by its id by this).
+    assert (await client.threads.get(thread_id))["metadata"]["assistant_id"] == helper
+    helpers = await client.threads.search(metadata={"assistant_id": helper})
+    assert [t["thread_id"] for t in helpers] == [thread_id]
 
     # The default, `agent`: config/'s prompt and every tool; its prompt and model are configurable.
     model.script(Text("Plain."))
@@ -179,6 +198,7 @@ async def test_a_run_is_the_agent_its_assistant_configures(
     await client.runs.wait(thread_id, "agent", input=said("short"), config={"configurable": {
         "system_prompt": "Be short."}})
     assert system_prompt(model.requests[-1]) == "Be short."
+    assert (await client.threads.get(thread_id))["metadata"]["assistant_id"] == ASSISTANT_ID
     with pytest.raises(NotFoundError):
         await client.runs.create(thread_id, "7b8e3b5c-0000-4000-8000-000000000000", input=said("x"))
 

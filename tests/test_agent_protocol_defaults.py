@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -21,20 +21,18 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError
 from redis.asyncio import Redis
+from websockets.exceptions import ConnectionClosed
 
-from api.protocol.runs import MAX_WAITING_RUNS
+from api.protocol.runs.service import MAX_WAITING_RUNS
 from shared.redis.keys import QUEUE_NAME
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import busy_thread, said
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.stacks import approval_stack
 from worker.run.turns import TURN_RETRY_SECONDS
 
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_defaults")
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def texts(values: Any) -> list[str]:
@@ -50,20 +48,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> 
     # Two runs at once: a run waiting for its thread is taken early and deferred (worker/run/turns.py).
     with approval_stack(tmp_path_factory.mktemp("defaults"), fake_ollama, WORKER_CONCURRENCY="2") as env:
         yield env
-
-
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
-
-
-async def busy_thread(client: LangGraphClient, hang: Hang) -> tuple[str, str]:
-    """A thread whose first run is answering (held by ``hang``): its id and the run's."""
-    thread_id = (await client.threads.create())["thread_id"]
-    first = await client.runs.create(thread_id, "agent", input=said("one"))
-    await hang.wait_started_async(20)
-    return thread_id, first["run_id"]
 
 
 @shared_stack
@@ -176,7 +160,7 @@ async def test_concurrent_creates_of_one_thread_id_all_answer_its_metadata(clien
 
 
 @shared_stack
-async def test_openapi_json_the_counts_and_the_thread_streams_refused_by_name(
+async def test_openapi_json_and_the_counts(
     client: LangGraphClient, stack: SophosEnv, model: FakeOllama
 ) -> None:
     async with httpx.AsyncClient(base_url=stack.api_url) as http:
@@ -193,15 +177,6 @@ async def test_openapi_json_the_counts_and_the_thread_streams_refused_by_name(
     assert await client.threads.count(metadata={"tag": tag}) == 3
     assert await client.threads.count(metadata={"tag": tag}, status="busy") == 0
     assert await client.threads.count(metadata={"tag": "none such"}) == 0
-    thread_id = (await client.threads.create())["thread_id"]
-    with pytest.raises(NotFoundError) as refused:
-        async for _ in await client.threads.join_stream(thread_id):
-            pass
-    assert "threads.join_stream" in refused.value.response.json()["error"]["message"]
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
-        for path in ("commands", "stream/events"):
-            answer = await http.post(f"/threads/{thread_id}/{path}", json={})
-            assert answer.status_code == 404 and "threads.stream" in answer.json()["error"]["message"]
 
 
 @shared_stack
@@ -238,6 +213,9 @@ async def test_run_creation_counts_against_the_submission_rate_limit(stack: Soph
             assert 1 <= int(answer.headers["Retry-After"]) <= 60
         native = await http.post("/api/chat", json={"message": "hi"})
         assert native.status_code == 429  # the one limit, shared with /api/chat
+        started = await http.post(f"/threads/{thread_id}/commands", json={
+            "id": 1, "method": "run.start", "params": {"assistant_id": "agent", "input": said("x")}})
+        assert started.status_code == 429  # and with threads.stream's commands
         assert await sdk.runs.list(thread_id) == []  # nothing created
         assert (await sdk.threads.get(thread_id))["status"] == "idle"
 
@@ -287,3 +265,83 @@ async def test_streamed_messages_carry_the_ids_they_are_stored_under(
     assert streamed <= set(stored) and updated <= set(stored)
     assert sorted(stored[i] for i in updated) == ["ai", "ai", "tool"]  # both answers and the result
     assert {stored[i] for i in streamed} == {"ai", "tool"}
+
+
+async def _all(items: Any) -> list[Any]:
+    return [item async for item in items]
+
+
+async def answers(messages: Any) -> list[str]:
+    """The texts of a session's ``thread.messages`` (iterated whole first: iterating feeds them)."""
+    return [str(await m.text) for m in [m async for m in messages]]
+
+
+@shared_stack
+async def test_the_sdks_thread_streaming_session(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    """``client.threads.stream`` (docs/agent-protocol.md "The thread streaming session"): runs
+    started and answered through the session, their messages and values streamed back."""
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(Text("Hello there."))
+    async with client.threads.stream(thread_id, assistant_id="agent") as thread:
+        started = await thread.run.start(input=said("hi"))
+        assert await answers(thread.messages) == ["Hello there."]
+        assert texts(await thread.output) == ["hi", "Hello there."]
+        run = await client.runs.get(thread_id, started["run_id"])
+        assert run["status"] == "success"
+
+        # A second run on the same session: its values, after each step, end with its answer.
+        # Subscribed before the run starts, as a client that wants all of them does: the SDK ends
+        # the iteration on the run's terminal lifecycle event, and a run that ends before the
+        # subscription would leave it waiting for the next run's.
+        model.script(Text("Again."))
+        values_of_run = aiter(thread.values)
+        current = await anext(values_of_run)  # the thread's values now: subscribed
+        assert texts(current) == ["hi", "Hello there."]
+        await thread.run.start(input=said("again"))
+        values = await asyncio.wait_for(_all(values_of_run), timeout=60)
+        assert texts(values[-1]) == ["hi", "Hello there.", "again", "Again."]
+
+        # An approval: an interrupt, answered through the session with the decisions.
+        model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
+        await thread.run.start(input=said("add 2 and 3"))
+        await wait_for_async(lambda: thread.interrupted, timeout=30, message="the interrupt")
+        [asked] = thread.interrupts
+        assert asked["value"]["action_requests"][0]["args"] == {"a": 2, "b": 3}
+        # Subscribed first again (the SDK registers a subscription before its first await).
+        resumed = asyncio.ensure_future(answers(thread.messages))
+        await asyncio.sleep(0)
+        await thread.run.respond({"decisions": [{"type": "approve"}]})
+        assert (await asyncio.wait_for(resumed, timeout=60))[-1] == "The sum is 5."
+    assert texts((await client.threads.get_state(thread_id))["values"])[-1] == "The sum is 5."
+
+    # No thread id: the SDK mints one, and the first run.start creates the thread, the caller's.
+    model.script(Text("A new thread."))
+    async with client.threads.stream(assistant_id="agent") as fresh:
+        await fresh.run.start(input=said("new"))
+        assert await answers(fresh.messages) == ["A new thread."]
+    assert (await client.threads.get(fresh.thread_id))["metadata"]["owner"] == "local"
+
+
+
+@shared_stack
+async def test_the_thread_streaming_sessions_unserved_parts_are_refused_by_name(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    thread_id = (await client.threads.create())["thread_id"]
+    model.script(Text("Started over HTTP all the same."))
+    async with client.threads.stream(thread_id, assistant_id="agent", transport="websocket") as thread:
+        await thread.run.start(input=said("hi"))  # commands are HTTP on either transport
+        with pytest.raises(ConnectionClosed) as refused:
+            await thread.output.with_timeout(30)
+    assert refused.value.rcvd is not None and refused.value.rcvd.code == 4404
+    assert "websocket is not served" in refused.value.rcvd.reason
+    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+        answer = await http.post(f"/threads/{thread_id}/commands", json={
+            "id": 7, "method": "state.fork", "params": {"checkpoint_id": "x"}})
+        assert answer.json() == {"type": "error", "id": 7, "error": "not_supported", "message": (
+            "state.fork is not served by Sophos: fork with runs.create and a checkpoint_id "
+            "(docs/agent-protocol.md)")}
+        answer = await http.post(f"/threads/{thread_id}/stream/events", json={"channels": ["tools"]})
+        assert answer.status_code == 422 and "channel 'tools'" in answer.json()["error"]["message"]

@@ -9,7 +9,7 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +18,6 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError
 from langgraph_sdk.schema import Command
-from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from shared.contracts.jobs import DeleteJob, JobKind, RunJob, delete_claim
@@ -26,18 +25,16 @@ from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, arq_job_key, tak
 from shared.redis.queue import Submission, release_conversation, submit, submit_delete
 from shared.redis.scripts import scripts
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import busy_thread, said
 from tests.support.client import tool_calls, wait_for_async
 from tests.support.env import SophosEnv
+from tests.support.metrics import parse
 from tests.support.stacks import approval_stack
 
 APPROVE: Command = {"resume": {"decisions": [{"type": "approve"}]}}
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_enqueue")
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 async def enqueue(client: LangGraphClient, thread_id: str, text: str) -> dict[str, Any]:
@@ -67,12 +64,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> 
         yield env
 
 
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
-
-
 async def status_of(client: LangGraphClient, thread_id: str, run_id: str, *statuses: str) -> dict[str, Any]:
     """The run, once its status is one of ``statuses``."""
     async def reached() -> dict[str, Any] | None:
@@ -82,20 +73,9 @@ async def status_of(client: LangGraphClient, thread_id: str, run_id: str, *statu
     return await wait_for_async(reached, timeout=30, message=f"run {run_id} {' or '.join(statuses)}")
 
 
-async def busy_thread(client: LangGraphClient, model: FakeOllama, hang: Hang) -> tuple[str, str]:
-    """A thread whose first run is answering (held by ``hang``): its id and the run's."""
-    thread_id = (await client.threads.create())["thread_id"]
-    first = await client.runs.create(thread_id, "agent", input=said("one"))
-    await hang.wait_started_async(20)
-    return thread_id, first["run_id"]
-
-
 def gauges(text: str) -> dict[str, float]:
     """The unlabelled samples of a /metrics scrape."""
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples if not sample.labels
-    }
+    return {name: value for (name, labels), value in parse(text).items() if not labels}
 
 
 @shared_stack
@@ -104,7 +84,7 @@ async def test_a_run_waiting_for_its_thread_is_not_the_workers_backlog(
 ) -> None:
     hang = Hang(text="A long answer.")
     model.script(hang, Text("Then this."))
-    thread_id, _ = await busy_thread(client, model, hang)
+    thread_id, _ = await busy_thread(client, hang)
     second = (await enqueue(client, thread_id, "two"))["run_id"]
     async with httpx.AsyncClient(base_url=stack.api_url) as http:
 
@@ -129,7 +109,7 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
 ) -> None:
     hang = Hang(text="First answer.")
     model.script(hang, Text("Second answer."))
-    thread_id, first = await busy_thread(client, model, hang)
+    thread_id, first = await busy_thread(client, hang)
 
     second = await enqueue(client, thread_id, "two")
     assert second["status"] == "pending" and second["multitask_strategy"] == "enqueue"
@@ -166,12 +146,31 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
 
 
 @shared_stack
+async def test_the_ending_wakes_the_next_run_on_a_redis_that_forgot_its_scripts(
+    client: LangGraphClient, stack: SophosEnv, model: FakeOllama
+) -> None:
+    """A Redis restarted (or new) knows none of the scripts: the ending loads them and sends the
+    wake of the next turn again, instead of losing it to "No matching script" (and leaving the
+    waiting run to its 5 s fallback) (worker/run/ending.py)."""
+    hang = Hang(text="First answer.")
+    model.script(hang, Text("Second answer."))
+    thread_id, _ = await busy_thread(client, hang)
+    second = (await enqueue(client, thread_id, "two"))["run_id"]
+    async with Redis.from_url(stack.redis_url) as redis:
+        await redis.script_flush()
+    hang.release()
+    await status_of(client, thread_id, second, "success")
+    logged = "".join(path.read_text() for path in (stack.root / "logs").glob("*.log"))
+    assert "run.notify_along_failed" not in logged
+
+
+@shared_stack
 async def test_an_enqueued_run_starts_after_a_run_that_is_cancelled_or_fails(
     client: LangGraphClient, model: FakeOllama
 ) -> None:
     hang = Hang(text="Cut short")
     model.script(hang, Text("Answer two."))
-    thread_id, first = await busy_thread(client, model, hang)
+    thread_id, first = await busy_thread(client, hang)
     second = await enqueue(client, thread_id, "two")
     await client.runs.cancel(thread_id, first, wait=True)
     assert (await client.runs.get(thread_id, first))["status"] == "interrupted"
@@ -196,7 +195,7 @@ async def test_three_enqueued_runs_start_in_the_order_they_were_accepted(
 ) -> None:
     hang = Hang(text="First answer.")
     model.script(hang, Text("Answer two."), Text("Answer three."), Text("Answer four."))
-    thread_id, first = await busy_thread(client, model, hang)
+    thread_id, first = await busy_thread(client, hang)
     queued = [(await enqueue(client, thread_id, text))["run_id"] for text in ("two", "three", "four")]
     assert [r["status"] for r in await client.runs.list(thread_id)] == ["pending"] * 3 + ["running"]
     hang.release()
@@ -215,7 +214,7 @@ async def test_a_cancelled_pending_run_never_runs(
 ) -> None:
     hang = Hang(text="First answer.")
     model.script(hang, Text("After the cancel."))
-    thread_id, _ = await busy_thread(client, model, hang)
+    thread_id, _ = await busy_thread(client, hang)
     never = await enqueue(client, thread_id, "never")
     taken = await enqueue(client, thread_id, "taken")
     after = await enqueue(client, thread_id, "after")
@@ -246,7 +245,7 @@ async def test_an_enqueued_message_behind_a_run_that_ends_waiting_for_an_approva
 ) -> None:
     hang = Hang(then=ToolCalls([("tools__add", {"a": 2, "b": 3})]))
     model.script(hang, Text("The sum is 5."))
-    thread_id, first = await busy_thread(client, model, hang)
+    thread_id, first = await busy_thread(client, hang)
     behind = await enqueue(client, thread_id, "meanwhile")
     hang.release()
 
@@ -277,7 +276,7 @@ async def test_an_enqueued_resume_that_finds_nothing_to_resume_fails(
 ) -> None:
     hang = Hang(text="First answer.")
     model.script(hang)
-    thread_id, first = await busy_thread(client, model, hang)
+    thread_id, first = await busy_thread(client, hang)
     resume = dict(await client.runs.create(thread_id, "agent", multitask_strategy="enqueue"))  # no input
     assert resume["status"] == "pending"
     hang.release()
@@ -302,7 +301,7 @@ async def test_enqueued_runs_keep_their_order_when_the_worker_takes_them_early(
     start_worker(env)
     api = start_api(env)
     async with get_client(url=api.url) as client:
-        thread_id, first = await busy_thread(client, model, hang)
+        thread_id, first = await busy_thread(client, hang)
         queued = [(await enqueue(client, thread_id, text))["run_id"] for text in ("two", "three", "four")]
         hang.release()
         values = await client.runs.join(thread_id, queued[-1])
@@ -323,7 +322,7 @@ async def test_a_run_queued_behind_a_killed_run_still_runs(
     worker = start_worker(sophos_env)
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
-        thread_id, first = await busy_thread(client, model, hang)
+        thread_id, first = await busy_thread(client, hang)
         second = await enqueue(client, thread_id, "two")
         api.kill()
         worker.kill()

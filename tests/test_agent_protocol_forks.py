@@ -6,25 +6,21 @@ with the fake model: a run from an earlier checkpoint, a bad checkpoint refused,
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import said
 from tests.support.client import get_json
 from tests.support.env import SophosEnv
 from tests.support.stacks import approval_stack
 
 #: the tests on the module's shared stack run in one xdist worker, which starts it once
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_forks")
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def texts(values: Any) -> list[str]:
@@ -39,12 +35,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> 
     asks for approval."""
     with approval_stack(tmp_path_factory.mktemp("protocol-forks"), fake_ollama) as env:
         yield env
-
-
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
 
 
 async def answered(client: LangGraphClient, thread_id: str, text: str, **options: Any) -> list[str]:

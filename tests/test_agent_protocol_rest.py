@@ -3,57 +3,41 @@
 module: the step stream modes (``messages``, ``tasks``, ``checkpoints``, ``debug``, ``events``)
 runs without a thread (``on_completion`` ``delete`` and ``keep``), ``update_state``, ``command``
 ``goto`` and ``update``, breakpoints, ``after_seconds`` across a restart, ``threads.prune`` and
-``threads.copy``."""
+``threads.copy``; and the same flows driven by the JavaScript SDK (tests/js/rest.mjs)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
-from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import APIStatusError, NotFoundError
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
+from tests.support.agent_protocol import said
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
-from tests.support.redis_server import RedisServer
-from tests.support.stacks import Stack, module_stack
+from tests.support.js_sdk import run_js
+from tests.support.stacks import Stack, own_redis_stack
 
 shared_stack = pytest.mark.xdist_group("test_agent_protocol_rest")
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) -> Iterator[Stack]:
     """The module's worker and API, on a Redis of their own (as tests/support/stacks.py's
     approval_stack), the processes at hand: a test restarts them."""
-    root = tmp_path_factory.mktemp("rest")
-    redis_server = RedisServer(root / "redis", appendonly=False)
-    redis_server.start()
-    try:
-        with module_stack(root, redis_server.url, fake_ollama, approval=["add"]) as started:
-            yield started
-    finally:
-        redis_server.stop()
+    with own_redis_stack(tmp_path_factory.mktemp("rest"), fake_ollama, approval=["add"]) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def stack(whole: Stack) -> SophosEnv:
     return whole.env
-
-
-@pytest.fixture
-async def client(stack: SophosEnv, model: FakeOllama) -> AsyncIterator[LangGraphClient]:
-    async with get_client(url=stack.api_url) as sdk:
-        yield sdk
 
 
 @shared_stack
@@ -167,6 +151,33 @@ async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama)
 
 async def _count_is(client: LangGraphClient, count: int) -> bool:
     return await client.threads.count() == count
+
+
+@shared_stack
+async def test_a_run_without_a_thread_has_its_thread_deleted_after_the_api_was_killed(
+    client: LangGraphClient, model: FakeOllama, whole: Stack
+) -> None:
+    """The temporary thread is the worker's to delete (worker/upkeep/expiry.py), not a task of the
+    API process that made it: that process killed while the run is held changes nothing."""
+    hang = Hang(text="Held.")
+    model.script(hang, Text("Kept."))
+    run = await client.runs.create(None, "agent", input=said("outlive the api"))
+    await hang.wait_started_async()
+    # ``keep``: a run of its own (queued behind the held one, or running beside it).
+    kept = await client.runs.create(None, "agent", input=said("keep me"), on_completion="keep")
+    [api] = [p for p in whole.group.processes if p.module == "api" and p.alive]
+    api.kill()
+    api.wait(10)
+    hang.release()
+    whole.group.start_api(whole.env)  # on the same port: the client's
+    await wait_for_async(lambda: gone(client, run["thread_id"]), 60, interval=0.2,
+                         message="the thread of the run without a thread deleted by the worker")
+    async with httpx.AsyncClient(base_url=whole.api, trust_env=False) as http:  # its history with it
+        assert (await http.get(f"/api/conversations/{run['thread_id']}")).status_code == 404
+    # ``keep``: its thread is still there once its run ended.
+    await client.runs.join(kept["thread_id"], kept["run_id"])
+    thread = await client.threads.get(kept["thread_id"])
+    assert [m["content"] for m in thread["values"]["messages"]] == ["keep me", "Kept."]
 
 
 def status_of(exc: BaseException) -> tuple[int, str]:
@@ -376,3 +387,56 @@ async def test_a_copy_holds_the_threads_history_and_goes_on_apart(
     assert await client.threads.get_state(source) == before
     with pytest.raises(NotFoundError):
         await client.threads.copy(str(uuid.uuid4()))
+
+
+def contents(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["content"] for m in messages]
+
+
+@shared_stack
+async def test_the_javascript_sdk_drives_the_rest(stack: SophosEnv, model: FakeOllama) -> None:
+    """tests/js/rest.mjs: a run without a thread, a stream in ``messages-tuple`` and ``updates``,
+    ``updateState`` as ``agent``, ``threads.joinStream`` after an id, crons counted and deleted."""
+    model.script(Text("Waited in node."), Text("Helo wrold."), Text("Again."))
+    tag = str(uuid.uuid4())
+    out = await run_js("rest.mjs", stack.api_url, tag)
+    assert contents(out["stateless"]["messages"]) == ["no thread", "Waited in node."]
+
+    thread_id, run_id = out["thread"]["thread_id"], out["created"][0]["run_id"]
+    assert out["created"] == [{"run_id": run_id, "thread_id": thread_id}]
+    streamed = out["streamed"]
+    events = [p["event"] for p in streamed]
+    assert (events[0], events[-1]) == ("metadata", "end")
+    assert set(events) == {"metadata", "messages", "updates", "end"}
+    tokens = [p["data"] for p in streamed if p["event"] == "messages"]
+    assert "".join(chunk["content"] for chunk, _ in tokens) == "Helo wrold."
+    assert {meta["langgraph_node"] for _, meta in tokens} == {"agent"}
+    updates = [p["data"] for p in streamed if p["event"] == "updates"]
+    assert [list(u) for u in updates] == [["agent"]]
+    answer = updates[0]["agent"]["messages"][-1]
+    assert answer["content"] == "Helo wrold."
+    assert answer["id"] == out["before"]["values"]["messages"][-1]["id"]  # the stored message
+
+    # updateState as agent: the answer replaced by its id, the new checkpoint the state's.
+    state = out["state"]
+    assert out["updated"]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    assert contents(state["values"]["messages"]) == ["greet me", "Hello world."]
+    assert state["values"]["messages"][-1]["id"] == answer["id"] and state["metadata"]["source"] == "update"
+
+    # joinStream after the run's first part: the rest of it, then the next run from its metadata.
+    joined = out["joined"]
+    ended = [p["event"] for p in joined].index("end") + 1
+    assert [(p["event"], p["id"]) for p in joined[:ended]] == [
+        (p["event"], f"{run_id}:{p['id']}") for p in streamed[2:]
+    ]
+    # (a metadata part has no id: the SDK's SSE reader keeps the one before, as EventSource does)
+    following, next_id = joined[ended:], out["next"]["run_id"]
+    assert following[0]["event"] == "metadata" and following[0]["data"]["run_id"] == next_id
+    assert all(p["id"].startswith(f"{next_id}:") for p in following[1:]) and following[-1]["event"] == "end"
+    last_values = [p["data"] for p in following if p["event"] == "values"][-1]
+    assert contents(last_values["messages"]) == ["greet me", "Hello world.", "and?", "Again."]
+
+    crons = out["crons"]
+    assert crons["forThread"]["thread_id"] == thread_id and crons["alone"]["thread_id"] is None
+    assert crons["counted"] == {"tagged": 2, "thread": 1} and crons["left"] == 0
+    assert [c["cron_id"] for c in crons["found"]] == [crons["forThread"]["cron_id"]]

@@ -8,12 +8,9 @@ remembers and recalls in its run's owner's items, through the ledger."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,13 +20,12 @@ from langgraph_sdk.errors import NotFoundError
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.faults import ledger_rows
-from tests.support.js_sdk import run_script
+from tests.support.js_sdk import run_js
 from tests.support.ports import free_port
+from tests.support.postgres import engine_overrides
 from tests.support.redis_server import RedisServer
 from tests.support.stacks import Stack, module_stack
 from tests.support.users import add_user
-
-JS_DIR = Path(__file__).parent / "js"
 
 
 @dataclass
@@ -52,9 +48,7 @@ def store(
 ) -> Iterator[Store]:
     """One worker and API per engine, with two users and an operator, for the module's tests."""
     root = tmp_path_factory.mktemp(f"store-{request.param}")
-    overrides = {}
-    if request.param == "postgresql":
-        overrides["DATABASE_URL"] = request.getfixturevalue("postgres_server").create_database()
+    overrides = engine_overrides(request, request.param, short_lease=False)
     with module_stack(root, redis_server.url, fake_ollama, **overrides) as stack:
         # Three CLI processes at once: each is mostly Python's start-up.
         with ThreadPoolExecutor() as pool:
@@ -208,9 +202,7 @@ async def test_the_agent_remembers_and_recalls_in_its_owners_store(
 
 
 async def test_the_javascript_sdk_keeps_items(store: Store) -> None:
-    done = await asyncio.to_thread(run_script, JS_DIR / "store_items.mjs", store.url, store.alice)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = await run_js("store_items.mjs", store.url, store.alice)
     item = out["item"]
     assert item["namespace"] == ["js", "notes"] and item["value"] == {"text": "from node", "rank": 1}
     assert item["created_at"] and item["updated_at"]

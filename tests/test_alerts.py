@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from shared.contracts.jobs import JobKind, RunJob
@@ -36,6 +35,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, require_approval
 from tests.support.faults import execute
+from tests.support.metrics import Key, Scrape, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -46,23 +46,8 @@ TARGET = {"job": "sophos", "instance": "api:8000"}
 #: minutes of simulated time each healthy scrape is held (longer than the rules' 10 min windows)
 HOLD = 15
 
-Key = tuple[str, tuple[tuple[str, str], ...]]
-Scrape = dict[Key, float]
-
 
 # --- reading ------------------------------------------------------------------------------
-
-
-def scrape(api_url: str) -> Scrape:
-    """Every sample of ``/metrics``, parsed by prometheus-client's own parser."""
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
-        response = http.get("/metrics")
-    assert response.status_code == 200, response.text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
 
 
 def scraped_when(api_url: str, sample: str | Key, value: float, timeout: float = 30.0) -> Scrape:

@@ -17,12 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from api import store
 from tests.fakes.ollama import FakeOllama, Hang
 from tests.support.client import post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.support.metrics import gauge
 
 
 def chat(api: str, message: str, conversation: str | None = None) -> tuple[str, str]:
@@ -92,15 +92,6 @@ async def test_reads_in_flight_survive_the_database_vanishing_and_coming_back(
 # --- cheaper scrapes (issue 11.6) ------------------------------------------------------------
 
 
-def running_gauge(api: str) -> float:
-    text = httpx.get(f"{api}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "sophos_runs_running":
-                return float(sample.value)
-    raise AssertionError("sophos_runs_running missing")
-
-
 def test_the_running_gauge_is_right_and_its_query_searches_the_status_index(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
@@ -109,14 +100,14 @@ def test_the_running_gauge_is_right_and_its_query_searches_the_status_index(
     for i in range(3):
         conversation, _ = chat(api, f"done {i}")
         read_sse(api, conversation)
-    assert running_gauge(api) == 0
+    assert gauge(api, "sophos_runs_running") == 0
     slow = Hang(text="slow ")
     model.script(slow)
     chat(api, "running")
     slow.wait_started()
-    wait_for(lambda: running_gauge(api) == 1, message="one run running")
+    wait_for(lambda: gauge(api, "sophos_runs_running") == 1, message="one run running")
     slow.release()
-    wait_for(lambda: running_gauge(api) == 0, message="no run running")
+    wait_for(lambda: gauge(api, "sophos_runs_running") == 0, message="no run running")
     # The scrape's query, on the file the worker made: a search of the index for one
     # status, not a scan of every run (what GROUP BY status did at each scrape).
     readonly = f"{sophos_env.database_path.as_uri()}?mode=ro"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import operator
 import os
 import signal
@@ -22,8 +23,11 @@ import httpx
 import pytest
 import redis as redis_sync
 
+from api.chat import approvals, branches
 from api.http.readers import Readers
-from api.store import READER_PROCESSES
+from api.protocol.runs import fork_reads
+from api.protocol.threads import state
+from api.store import READER_MODULES, READER_PROCESSES
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for, wait_for_async
 from tests.support.env import SophosEnv, require_approval
@@ -77,10 +81,11 @@ def _no_strays(api: ServiceProcess) -> None:
 
 def _loaded_langgraph(pid: int) -> bool:
     """Whether ``pid`` has loaded LangGraph: its checkpoint serializer's compiled ormsgpack and
-    its xxhash show in the process's memory map (nothing else of ours loads either)."""
+    pydantic's core, under langchain's messages, show in the process's memory map (nothing else
+    of the API's loads either)."""
     with open(f"/proc/{pid}/maps") as f:
         maps = f.read()
-    return "ormsgpack" in maps and "xxhash" in maps
+    return "ormsgpack" in maps and "pydantic_core" in maps
 
 
 def _error_code(response: httpx.Response) -> str:
@@ -159,8 +164,9 @@ def test_reads_one_at_a_time_keep_one_reader_and_an_idle_one_is_stopped(
     [reader] = api.descendants()  # the one started with the API served every read
 
     _ended([reader])  # idle for 3 s
-    stopped = [r for r in api.log_records() if r.get("event") == "readers.idle_stopped"]
-    assert any(reader in r.get("pids", []) for r in stopped), stopped
+    # The reader may end before the API has written why: wait for the line, not just the exit.
+    stopped = api.wait_for_log(lambda line: "readers.idle_stopped" in line and str(reader) in line)
+    assert reader in json.loads(stopped)["pids"], stopped
     detail = get_json(url, f"/api/conversations/{conversation}", timeout=60)
     assert [m["content"] for m in detail["messages"]] == ["hello", "kept"]
     assert len(api.descendants()) == 1
@@ -316,7 +322,7 @@ def test_the_runs_listing_asks_redis_one_command_per_queued_run_at_most(
 def _a_reply_that_trickles_on() -> None:
     """Run in a reader: start a reply that never ends, sent a byte at a time by a child of the
     reader, which outlives it (it holds the reader's socket) until the API's end is closed."""
-    fd = int(sys.argv[1])  # the reader's socket (api/http/readers.py ``serve``)
+    fd = int(sys.argv[1])  # the reader's socket (api/http/reader_process.py ``serve``)
     os.write(fd, struct.pack("!i", 1 << 20))
     if os.fork() == 0:
         with contextlib.suppress(OSError):
@@ -347,3 +353,39 @@ async def test_reads_after_a_read_abandoned_mid_reply_get_their_own_replies() ->
             assert await readers.run(operator.add, i, 1, what="a sum") == i + 1
     finally:
         await readers.aclose()
+
+
+# --- what a reader loads ---------------------------------------------------------------------
+
+#: What a reader never imports: the web framework, the queue and its Redis client, the API's own
+#: database side and store. Each would cost every reader its memory for nothing (bench figure 16).
+NOT_IN_A_READER = ("litestar", "uvicorn", "redis", "arq", "aiosqlite", "structlog", "psycopg_pool")
+NOT_IN_A_READER_MODULES = (
+    "api.store", "api.app", "shared.storage.reading", "api.protocol.runs.forks", "api.protocol.runs.service",
+)
+#: Every function the API sends its readers (``Store.read_thread``'s reads).
+READS = (
+    branches.current, branches.lines, branches.plan, branches.switch_target, approvals.pending_requests,
+    state.thread_state, state.thread_state_at, state.thread_history, state.pending_of,
+    fork_reads.checkpoint_at, fork_reads.run_started,
+)
+
+
+async def test_a_reader_loads_what_reads_need_and_nothing_of_the_apis_service() -> None:
+    """A reader started as the API starts one (its modules preloaded) then sent a read: the
+    modules it holds are the reads' and LangGraph's, none of the API's service machinery."""
+    assert {read.__module__ for read in READS} <= set(READER_MODULES)  # no read imports on first use
+    readers = Readers(size=1, timeout=60.0, preload=READER_MODULES)
+    try:
+        # A builtin, so the read itself imports nothing; it names no input, only a constant.
+        loaded: list[str] = await readers.run(
+            eval, "sorted(__import__('sys').modules)", what="the reader's modules"
+        )
+    finally:
+        await readers.aclose()
+    assert "langgraph.checkpoint.sqlite" in loaded and "api.thread_read" in loaded  # it did preload
+    found = sorted(
+        m for m in loaded if m.split(".")[0] in NOT_IN_A_READER or m in NOT_IN_A_READER_MODULES
+    )
+    assert not found, found
+

@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, require_approval
+from tests.support.metrics import gauge
 from tests.support.stacks import approval_stack
 
 
@@ -61,16 +61,6 @@ def wait_approval(api_url: str, conversation: str) -> list[dict[str, Any]]:
     return list(approval["requests"])
 
 
-def waiting_gauge(api_url: str) -> float:
-    with httpx.Client(base_url=api_url, timeout=10.0, trust_env=False) as http:
-        text = http.get("/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "sophos_conversations_waiting":
-                return float(sample.value)
-    raise AssertionError("sophos_conversations_waiting missing")
-
-
 def _error(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
@@ -84,7 +74,7 @@ def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: 
     assert request["name"] == "tools__add" and request["arguments"] == {"a": 2, "b": 3}
     assert tool_calls(stack.tools_log, "add") == []
     assert len(model.requests) == 1
-    assert waiting_gauge(stack.api_url) == 1
+    assert gauge(stack.api_url, "sophos_conversations_waiting") == 1
 
     accepted = decide(stack.api_url, conversation, [{"id": request["id"], "action": "approve"}])
     assert accepted.status_code == 202, accepted.text
@@ -98,7 +88,7 @@ def test_approve_runs_the_call_once_after_the_decision(stack: SophosEnv, model: 
     assert [c["args"] for c in tool_calls(stack.tools_log, "add")] == [{"a": 2, "b": 3}]
     detail = get_json(stack.api_url, f"/api/conversations/{conversation}")
     assert detail["pendingApproval"] is None and detail["conversation"]["status"] == "completed"
-    assert waiting_gauge(stack.api_url) == 0
+    assert gauge(stack.api_url, "sophos_conversations_waiting") == 0
     assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
     # Acted on once: the same decision again finds nothing pending.
     _error(

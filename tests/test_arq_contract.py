@@ -1,6 +1,6 @@
-"""What worker/wakeup.py relies on in arq, checked so an arq upgrade cannot change it unseen.
+"""What worker/queue/wakeup.py relies on in arq, checked so an arq upgrade cannot change it unseen.
 
-``WakeableWorker`` takes jobs through ``HookedWorker`` (worker/compat.py), whose ``start_jobs`` is
+``WakeableWorker`` takes jobs through ``HookedWorker`` (worker/queue/compat.py), whose ``start_jobs`` is
 a copy of arq 0.28.0's private ``Worker.start_jobs`` with the WATCH/EXISTS/ZSCORE/MULTI hand-off
 replaced by one script. The source of the arq code it copies and the names it uses are checked
 in tests/fast/test_compat.py; here, its behaviour against real Redis: arq's own ``Worker`` and
@@ -21,7 +21,7 @@ from arq.constants import in_progress_key_prefix
 from arq.worker import Worker, func
 
 from tests.support.redis_server import RedisServer
-from worker.wakeup import WakeableWorker
+from worker.queue.wakeup import WakeableWorker
 
 # --- behaviour against real Redis ---------------------------------------------------------------
 

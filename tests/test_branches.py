@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
-from tests.support.client import chat, get_json, read_sse, tool_calls
+from tests.support.client import chat, get_json, tool_calls
+from tests.support.conversations import detail, finish, post, said, say
 from tests.support.env import SophosEnv
 from tests.support.redis_server import RedisServer
 from tests.support.stacks import module_stack
@@ -31,35 +32,10 @@ def stack(
         yield stack.env
 
 
-def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=30, trust_env=False)
-
-
 def accepted(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 202, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def finish(url: str, conversation: str) -> str:
-    """Wait for the conversation's current run to end; its status."""
-    events = read_sse(url, conversation)
-    assert events[-1].event == "end", events
-    return str(events[-1].data["status"])
-
-
-def say(url: str, text: str, conversation: str | None = None) -> str:
-    conversation, _ = chat(url, text, conversation)
-    assert finish(url, conversation) == "completed"
-    return conversation
-
-
-def detail(url: str, conversation: str) -> dict[str, Any]:
-    return get_json(url, f"/api/conversations/{conversation}")
-
-
-def said(body: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(m["role"], m["content"]) for m in body["messages"] if m["role"] != "tool"]
 
 
 def refused(response: httpx.Response, status: int, code: str) -> str:
@@ -87,7 +63,9 @@ def test_an_edit_forks_the_thread_and_the_old_branch_can_be_followed_again(
         ("user", "one"), ("assistant", "A1"), ("user", "two, edited"),
     ]
     now = detail(url, conversation)
-    assert said(now) == [("user", "one"), ("assistant", "A1"), ("user", "two, edited"), ("assistant", "B2")]
+    assert said(now, tools=False) == [
+        ("user", "one"), ("assistant", "A1"), ("user", "two, edited"), ("assistant", "B2"),
+    ]
     assert now["conversation"]["messageCount"] == 4
     edited = now["messages"][2]
     branch = edited["branch"]
@@ -100,14 +78,16 @@ def test_an_edit_forks_the_thread_and_the_old_branch_can_be_followed_again(
 
     # The new branch goes on from its own head.
     say(url, "three", conversation)
-    assert said(detail(url, conversation))[-2:] == [("user", "three"), ("assistant", "B3")]
+    assert said(detail(url, conversation), tools=False)[-2:] == [("user", "three"), ("assistant", "B3")]
 
     # Back to the first branch: its messages, as they were, and it is the one continued.
     switched = accepted(post(url, f"/api/conversations/{conversation}/branch", {"message": two["id"]}))
     assert switched["conversation"] == conversation
     assert finish(url, conversation) == "completed"
     back = detail(url, conversation)
-    assert said(back) == [("user", "one"), ("assistant", "A1"), ("user", "two"), ("assistant", "A2")]
+    assert said(back, tools=False) == [
+        ("user", "one"), ("assistant", "A1"), ("user", "two"), ("assistant", "A2"),
+    ]
     assert back["conversation"]["messageCount"] == 4
     assert back["messages"][2]["branch"]["index"] == 1
     runs = get_json(url, f"/api/runs?conversation={conversation}")["runs"]
@@ -119,7 +99,7 @@ def test_an_edit_forks_the_thread_and_the_old_branch_can_be_followed_again(
         ("user", "one"), ("assistant", "A1"), ("user", "two"), ("assistant", "A2"),
         ("user", "after switching back"),
     ]
-    assert said(detail(url, conversation))[-1] == ("assistant", "A3")
+    assert said(detail(url, conversation), tools=False)[-1] == ("assistant", "A3")
 
     # Both exports follow the current branch and say where it forked.
     markdown = httpx.get(f"{url}/api/conversations/{conversation}/export", timeout=30, trust_env=False).text
@@ -161,7 +141,7 @@ def test_regenerate_answers_the_same_message_again_and_lists_calls_that_acted(
     assert left == [("tools__echo", {"text": "once more"})]
     assert finish(url, conversation) == "completed"
     now = detail(url, conversation)
-    assert said(now) == [("user", "first question"), ("assistant", "Plain.")]
+    assert said(now, tools=False) == [("user", "first question"), ("assistant", "Plain.")]
     branch = now["messages"][0]["branch"]
     assert (branch["index"], branch["count"]) == (3, 3)
     assert [a["content"] for a in branch["alternatives"]] == ["first question"] * 3
@@ -245,7 +225,7 @@ def test_a_fork_cancelled_mid_answer_keeps_what_was_streamed_on_its_own_branch(
     assert httpx.post(f"{url}/api/runs/{run}/cancel", timeout=30, trust_env=False).status_code in (200, 202)
     assert finish(url, conversation) == "cancelled"
     now = detail(url, conversation)
-    assert said(now) == [("user", "question, edited"), ("assistant", "half an ")]
+    assert said(now, tools=False) == [("user", "question, edited"), ("assistant", "half an ")]
     assert now["messages"][1]["status"] == "stopped"
     alternatives = now["messages"][0]["branch"]["alternatives"]
     assert [a["content"] for a in alternatives] == ["question", "question, edited"]

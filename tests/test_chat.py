@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar, cast
 
 import pytest
@@ -15,6 +14,7 @@ from shared.redis.keys import events_key
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SYSTEM_PROMPT, SophosEnv, with_fetch
+from tests.support.loopback import serving
 
 # The chat contract holds on both databases.
 pytestmark = pytest.mark.backends
@@ -133,12 +133,8 @@ class _Page(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def page_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_Page) as url:
+        yield url
 
 
 def test_fetch_tool_reads_a_loopback_page(

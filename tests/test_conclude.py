@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import signal
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import get_json, read_sse, read_sse_async, wait_for, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, execute, integrity
+from tests.support.metrics import gauge
 
 pytestmark = pytest.mark.fault
 
@@ -39,16 +38,6 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
     tools = mcp_servers(sophos_env.tools_log, sophos_env.root)["mcpServers"]["tools"]  # type: ignore[index]
     sophos_env.write_mcp_config({"mcpServers": {"tools": tools}})
     return sophos_env
-
-
-def subscribers(api_url: str) -> float:
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
-        text = http.get("/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "sophos_sse_subscribers":
-                return sample.value
-    return 0.0
 
 
 def test_an_outcome_refused_with_an_error_other_than_unavailable_still_ends_the_run(
@@ -114,7 +103,8 @@ async def test_a_run_the_database_refuses_to_record_tells_the_client_and_frees_t
     try:
         _, run = accepted(api, "not recorded", conversation)
         watcher = asyncio.create_task(read_sse_async(api, conversation, timeout=STREAM_TIMEOUT))
-        await wait_for_async(lambda: subscribers(api) == 1, message="the watcher connected")
+        await wait_for_async(lambda: gauge(api, "sophos_sse_subscribers") == 1,
+                             message="the watcher connected")
     finally:
         worker.signal(signal.SIGCONT)
     events = await watcher

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from tests.support.env import SophosEnv
 
 REPO = Path(__file__).resolve().parent.parent

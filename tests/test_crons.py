@@ -13,7 +13,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +33,19 @@ from shared.storage.postgres import PostgresDatabase, migrate
 from shared.storage.schema import iso_from_timestamp
 from shared.storage.sqlite import SqliteDatabase
 from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
+from tests.support.agent_protocol import said
 from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, require_approval
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
-from worker.schedule.crons import LONGEST_SLEEP_SECONDS, UNSUBMITTED_SECONDS, CronTicker, create, update
+from worker.schedule.crons.jobs import create, update
+from worker.schedule.crons.ticker import LONGEST_SLEEP_SECONDS, CronTicker
+from worker.schedule.crons.ticks import UNSUBMITTED_SECONDS
 
 EVERY_2S = "*/2 * * * * *"
 SKIPPED_METRIC = 'sophos_cron_ticks_total{outcome="skipped"}'
 
 StartService = Callable[..., ServiceProcess]
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def as_cron(made: Any) -> dict[str, Any]:
@@ -226,7 +225,9 @@ async def test_a_cron_without_a_thread_runs_each_tick_on_a_new_thread_and_search
         ))
         assert daily["next_run_date"].endswith("T09:00:00+00:00")
         cron = as_cron(
-            await client.crons.create("agent", schedule=EVERY_2S, input=said("new thread each time"))
+            await client.crons.create(
+                "agent", schedule=EVERY_2S, input=said("new thread each time"), on_run_completed="keep"
+            )
         )
         assert cron["thread_id"] is None
 
@@ -275,10 +276,14 @@ async def test_a_cron_created_disabled_never_fires_until_updated_and_updates_cha
     api = start_api(sophos_env)
     async with get_client(url=api.url) as client:
         # A witness: an enabled cron, whose ticks say time passed for the disabled one too.
-        witness = as_cron(await client.crons.create("agent", schedule=EVERY_2S, input=said("witness")))
+        # It keeps its threads: one deleted between the search and its runs' listing below was a 404.
+        witness = as_cron(await client.crons.create(
+            "agent", schedule=EVERY_2S, input=said("witness"), on_run_completed="keep",
+        ))
         assert witness["enabled"] is True
         cron = as_cron(await client.crons.create(
             "agent", schedule="0 9 * * *", input=said("before"), metadata={"v": 1}, enabled=False,
+            on_run_completed="keep",  # its runs are read from its threads below
         ))
         assert cron["enabled"] is False and cron["next_run_date"] is None
 
@@ -368,8 +373,7 @@ async def test_refusals_name_the_problem_and_change_nothing(
             body = refused.value.response.json()
             assert named in body["error"]["message"] and body["error"]["code"] == "BAD_REQUEST", body
         threadless: list[tuple[dict[str, Any], str]] = [
-            ({"end_time": datetime(2030, 1, 1, tzinfo=UTC)}, "end_time is not served"),
-            ({"on_run_completed": "delete"}, "on_run_completed 'delete' is not served"),
+            ({"on_run_completed": "later"}, "on_run_completed must be 'delete' or 'keep'"),
             ({"stream_mode": "updates"}, "stream_mode other than values"),
         ]
         for options, named in threadless:

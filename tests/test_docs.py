@@ -138,6 +138,11 @@ def test_the_tool_call_promise_is_stated_and_never_weakened_to_at_least_once() -
     for point in ("before its intent", "while the tool server executes", "after its result",
                   "after its outcome", "after the step's checkpoint"):
         assert point in rows[0], point
+    tasks_row = "| worker `kill -9` at each point of a call made as an MCP task"
+    [tasks] = [line for line in table.splitlines() if line.startswith(tasks_row)]
+    for point in ("after the server made the task, before its id is committed", "while the task works",
+                  "after the task completed, before the call's outcome is recorded"):
+        assert point in tasks, point
     for path in [README, *sorted(DOCS.glob("*.md"))]:
         text = re.sub(r"\s+", " ", path.read_text().lower())
         assert "at-least-once" not in text and "at least once" not in text, path.name

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from shared.contracts.events import EventType
+from shared.contracts.events import EventType, entry_span
 from shared.redis.keys import ACTIVE_RUNS, events_key
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
@@ -715,4 +715,170 @@ async def test_a_relay_behind_its_feed_reads_redis_and_misses_nothing(redis: Red
         await wait_for_async(lambda: len(feeds) == 0, 5, message="the feed's reader stopped")
     finally:
         client.cancel()
+        await feeds.aclose()
+
+
+async def test_many_runs_watched_in_one_process_are_read_on_one_redis_connection(
+    redis: Redis, redis_server: Any
+) -> None:
+    """In process, against real Redis: 40 runs watched at once (a relay each) are read by one
+    blocking XREAD on one connection (issue 44: not one per run), and each relay still gets its
+    own run's events, in order, then its end."""
+    import threading
+
+    from api.chat.feed import REPLAY_SLOTS, Feeds
+    from api.chat.relay import Relay
+
+    name = f"feeds-{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(redis_server.url, decode_responses=True, client_name=name)
+    feeds = Feeds(client)
+    runs = [str(uuid.uuid4()) for _ in range(40)]
+
+    async def read(run: str) -> list[SseEvent]:
+        relay = Relay(
+            redis=client, store=_NoRuns(), feeds=feeds,  # type: ignore[arg-type]
+            conversation_id=str(uuid.uuid4()), run_id=run, after=0, ping_ms=60_000,
+            draining=threading.Event(),
+        )
+        return parse_chunks([chunk async for chunk in relay.events()])
+
+    async def connections() -> tuple[int, int]:
+        mine = [c for c in await redis.client_list() if c.get("name") == name]
+        return len(mine), sum(1 for c in mine if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+    relays = [asyncio.create_task(read(run)) for run in runs]
+    try:
+        await wait_for_async(
+            lambda: len(feeds) == len(runs) and all(f.start == 0 for f in feeds._feeds.values()), 10,
+            message="every run watched",
+        )
+
+        async def one_read_blocked() -> bool:
+            return (await connections())[1] == 1
+
+        await wait_for_async(one_read_blocked, 5, message="one blocking XREAD for every run")
+        held, _ = await connections()
+        assert held <= REPLAY_SLOTS + 2, held  # the reader's, its wakes' and the relays' catch-up reads
+        for n in range(1, 4):  # interleaved across runs, as the worker's publishers would
+            async with redis.pipeline(transaction=False) as pipe:
+                for run in runs:
+                    token = {"type": "token", "data": json.dumps(f"{run[:4]}{n}")}
+                    pipe.xadd(events_key(run), token, id=f"{n}-0")  # type: ignore[arg-type]
+                await pipe.execute()
+        async with redis.pipeline(transaction=False) as pipe:
+            for run in runs:
+                pipe.xadd(events_key(run), {"type": "end", "data": json.dumps({"run": run})}, id="4-0")
+            await pipe.execute()
+        for run, events in zip(runs, await asyncio.wait_for(asyncio.gather(*relays), 10), strict=True):
+            assert [(e.id, e.event) for e in events] == [("1", "token"), ("2", "token"), ("3", "token"),
+                                                        ("4", "end")], run
+            assert [e.data for e in events[:3]] == [f"{run[:4]}{n}" for n in range(1, 4)], run
+        await wait_for_async(lambda: len(feeds) == 0, 5, message="every feed let go")
+    finally:
+        for task in relays:
+            task.cancel()
+        await feeds.aclose()
+        await client.aclose()
+
+
+# --- tokens written together (issue 45) --------------------------------------------------------
+
+
+async def _written(redis: Redis, run: str) -> list[tuple[int, int, str]]:
+    """The run's stream entries as (first event id, last event id, type)."""
+    return [(*entry_span(i), f["type"]) for i, f in await redis.xrange(events_key(run))]
+
+
+async def test_kill_9_between_coalesced_tokens_and_reconnects_inside_an_entry(
+    sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama, redis: Redis
+) -> None:
+    """The worker writes the tokens of a few milliseconds as one entry; it is killed (-9) while
+    the model streams, with tokens written and perhaps some only in its buffer. Nothing is lost,
+    repeated or reordered: the next worker's ending is numbered after the last token written,
+    and a client resuming after any id, inside an entry of tokens too, gets exactly the events
+    after it. (A fresh API process reads such an entry from Redis as any late relay does: the
+    in-process test below; API processes killed and replaced: the tests above.)"""
+    env = sophos_env.with_(EVENT_COALESCE_MS=20, EVENT_COALESCE_TOKENS=8, **NO_LIMITS)
+    model.script(Text("".join(f"w{i} " for i in range(400)), token_delay=0.003))
+    worker = start_worker(env)
+    api = start_api(env)
+    conversation, run = await chat_async(api.url, "count slowly")
+
+    async def coalesced_tokens_written() -> bool:
+        tokens = [(a, b) for a, b, t in await _written(redis, run) if t == "token"]
+        return sum(b - a + 1 for a, b in tokens) >= 40 and any(b > a for a, b in tokens)
+
+    await wait_for_async(coalesced_tokens_written, 20, message="tokens written together")
+    worker.kill()
+    assert worker.wait(10) == -signal.SIGKILL
+    start_worker(env)  # finds the run orphaned: interrupted, its ending published
+
+    full = await read_sse_async(api.url, conversation)
+    assert full[-1].event == "chat-error" and full[-1].data["code"] == "INTERRUPTED"
+    assert [e.id for e in full] == [str(n) for n in range(1, len(full) + 1)]
+    written = await _written(redis, run)
+    assert max(b - a for a, b, _ in written) <= 7  # EVENT_COALESCE_TOKENS
+    tokens = [e.data for e in full if e.event == "token"]
+    assert "".join(tokens) == "".join(f"w{i} " for i in range(len(tokens)))  # in order, once each
+
+    # A client cut inside an entry of tokens resumes; so does one after every id of that entry
+    # (from the one before it), the last token and the start.
+    a, b = next((a, b) for a, b, t in written if t == "token" and b > a)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+        cut = await read_sse_async(api.url, conversation, stop_after=a + 1, http=http)
+        assert key(cut) == key(full[:a + 1])
+        for after in sorted({0, len(full) - 1, *range(a - 1, b + 1)}):
+            resumed = await read_sse_async(api.url, conversation, last_event_id=after, http=http)
+            assert key(resumed) == key(full[after:]), after
+
+
+async def test_a_relay_resumes_inside_an_entry_from_the_feed_and_from_redis(redis: Redis) -> None:
+    """In process, against real Redis: tokens published in bursts share entries; a relay that
+    starts after any event, one inside an entry among them, relays exactly what follows, both
+    from what the feed holds (it follows the run live) and from Redis (it joins after the end)."""
+    import threading
+
+    from api.chat.feed import Feeds
+    from api.chat.relay import Relay
+
+    run = str(uuid.uuid4())
+    publisher = EventPublisher(redis, run, retention=60, max_len=10_000, coalesce=5, gather=0.05)
+    await publisher.start()
+    feeds = Feeds(redis)
+
+    def relay(after: int) -> Relay:
+        return Relay(
+            redis=redis, store=_NoRuns(), feeds=feeds,  # type: ignore[arg-type]
+            conversation_id=str(uuid.uuid4()), run_id=run, after=after, ping_ms=1000,
+            draining=threading.Event(),
+        )
+
+    async def read(after: int) -> list[SseEvent]:
+        return parse_chunks([chunk async for chunk in relay(after).events()])
+
+    try:
+        # One relay from the start: the feed reads the stream from its first entry on.
+        live = [asyncio.create_task(read(0))]
+        await wait_for_async(lambda: run in feeds._feeds and feeds._feeds[run].start == 0, 5)
+        await publisher.trace(1, "agent", "enter", "agent")
+        for i in range(12):
+            await publisher.token(f"t{i} ")
+        assert await publisher.flush(5)
+        spans = await _written(redis, run)
+        assert spans[1:] == [(2, 6, "token"), (7, 11, "token"), (12, 13, "token")], spans
+        await wait_for_async(lambda: feeds._feeds[run].last == 13, 5, message="the feed read them")
+        # Relays after each event so far, inside entries too, served from the feed's memory.
+        live += [asyncio.create_task(read(after)) for after in range(1, 14)]
+        await publisher.publish(EventType.END, {"run": run, "status": "completed"})
+        followed = await asyncio.wait_for(asyncio.gather(*live), 10)
+        whole = followed[0]
+        assert [e.id for e in whole] == [str(n) for n in range(1, 15)] and whole[-1].event == "end"
+        assert "".join(e.data for e in whole if e.event == "token") == "".join(f"t{i} " for i in range(12))
+        for after, events in enumerate(followed):
+            assert key(events) == key(whole[after:]), after
+        # Ended, then joined: from Redis, the first entry read holding events already seen.
+        await wait_for_async(lambda: len(feeds) == 0, 5, message="the feed's reader stopped")
+        for after in range(14):
+            assert key(await read(after)) == key(whole[after:]), after
+    finally:
         await feeds.aclose()

@@ -12,10 +12,9 @@ import json
 import signal
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -47,6 +46,7 @@ from tests.support.client import (
     wait_for_async,
 )
 from tests.support.env import TOOLS_SERVER, SophosEnv, with_fetch
+from tests.support.loopback import serving
 from tests.support.procs import ProcessGroup, ProcessStartError, pid_alive
 from tests.support.redis_server import RedisServer
 
@@ -311,12 +311,8 @@ class _SiteHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SiteHandler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_SiteHandler) as url:
+        yield url
 
 
 async def test_fetch_server_from_the_test_config_reads_loopback(site: str, sophos_env: SophosEnv) -> None:
@@ -528,13 +524,8 @@ class _SseHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def sse_site() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SseHandler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_SseHandler, daemon_threads=True) as url:
+        yield url
 
 
 async def test_sse_reader(sse_site: str) -> None:

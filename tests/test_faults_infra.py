@@ -27,6 +27,7 @@ from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import SseEvent, SseParser, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock, accepted, integrity, queue_is_clean
+from tests.support.metrics import gauge
 from tests.support.procs import pid_alive
 from worker.store import connect, end_failed_transaction
 
@@ -144,13 +145,6 @@ def taken(redis_url: str, run: str) -> bool:
         return bool(client.exists(f"arq:in-progress:{run}"))
     finally:
         client.close()
-
-
-def subscribers(api_url: str) -> float:
-    """Event streams the API process serves now (``sophos_sse_subscribers``)."""
-    text = httpx.get(f"{api_url}/metrics", timeout=10, trust_env=False).text
-    samples = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
-    return next(float(value) for name, value, *_ in samples if name == "sophos_sse_subscribers")
 
 
 # --- the database ----------------------------------------------------------------------------
@@ -366,9 +360,10 @@ def test_redis_restart_with_runs_queued_and_one_running(
     queued = [accepted(api.url, text)[0] for text in ("second", "third")]
     seen = read_sse(api.url, first, stop_after=3)  # a client that goes away mid-run
     with ThreadPoolExecutor(1) as pool:
-        wait_for(lambda: subscribers(api.url) == 0, timeout=10)  # the first client is gone
+        # the first client is gone
+        wait_for(lambda: gauge(api.url, "sophos_sse_subscribers") == 0, timeout=10)
         through = pool.submit(read_sse, api.url, first, timeout=60)  # one that stays connected
-        wait_for(lambda: subscribers(api.url) == 1, timeout=10)
+        wait_for(lambda: gauge(api.url, "sophos_sse_subscribers") == 1, timeout=10)
 
         server.restart(signal.SIGTERM, down_for=1.0)
         hang.release()

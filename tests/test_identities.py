@@ -95,6 +95,10 @@ def test_keys_are_in_force_once_a_user_exists_and_a_revoked_key_fails_on_every_a
     metrics = httpx.get(f"{first.url}/metrics", headers={"authorization": f"Bearer {alice}"}, timeout=10)
     assert metrics.status_code == 403 and error_code(metrics) == "FORBIDDEN"
     assert httpx.get(f"{first.url}/metrics", headers={"authorization": f"Bearer {root}"}).status_code == 200
+    # So is pruning the checkpoints (api/ops/pruning.py): refused before anything is enqueued.
+    as_alice = {"authorization": f"Bearer {alice}"}
+    prune = httpx.post(f"{first.url}/api/checkpoints/prune", headers=as_alice, timeout=10)
+    assert prune.status_code == 403 and error_code(prune) == "FORBIDDEN"
 
     # A key in the query is taken only where a browser must (the stream, the export).
     in_query = httpx.get(f"{first.url}/api/conversations", params={"access_token": alice}, timeout=10)

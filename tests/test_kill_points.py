@@ -11,6 +11,14 @@ fell on (sent for the first time, answered from the ledger, sent again without a
 about as ``uncertain`` and sent again on approval, always with its key), and that the transcript
 is whole: every call answered once, the final answer there.
 
+The third call can be ``tasks__long`` instead of ``slow``: a call made as an MCP task on a remote task
+server (tests/fakes/task_server.py over Streamable HTTP, in a process of its own that outlives the
+worker). The kill falls on it after the server made the task and before its id is committed (asked
+about, like any call that may have run: never a second task sent silently), after the id's commit
+while the task works, and after the task completed before its outcome is recorded (both answered
+from the task, the tool having run once). A worker stopped (SIGTERM) past ``SHUTDOWN_TIMEOUT`` while
+it follows a task cancels the task on its server.
+
 The points where the worker lives and the answer does not come (a call timed out, its server
 died mid-call, its connection reset), for stdio and remote servers alike, are
 tests/test_remote_tools.py: the same rule, a call that may have acted is asked about.
@@ -32,11 +40,10 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as redis_sync
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import get_json, read_sse, tool_calls, wait_for
-from tests.support.env import SophosEnv, make_sophos_env, mcp_servers
+from tests.support.env import TASK_SERVER, SophosEnv, stdio_tools
 from tests.support.faults import (
     accepted,
     call_counters,
@@ -44,13 +51,17 @@ from tests.support.faults import (
     ledger_rows,
     recorded_after_crash,
 )
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup, ServiceProcess, wait_worker_ready
+from tests.support.procs import ServiceProcess, wait_worker_ready
 from tests.support.redis_server import RedisServer
+from tests.support.tool_servers import RemoteTools, task_endings
+from tests.support.tool_stacks import ToolStack, tool_stack
 
 pytestmark = [pytest.mark.fault]
 
 SLOW_SECONDS = 0.8
+#: how long the task the kill falls on while it works runs: long past its siblings' end and the kill
+WORKING_SECONDS = 3.0
+FROM_TASK = "sophos_tool_calls_answered_from_task_total"
 #: seconds each engine's cases took, reported at the module's end (the matrix's cost)
 SPENT: dict[str, float] = {}
 
@@ -61,14 +72,21 @@ class Point:
     hook: dict[str, str] = field(default_factory=dict)
     #: the call the kill falls on
     target: str = "tools__slow"
+    #: the third call: ``slow``, or ``tasks__long`` made as an MCP task (for ``seconds``)
+    task: bool = False
+    seconds: float = SLOW_SECONDS
+    #: the task's state in the ledger when the worker died (None: its id was never committed)
+    task_at_kill: str | None = None
     #: killed from outside once: "held" (the hook logged it holds the target), "running" (the
-    #: tools server started it); None: the hook kills the worker itself
+    #: tools server started it), "task" (its task id is committed); None: the hook kills the
+    #: worker itself
     kill_when: str | None = None
     #: executions of the target when the worker died
     ran_at_kill: int = 1
     #: what the resume does with the target: "send" (never sent: sent once), "answer" (from the
     #: ledger), "resend" (may have run, safe to repeat: sent again without asking), "ask"
-    #: (uncertain: asked about, approved, sent again), None (nothing: the step was checkpointed)
+    #: (uncertain: asked about, approved, sent again), "task" (asked of its task's server),
+    #: None (nothing: the step was checkpointed)
     resume: str | None = "ask"
     #: executions of the target in the end, and the ledger's attempts of it
     ran: int = 2
@@ -97,40 +115,38 @@ POINTS = {
     # Checkpoints: 1 input, 2 after START, 3 after the model's turn, 4 after the three calls.
     "after-the-steps-checkpoint": Point(hook={"SOPHOS_FAULT_KILL_AFTER_CHECKPOINT": "4"}, resume=None, ran=1,
                                         attempts=1),
+    # MCP tasks. The server made the task, its id is not committed: the call may have run, and
+    # nothing says which task it is, so it is asked about (approved: a second task, same key).
+    "after-the-task-is-made-before-its-id-is-committed": Point(
+        hook=_hold("before_task_state", "tasks__long"), task=True, target="tasks__long", kill_when="held"),
+    # The id committed, the task working: the resume asks its server, and its result is the outcome.
+    "while-the-task-works": Point(task=True, target="tasks__long", seconds=WORKING_SECONDS, kill_when="task",
+                                  task_at_kill="working", resume="task", ran=1, attempts=1),
+    "after-the-task-completed-before-the-outcome": Point(
+        hook=_hold("before_outcome", "tasks__long"), task=True, target="tasks__long", kill_when="held",
+        task_at_kill="completed", resume="task", ran=1, attempts=1),
 }
 
 
-@dataclass
-class Matrix:
-    env: SophosEnv
-    api: str
-    engine: str
+def _servers(env: SophosEnv, tasks: RemoteTools) -> dict[str, Any]:
+    return {"tools": {**stdio_tools(env), "safeToRepeat": {"add": False, "slow": False}},
+            "tasks": {"url": tasks.url}}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def matrix(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
     fake_ollama: FakeOllama,
-) -> Iterator[Matrix]:
-    """One API and one database per engine for all the module's cases."""
+) -> Iterator[ToolStack]:
+    """One API and one database per engine for all the module's cases (no worker: each case starts
+    its own)."""
     root = tmp_path_factory.mktemp(f"kill-points-{request.param}")
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_server").create_database()
-        # A short lease, so a dead worker's run is taken over within seconds.
-        env = env.with_(DATABASE_URL=url, RUN_LEASE_SECONDS=3)
-    tools = mcp_servers(env.tools_log, root)["mcpServers"]["tools"]  # type: ignore[index]
-    env.write_mcp_config({"mcpServers": {"tools": {**tools, "safeToRepeat": {"add": False, "slow": False}}}})
-    with redis_sync.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    group = ProcessGroup(log_dir=root / "api-logs", cwd=root)
-    try:
-        yield Matrix(env, str(group.start_api(env).url), request.param)
-    finally:
-        group.close()
-        spent = SPENT.get(request.param)
-        if spent is not None:
-            print(f"\nkill-point matrix on {request.param}: {spent:.1f} s")
+    with tool_stack(request, root, redis_server.url, fake_ollama.url, _servers, script=TASK_SERVER,
+                    worker=False) as stack:
+        yield stack
+    spent = SPENT.get(request.param)
+    if spent is not None:
+        print(f"\nkill-point matrix on {request.param}: {spent:.1f} s")
 
 
 def _settled(env: SophosEnv, conversation: str, target: str) -> bool:
@@ -140,19 +156,26 @@ def _settled(env: SophosEnv, conversation: str, target: str) -> bool:
 
 
 def _runs(env: SophosEnv, since: int) -> Callable[[str], list[str | None]]:
-    """The keys of each execution of a tool logged after the first ``since`` (this case's)."""
-    return lambda tool: [e.get("key") for e in tool_calls(env.tools_log)[since:] if e["tool"] == tool]
+    """The keys of each execution of a tool (``server__tool``) logged after the first ``since`` (this
+    case's)."""
+    return lambda tool: [e.get("key") for e in tool_calls(env.tools_log)[since:]
+                         if e["tool"] == tool.split("__", 1)[1]]
 
 
 @pytest.mark.parametrize("name", list(POINTS))
 def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_about_one_that_may_have_run(
-    name: str, matrix: Matrix, start_worker: Callable[..., ServiceProcess], model: FakeOllama
+    name: str, matrix: ToolStack, start_worker: Callable[..., ServiceProcess], model: FakeOllama
 ) -> None:
     began = time.monotonic()
     point, env, api = POINTS[name], matrix.env, matrix.api
+    if point.task and matrix.engine != "sqlite":
+        # The task's id and state are the same SQL on both engines (worker/tools/ledger/records.py),
+        # and tests/test_tool_tasks.py kills a worker mid-task on PostgreSQL too: SQLite here, for time.
+        pytest.skip("MCP task points run on SQLite (tests/test_tool_tasks.py covers PostgreSQL)")
+    third = ("tasks__long", {"seconds": point.seconds, "text": name}) if point.task else (
+        "tools__slow", {"seconds": SLOW_SECONDS})
     arguments: dict[str, dict[str, Any]] = {
-        "tools__echo": {"text": name}, "tools__add": {"a": 2, "b": len(name)},
-        "tools__slow": {"seconds": SLOW_SECONDS},
+        "tools__echo": {"text": name}, "tools__add": {"a": 2, "b": len(name)}, third[0]: third[1],
     }
     model.script(ToolCalls(list(arguments.items())), Text(f"Three calls made ({name})."))
     ran = _runs(env, len(tool_calls(env.tools_log)))
@@ -165,7 +188,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
         wait_for(lambda: get_json(api, f"/api/runs/{run}")["status"] == "running", message="run taken")
         survivor = start_worker(env, wait_ready=False)
 
-    target, short = point.target, point.target.removeprefix("tools__")
+    target = point.target
     if point.kill_when == "held":
         wait_for(lambda: any(r.get("event") == "faults.holding" for r in doomed.log_records())
                  and _settled(env, conversation, target), timeout=30, message="held, its siblings done")
@@ -173,15 +196,22 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     elif point.kill_when == "running":
         def running() -> bool:
             keys = {r["key"] for r in ledger_rows(env, conversation) if r["tool"] == target}
-            return _settled(env, conversation, target) and any(k in keys for k in ran(short))
+            return _settled(env, conversation, target) and any(k in keys for k in ran(target))
         wait_for(running, timeout=30, message="running, its siblings done")
+        doomed.kill()
+    elif point.kill_when == "task":
+        wait_for(lambda: _settled(env, conversation, target) and any(
+            r["task_id"] for r in ledger_rows(env, conversation) if r["tool"] == target),
+            timeout=30, message="its task id committed, its siblings done")
         doomed.kill()
     assert doomed.wait(30) == -signal.SIGKILL
     before = {r["tool"]: r for r in ledger_rows(env, conversation)}
-    assert {t: len(ran(t.removeprefix("tools__"))) for t in arguments} == {
+    assert {t: len(ran(t)) for t in arguments} == {
         t: point.ran_at_kill if t == target else 1 for t in arguments
     }
     assert (target in before) == (point.ran_at_kill > 0 or point.resume != "send")
+    if point.task:  # the task as the worker last knew it
+        assert before[target]["task_state"] == point.task_at_kill, before[target]
 
     if survivor is None:
         survivor = start_worker(env)
@@ -200,7 +230,9 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     ids = {c["name"]: c["id"] for c in turn["toolCalls"]}
     # The detail shows what the ledger knows of each call ...
     assert {c["name"]: c.get("ledger") for c in turn["toolCalls"]} == {
-        t: {"state": before[t]["state"], "attempts": 1, "key": before[t]["key"]} if t in before else None
+        t: {"state": before[t]["state"], "attempts": 1, "key": before[t]["key"], **(
+            {"task": {"id": before[t]["task_id"], "state": before[t]["task_state"]}}
+            if before[t]["task_id"] else {})} if t in before else None
         for t in arguments
     }
     # ... and what the resume will do: a sibling whose task writes LangGraph lost is answered
@@ -218,7 +250,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
         requests = [{"id": ids[target], "name": target, "arguments": arguments[target], "kind": "uncertain",
                      "attempts": 1}]
         assert events.of("approval")[0].data["requests"] == requests
-        assert len(ran(short)) == point.ran_at_kill  # not sent before the decision
+        assert len(ran(target)) == point.ran_at_kill  # not sent before the decision: no second task
         if point.kill_while_waiting:  # a question asked survives kill -9
             survivor.kill()
             assert survivor.wait(10) == -signal.SIGKILL
@@ -238,16 +270,19 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     from_ledger = {r.get("tool_call_id") for r in logged
                    if r.get("event") == "tool_call.answered_from_ledger"}
     assert (ids[target] in from_ledger) == (point.resume == "answer")
+    from_task = {r.get("tool_call_id") for r in logged if r.get("event") == "tool_call.answered_from_task"}
+    assert (ids[target] in from_task) == (point.resume == "task")
     sent_again = [(r["tool"], r["reason"]) for r in logged if r.get("event") == "tool_call.sent_again"]
     assert sent_again == {"ask": [(target, "decided_approve")], "resend": [(target, "safe_to_repeat")]}.get(
         str(point.resume), [])
 
     rows = {r["tool"]: r for r in ledger_rows(env, conversation)}
-    assert {t: len(ran(t.removeprefix("tools__"))) for t in arguments} == {
-        t: point.ran if t == target else 1 for t in arguments
-    }
+    assert {t: len(ran(t)) for t in arguments} == {t: point.ran if t == target else 1 for t in arguments}
     # Every execution with its call's one key, whatever the attempt.
-    assert {t: set(ran(t.removeprefix("tools__"))) for t in rows} == {t: {r["key"]} for t, r in rows.items()}
+    assert {t: set(ran(t)) for t in rows} == {t: {r["key"]} for t, r in rows.items()}
+    if point.task:  # the last task ran to its end once, and the ledger knows it so
+        assert rows[target]["task_state"] == "completed"
+        assert task_endings(env.tools_log, rows[target]["task_id"]) == ["done"]
     attempts = {t: point.attempts if t == target else 1 for t in arguments}
     assert {t: (r["state"], r["attempt"]) for t, r in rows.items()} == {
         t: ("done", n) for t, n in attempts.items()
@@ -259,7 +294,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "tool", "assistant"]
     results = {m["toolCallId"]: m["content"] for m in messages if m["role"] == "tool"}
     assert results == {ids["tools__echo"]: name, ids["tools__add"]: str(2 + len(name)),
-                       ids["tools__slow"]: f"slept {SLOW_SECONDS}s"}
+                       ids[third[0]]: f"done: {name}" if point.task else f"slept {SLOW_SECONDS}s"}
     assert messages[-1]["content"] == f"Three calls made ({name})."
     assert detail["resumable"] is False and detail["resumePlan"] is None
     # Both exports say how often each call was sent, with which key.
@@ -279,7 +314,38 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
     assert moved["sophos_tool_calls_repeated_total:decided"] == (point.resume == "ask")
     assert moved["sophos_tool_calls_repeated_total:safe_to_repeat"] == (point.resume == "resend")
     assert moved["sophos_tool_calls_total:answered"] >= (point.resume == "answer")
+    assert moved[FROM_TASK] == (point.resume == "task")
     assert database_integrity(env) == "ok"
     for worker in workers:
         worker.kill()
+    SPENT[matrix.engine] = SPENT.get(matrix.engine, 0.0) + time.monotonic() - began
+
+
+def test_a_worker_stopped_past_shutdown_timeout_cancels_the_task_it_follows(
+    matrix: ToolStack, start_worker: Callable[..., ServiceProcess], model: FakeOllama
+) -> None:
+    """SIGTERM while a call made as an MCP task works, and the step does not end within
+    ``SHUTDOWN_TIMEOUT``: the worker ends the run ``interrupted`` and the cut wait cancels the task on
+    its server (worker/tools/tasks.py), which stops the tool. One engine: the cancel is the MCP
+    session's, the same on both, and the matrix stays cheap."""
+    if matrix.engine != "sqlite":
+        pytest.skip("the task's cancel does not touch the engine: SQLite only, to keep the matrix cheap")
+    began = time.monotonic()
+    env, api = matrix.env, matrix.api
+    model.script(ToolCalls([("tasks__long", {"seconds": 30, "text": "stopped"})]), Text("never"))
+    worker = start_worker(env.with_(SHUTDOWN_TIMEOUT=1))
+    conversation, run = accepted(api, "a task the worker stops for")
+    task_id = wait_for(lambda: next((r["task_id"] for r in ledger_rows(env, conversation) if r["task_id"]),
+                                    None), timeout=30, message="the call made as a task")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert "worker.runs_abandoned" in worker.log_text()
+    wait_for(lambda: task_endings(env.tools_log, task_id) == ["cancelled"], timeout=10,
+             message="the task cancelled on its server")
+    info = get_json(api, f"/api/runs/{run}")
+    assert info["status"] == "interrupted" and "SHUTDOWN_TIMEOUT" in info["error"]["message"], info
+    # The cancel's answer is recorded before the worker exits (a second cancel of the wait, arq's
+    # after the run's, once let the worker exit first: the row still said working).
+    rows = ledger_rows(env, conversation)
+    assert [(r["state"], r["task_state"]) for r in rows] == [("intent", "cancelled")]
     SPENT[matrix.engine] = SPENT.get(matrix.engine, 0.0) + time.monotonic() - began

@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv

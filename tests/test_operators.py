@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from shared.redis.keys import cancel_key
@@ -30,6 +29,7 @@ from tests.support.client import (
     wait_for_async,
 )
 from tests.support.env import SophosEnv
+from tests.support.metrics import Scrape, fetch, parse
 
 RUNNING_TIMEOUT = 20.0
 
@@ -61,18 +61,11 @@ def wait_status(api_url: str, run_id: str, status: str, timeout: float = RUNNING
     return info
 
 
-def metrics(api_url: str, token: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics``, parsed by prometheus-client's own parser."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
-        response = http.get("/metrics", headers=headers)
-    assert response.status_code == 200, response.text
+def metrics(api_url: str, token: str | None = None) -> Scrape:
+    """Every sample of ``/metrics`` (tests/support/metrics.py), scraped as text/plain."""
+    response = fetch(api_url, token)
     assert response.headers["content-type"].startswith("text/plain")
-    samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
+    return parse(response.text)
 
 
 def worker_check(env: SophosEnv) -> subprocess.CompletedProcess[str]:

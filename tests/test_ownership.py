@@ -13,6 +13,7 @@ and on PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import Callable
@@ -21,9 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import ClientSession, types
+from mcp.client.streamable_http import streamable_http_client
 
 from shared.contracts.protocol import ASSISTANT_ID
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import read_sse
 from tests.support.env import SophosEnv
 from tests.support.procs import ServiceProcess
@@ -48,6 +51,10 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
         {"role": "user", "content": "hi"}]}},
     ("POST", "/threads/{thread_id}/runs/wait"): {"assistant_id": "agent", "input": {"messages": [
         {"role": "user", "content": "hi"}]}},
+    # threads.stream: a run started on a thread id (the SDK mints it), the thread's events
+    ("POST", "/threads/{thread_id}/commands"): {"id": 1, "method": "run.start", "params": {
+        "assistant_id": "agent", "input": {"messages": [{"role": "user", "content": "hi"}]}}},
+    ("POST", "/threads/{thread_id}/stream/events"): {"channels": ["lifecycle", "values", "messages"]},
     ("POST", "/threads/{thread_id}/runs/crons"): {
         "assistant_id": "agent", "schedule": "0 0 1 1 *",
         "input": {"messages": [{"role": "user", "content": "hi"}]}},
@@ -78,11 +85,15 @@ QUERIES: dict[tuple[str, str], dict[str, str]] = {
 #: routes that are everyone's to read (no user's resource behind them)
 PUBLIC = {"/api/healthz", "/ok", "/info", "/api/readyz", "/api/agent", "/api/whoami", "/api/signin"}
 OPERATOR_ONLY = {"/metrics"}
-#: routes served only to refuse what they name (docs/agent-protocol.md, "Not served yet"): 404
-#: for everyone, Alice too
-REFUSED = {("GET", "/threads/{thread_id}/stream")}
+#: routes whose answer to Alice never ends (a thread's stream follows it until its client
+#: leaves): Bob's answers are compared, Alice's own is not read
+ENDLESS = {("GET", "/threads/{thread_id}/stream"), ("POST", "/threads/{thread_id}/stream/events")}
 #: routes that create what they name: a free id is the caller's to take
-CREATES = {("POST", "/threads")}
+CREATES = {("POST", "/threads"), ("POST", "/threads/{thread_id}/commands")}
+#: served, and not in the document: /mcp is one JSON-RPC endpoint (MCP over Streamable HTTP,
+#: api/protocol/mcp.py), not routes the walk could ask; its tools and a call on another user's
+#: thread are asked below, with the real MCP client (tests/test_mcp_server.py tests the rest)
+NOT_IN_DOCUMENT = {"/mcp"}
 
 
 @dataclass
@@ -123,7 +134,24 @@ def routes(url: str, key: str) -> list[tuple[str, str]]:
     found = [(m.upper(), p) for p, ops in document["paths"].items() for m in ops
              if m in ("get", "post", "put", "patch", "delete")]
     assert len(found) > 40, found  # the whole app, native and Agent Protocol
+    assert not NOT_IN_DOCUMENT & set(document["paths"]), "now in the document: walk it, or say why not"
     return found
+
+
+def mcp_text(result: types.CallToolResult) -> str:
+    return " ".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+async def over_mcp(url: str, key: str, thread_id: str) -> tuple[set[str], str, str]:
+    """Through /mcp: the caller's tools, and a call on ``thread_id`` and on a thread nobody has."""
+    http = httpx.AsyncClient(headers={"authorization": f"Bearer {key}"}, timeout=httpx.Timeout(30, read=300))
+    async with http, streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        tools = {t.name for t in (await session.list_tools()).tools}
+        theirs = await session.call_tool("agent", {"message": "mine now", "thread_id": thread_id})
+        nowhere = await session.call_tool("agent", {"message": "mine now", "thread_id": str(uuid.uuid4())})
+    return tools, mcp_text(theirs), mcp_text(nowhere)
 
 
 def test_another_users_resources_are_absent_on_every_route(
@@ -216,10 +244,20 @@ def test_another_users_resources_are_absent_on_every_route(
         assert seen == unknown, (key, "Bob told Alice's apart from nothing", seen, unknown)
         # A refusal, or a filter that found nothing of his (GET /api/runs?conversation=…).
         assert seen[0] in (400, 404, 422) or not [s for s in secrets if s in answer.text], (key, seen)
-        if method == "GET" and key not in REFUSED:
+        if method == "GET" and key not in ENDLESS:
             assert request(alice, mine).status_code != 404, (key, "Alice could not find her own")
         checked += 1
     assert checked >= 20, checked
+
+    # /mcp (not in the document): Alice's assistant is no tool of Bob's, and her thread is as
+    # absent to his call as a thread nobody has; Alice finds both hers.
+    tools, hers, nobodys = asyncio.run(over_mcp(url, bob_key, thread_id))
+    assert tools == {"agent", "bob_s_own"} and hers.startswith("NOT_FOUND")  # his, made by the walk
+    assert hers.replace(thread_id, "T") == re.sub(r"[0-9a-f-]{36}", "T", nobodys)
+    assert not [s for s in secrets if s in hers.replace(thread_id, "")]
+    model.script(Text("Alice's own answer."))
+    tools, own, _ = asyncio.run(over_mcp(url, alice_key, thread_id))
+    assert tools == {"agent", "alice_s_secret_helper"} and own == "Alice's own answer."
 
     # Alice's assistant runs nothing of Bob's; the default is everyone's.
     bob_thread = bob.ask("POST", "/threads", body={}).json()["thread_id"]

@@ -159,7 +159,9 @@ def test_the_launcher_installs_the_test_extras_only_for_test(tmp_path: Path) -> 
         done = subprocess.run([str(checkout / "sophos"), *args], env=env, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        locked = [line for line in log.read_text().splitlines() if " -m pip install" in line
+        # The launcher installs with uv (``python -m uv pip install``), else with pip.
+        locked = [line for line in log.read_text().splitlines()
+                  if (" -m pip install" in line or " -m uv pip install" in line)
                   and "-c requirements.lock " in line]
         return done.stderr, [line.split("-c requirements.lock ", 1)[1] for line in locked]
 

@@ -7,6 +7,7 @@ recorded ``interrupted`` by a live worker within the lease plus one pass (a thir
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 import uuid
@@ -16,12 +17,14 @@ import psycopg
 import pytest
 from redis.asyncio import Redis
 
+from api.store import WAITING_COUNT_SQL
 from shared.contracts.jobs import JobKind, RunJob
 from shared.redis.keys import ACTIVE_RUNS, arq_in_progress_key, waiting_key
 from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage.engines import open_checkpointer, open_database
-from shared.storage.thread import reader_graph
+from shared.storage.postgres import migrate
+from shared.storage.threads.state import reader_graph
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import (
     chat,
@@ -166,6 +169,50 @@ def test_a_worker_paused_past_its_lease_writes_nothing_when_it_continues(
     assert resumed in started_runs(other) + started_runs(paused)
 
 
+async def test_a_worker_paused_inside_a_transaction_does_not_hold_the_takeover_past_its_lease(
+    sophos_env: SophosEnv,
+) -> None:
+    """A worker stopped between a write and its commit (SIGSTOP, a frozen VM) holds that write's
+    row locks; its lease renewal locks the run's row, so the worker taking the lapsed run over
+    waited on it for as long as the pause lasted (CI met it: the paused-worker test above timed
+    out with the run still ``running``). The server ends a worker's transaction left idle past
+    the lease (shared/storage/postgres.py), and the takeover goes on. The paused worker here is
+    this test: a worker's own store, its renewal's statement sent and never committed."""
+    settings = Settings.from_env(sophos_env)
+    await migrate(sophos_env["DATABASE_URL"])
+    paused = RunStore(await open_database(settings, max_size=2), owner=new_worker_id(), lease_seconds=LEASE)
+    other = RunStore(await open_database(settings, max_size=2), owner=new_worker_id(), lease_seconds=LEASE)
+    job = RunJob(
+        run_id=str(uuid.uuid4()), conversation_id=str(uuid.uuid4()), kind=JobKind.RUN,
+        message="paused mid-write", enqueued_at=time.time(),
+    )
+    try:
+        assert await paused.start_run(job) is None
+        written, go_on = asyncio.Event(), asyncio.Event()
+
+        async def renew_then_pause() -> None:
+            async with paused.db.transaction() as tx:
+                await tx.execute("UPDATE runs SET lease_expires = lease_expires WHERE id = ?", (job.run_id,))
+                written.set()
+                await go_on.wait()  # paused: its commit comes after the takeover
+
+        async def lapsed() -> bool:
+            return any(r.id == job.run_id for r in await other.lapsed_runs())
+
+        pause = asyncio.create_task(renew_then_pause())
+        await asyncio.wait_for(written.wait(), timeout=10)
+        await wait_for_async(lapsed, timeout=LEASE * 3, message="the lease lapsing")
+        assert await asyncio.wait_for(other.take_over(job.run_id), timeout=LEASE * 3)
+        go_on.set()
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):  # the server ended it
+            await pause
+        rows = await other.db.fetchall("SELECT lease_owner FROM runs WHERE id = ?", (job.run_id,))
+        assert rows == [(other.owner,)]
+    finally:
+        await paused.close()
+        await other.close()
+
+
 def test_a_worker_starting_leaves_a_live_workers_runs_alone(
     sophos_env: SophosEnv, start_worker, start_api, model: FakeOllama
 ) -> None:
@@ -230,3 +277,33 @@ async def test_a_worker_dying_just_after_it_takes_a_waiting_runs_turn_leaves_the
     run = get_json(url, f"/api/runs/{job.run_id}")
     assert run["status"] == "failed" and run["error"]["code"] == "INTERRUPTED", run
     assert read_sse(url, conversation)[-1].data["status"] == "completed"
+
+
+def test_counting_the_conversations_waiting_reads_no_conversation_it_does_not_count(
+    sophos_env: SophosEnv,
+) -> None:
+    """A /metrics scrape counts the conversations waiting for a decision. On a store that grew
+    since PostgreSQL last gathered statistics (a bulk load, figure 24's 100,000 conversations), a
+    join let the planner hash every conversation for it; the count's subquery reads one row per
+    waiting run whatever the statistics say. The tables are the columns the count reads (in a
+    schema of the test's own: the application's indexes would make the load slow), freshly loaded,
+    never analyzed."""
+    with psycopg.connect(sophos_env["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA grown")
+        conn.execute("SET search_path TO grown")
+        conn.execute("CREATE TABLE conversations (id TEXT PRIMARY KEY, last_run_id TEXT)")
+        conn.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, conversation_id TEXT, status TEXT)")
+        conn.execute("CREATE INDEX runs_by_status ON runs(status)")
+        conn.execute(
+            "INSERT INTO conversations SELECT 'c' || g, 'r' || g || '-4' FROM generate_series(1, 100000) g"
+        )
+        conn.execute(
+            "INSERT INTO runs SELECT 'r' || g || '-' || k, 'c' || g,"
+            " CASE WHEN g % 1000 = 0 AND k = 4 THEN 'waiting' ELSE 'completed' END"
+            " FROM generate_series(1, 100000) g, generate_series(0, 4) k"
+        )
+        sql = WAITING_COUNT_SQL.replace("?", "%s")
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {sql}", ("waiting",)).fetchall())
+        count = conn.execute(sql, ("waiting",)).fetchone()
+    assert "Seq Scan on conversations" not in plan, plan
+    assert count == (100,)

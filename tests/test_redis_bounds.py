@@ -113,7 +113,7 @@ BOUNDED: dict[str, tuple[str, Callable[[redis_sync.Redis], bool]]] = {
         lambda r: r.llen(WAKE_LIST) <= WAKE_LIST_BOUND,
     ),
     OWNERS_TAKEN: (
-        "one field per user a worker took a run of (the fair order, worker/fair.py): as many as "
+        "one field per user a worker took a run of (the fair order, worker/queue/fair.py): as many as "
         "there are users; here the one local user",
         lambda r: set(r.hkeys(OWNERS_TAKEN)) <= {"local"},
     ),

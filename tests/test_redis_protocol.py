@@ -1,7 +1,7 @@
 """One home for the Redis protocol (issue 11, part 7): scripts by SHA, one terminal event shape.
 
 Real worker, API and Redis. Every script the service runs is registered once per
-Redis client (shared/redis/scripts.py) and sent as ``EVALSHA``; a Redis whose
+Redis client (shared/redis/scripts/) and sent as ``EVALSHA``; a Redis whose
 script cache was emptied (``SCRIPT FLUSH``, as a restart does) is served by
 redis-py loading the script again, alone or inside a pipeline. The terminal
 event, whichever of its producers wrote it (the worker, the cancel script, the

@@ -22,27 +22,30 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis as redis_sync
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
-from tests.support.client import SseEvents, get_json, read_sse, tool_calls, tool_log, wait_for
-from tests.support.env import TOOLS_SERVER, SophosEnv, make_sophos_env, mcp_servers
-from tests.support.faults import accepted, call_counters, ledger_rows, recorded_after_crash
-from tests.support.ports import free_port
-from tests.support.procs import ProcessGroup, ServiceProcess
+from tests.support.client import get_json, read_sse, tool_calls, tool_log, wait_for
+from tests.support.env import SophosEnv, stdio_tools
+from tests.support.faults import (
+    accepted,
+    asked_calls,
+    call_counters,
+    decide,
+    ledger_rows,
+    recorded_after_crash,
+)
+from tests.support.procs import ServiceProcess
 from tests.support.redis_server import RedisServer
+from tests.support.tool_servers import RemoteTools, server_alone
+from tests.support.tool_stacks import ToolStack, tool_stack
 from worker.tools.config import load_config
-from worker.tools.ledger import sending
+from worker.tools.ledger.attempt import sending
 from worker.tools.mcp import McpServer
 
 pytestmark = [pytest.mark.fault]
@@ -53,106 +56,31 @@ CALL_TIMEOUT = 3
 ACTS = {"slow": False, "vanish": False}  # safeToRepeat: calls of these act
 
 
-class RemoteTools:
-    """The fake tools server over Streamable HTTP, in a process of its own (not the worker's)."""
-
-    def __init__(self, env: SophosEnv, log: Path) -> None:
-        self.port = free_port()
-        self.env, self.log = env, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self, *transport: str) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, str(TOOLS_SERVER), "--http", str(self.port), *transport],
-                env={**self.env, "TOOLS_TOKEN": SECRET, "TOOLS_LOG": str(self.env.tools_log)},
-                stdout=out, stderr=out,
-            )
-
-        def listening() -> bool:
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", self.port)) == 0
-
-        wait_for(listening, timeout=20, message="the remote tools server listening")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-
-@dataclass
-class Remote:
-    env: SophosEnv
-    group: ProcessGroup
-    server: RemoteTools
-    engine: str
-    worker: ServiceProcess | None = None
-
-    @property
-    def api(self) -> str:
-        return self.env.api_url
-
-    def logs(self) -> str:
-        """Everything the worker and the API wrote."""
-        return "".join(p.read_text(errors="replace") for p in self.group.log_dir.glob("*") if p.is_file())
+def _servers(env: SophosEnv, remote: RemoteTools) -> dict[str, Any]:
+    return {
+        "tools": {**stdio_tools(env), "safeToRepeat": ACTS},
+        "remote": {"url": remote.url, "headers": {"Authorization": "Bearer ${REMOTE_TOOLS_TOKEN}"},
+                   "safeToRepeat": ACTS},
+    }
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def remote(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer,
     fake_ollama: FakeOllama,
-) -> Iterator[Remote]:
+) -> Iterator[ToolStack]:
     root = tmp_path_factory.mktemp(f"remote-{request.param}")
-    env = make_sophos_env(root, redis_url=redis_server.url, ollama_url=fake_ollama.url, api_port=free_port())
-    env = env.with_(MCP_CALL_TIMEOUT=CALL_TIMEOUT, REMOTE_TOOLS_TOKEN=SECRET)
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_server").create_database()
-        env = env.with_(DATABASE_URL=url, RUN_LEASE_SECONDS=3)
-    server = RemoteTools(env, root / "remote-tools.log")
-    stdio = mcp_servers(env.tools_log, root)["mcpServers"]["tools"]  # type: ignore[index]
-    env.write_mcp_config({"mcpServers": {
-        "tools": {**stdio, "safeToRepeat": ACTS},
-        "remote": {"url": server.url, "headers": {"Authorization": "Bearer ${REMOTE_TOOLS_TOKEN}"},
-                   "safeToRepeat": ACTS},
-    }})
-    with redis_sync.Redis.from_url(redis_server.url) as client:
-        client.flushall()
-    group = ProcessGroup(log_dir=root / "logs", cwd=root)
-    server.start()
-    try:
-        stack = Remote(env, group, server, request.param)
-        stack.worker = group.start_worker(env)
-        group.start_api(env)
+    with tool_stack(request, root, redis_server.url, fake_ollama.url, _servers, token=SECRET,
+                    MCP_CALL_TIMEOUT=CALL_TIMEOUT, REMOTE_TOOLS_TOKEN=SECRET) as stack:
         yield stack
-    finally:
-        group.close()
-        server.stop()
 
 
 def _remote_runs(env: SophosEnv, tool: str) -> list[dict[str, Any]]:
     return [e for e in tool_calls(env.tools_log, tool) if e.get("remote")]
 
 
-def _decide(api: str, conversation: str, decisions: list[dict[str, str]]) -> SseEvents:
-    with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
-        decided = http.post("/api/chat", json={"conversation": conversation, "decisions": decisions})
-    assert decided.status_code == 202, decided.text
-    return read_sse(api, conversation)
-
-
-def _asked(events: SseEvents) -> dict[str, dict[str, Any]]:
-    """The approval event's requests by tool name; the run ended waiting."""
-    assert events.types[-2:] == ["approval", "end"] and events[-1].data["status"] == "waiting", events.types
-    return {r["name"]: r for r in events.of("approval")[0].data["requests"]}
-
-
 def test_a_remote_call_completes_with_its_key_and_its_token_is_written_nowhere(
-    remote: Remote, model: FakeOllama,
+    remote: ToolStack, model: FakeOllama,
 ) -> None:
     api = remote.api
     ready = get_json(api, "/api/readyz")
@@ -184,21 +112,21 @@ def test_a_remote_call_completes_with_its_key_and_its_token_is_written_nowhere(
 
 
 def test_calls_whose_answer_did_not_come_are_uncertain_for_stdio_and_remote_servers_alike(
-    remote: Remote, model: FakeOllama,
+    remote: ToolStack, model: FakeOllama,
 ) -> None:
     api, env = remote.api, remote.env
     # Timed out: both calls outlast MCP_CALL_TIMEOUT.
     model.script(ToolCalls([("remote__slow", {"seconds": 8}), ("tools__slow", {"seconds": 8})]),
                  Text("noted"))
     conversation, _ = accepted(api, "two calls that will not answer in time")
-    asked = _asked(read_sse(api, conversation))
+    asked = asked_calls(read_sse(api, conversation))
     assert {n: (r["kind"], r["attempts"]) for n, r in asked.items()} == {
         "remote__slow": ("uncertain", 1), "tools__slow": ("uncertain", 1),
     }
     # The model was told nothing yet: no tool message, no second call under a new id.
     detail = get_json(api, f"/api/conversations/{conversation}")
     assert not [m for m in detail["messages"] if m["role"] == "tool"] and model.calls == 1
-    events = _decide(api, conversation, [{"id": r["id"], "action": "reject"} for r in asked.values()])
+    events = decide(api, conversation, [{"id": r["id"], "action": "reject"} for r in asked.values()])
     assert events[-1].data["status"] == "completed"
     told = [m for m in get_json(api, f"/api/conversations/{conversation}")["messages"] if m["role"] == "tool"]
     assert len(told) == 2 and all("may or may not have taken effect" in m["content"] for m in told)
@@ -209,7 +137,7 @@ def test_calls_whose_answer_did_not_come_are_uncertain_for_stdio_and_remote_serv
     # is cut; noticed within MCP_CALL_TIMEOUT, mcp's HTTP client dropping a cut stream silently).
     model.script(ToolCalls([("tools__vanish", {}), ("remote__vanish", {})]), Text("gone, noted"))
     accepted(api, "two servers that die mid-call", conversation)
-    asked = _asked(read_sse(api, conversation))
+    asked = asked_calls(read_sse(api, conversation))
     assert {n: r["kind"] for n, r in asked.items()} == {
         "tools__vanish": "uncertain", "remote__vanish": "uncertain",
     }
@@ -217,7 +145,7 @@ def test_calls_whose_answer_did_not_come_are_uncertain_for_stdio_and_remote_serv
     assert (rows["tools__vanish"]["state"], rows["remote__vanish"]["state"]) == ("intent", "intent")
     remote.server.stop()
     remote.server.start()  # the same address: the worker reconnects on its own
-    events = _decide(api, conversation, [{"id": r["id"], "action": "reject"} for r in asked.values()])
+    events = decide(api, conversation, [{"id": r["id"], "action": "reject"} for r in asked.values()])
     assert events[-1].data["status"] == "completed"
     assert len(tool_calls(env.tools_log, "vanish")) == 2  # each sent once, never again
 
@@ -230,7 +158,7 @@ def test_calls_whose_answer_did_not_come_are_uncertain_for_stdio_and_remote_serv
 
 
 def test_a_worker_killed_while_a_remote_call_runs_is_asked_about_and_sent_again_with_its_key(
-    remote: Remote, model: FakeOllama, start_worker: Callable[..., ServiceProcess],
+    remote: ToolStack, model: FakeOllama, start_worker: Callable[..., ServiceProcess],
 ) -> None:
     api, env = remote.api, remote.env
     before = len(_remote_runs(env, "slow"))
@@ -253,9 +181,9 @@ def test_a_worker_killed_while_a_remote_call_runs_is_asked_about_and_sent_again_
              timeout=10, message="the remote call finished on its server")
 
     accepted(api, conversation=conversation, resume=True)
-    asked = _asked(read_sse(api, conversation))
+    asked = asked_calls(read_sse(api, conversation))
     assert asked["remote__slow"]["kind"] == "uncertain" and len(_remote_runs(env, "slow")) == before + 1
-    events = _decide(api, conversation, [{"id": asked["remote__slow"]["id"], "action": "approve"}])
+    events = decide(api, conversation, [{"id": asked["remote__slow"]["id"], "action": "approve"}])
     assert events[-1].data["status"] == "completed" and events.text == "slept far away"
     [row] = [r for r in ledger_rows(env, conversation) if r["tool"] == "remote__slow"]
     ran = [e["key"] for e in _remote_runs(env, "slow")[before:]]
@@ -268,10 +196,7 @@ def test_a_worker_killed_while_a_remote_call_runs_is_asked_about_and_sent_again_
 async def test_the_older_sse_transport_is_spoken_too(tmp_path: Path) -> None:
     """``"transport": "sse"``: the same tools, the token sent, the key in ``_meta`` (no worker: the
     session alone, against the server in its own process)."""
-    env = make_sophos_env(tmp_path, redis_url="redis://unused", ollama_url="http://unused", api_port=0)
-    server = RemoteTools(env, tmp_path / "sse-tools.log")
-    server.start("--sse")
-    try:
+    with server_alone(tmp_path, "--sse", token=SECRET) as server:
         path = tmp_path / "mcp.json"
         path.write_text(json.dumps({"mcpServers": {"old": {
             "url": f"http://127.0.0.1:{server.port}/sse", "transport": "sse",
@@ -289,12 +214,10 @@ async def test_the_older_sse_transport_is_spoken_too(tmp_path: Path) -> None:
                     assert "401" in (old.error or "") and token not in (old.error or "")
             finally:
                 await old.shutdown()
-        assert tool_calls(env.tools_log, "echo") == [
+        assert tool_calls(server.env.tools_log, "echo") == [
             {"tool": "echo", "args": {"text": "over sse"}, "pid": server.process.pid,  # type: ignore[union-attr]
              "key": "key-sse", "remote": True},
         ]
-    finally:
-        server.stop()
 
 
 async def test_a_server_that_restarted_and_forgot_the_session_gets_the_refused_call_once_more(
@@ -303,10 +226,7 @@ async def test_a_server_that_restarted_and_forgot_the_session_gets_the_refused_c
     """A Streamable HTTP server restarted between two calls answers 404 for the old session: that
     request never ran, so it goes once more on a new session, and runs once (no worker: the
     session alone)."""
-    env = make_sophos_env(tmp_path, redis_url="redis://unused", ollama_url="http://unused", api_port=0)
-    server = RemoteTools(env, tmp_path / "http-tools.log")
-    server.start()
-    try:
+    with server_alone(tmp_path, token=SECRET) as server:
         path = tmp_path / "mcp.json"
         path.write_text(json.dumps({"mcpServers": {"far": {
             "url": server.url, "headers": {"Authorization": "Bearer ${TOKEN}"},
@@ -322,8 +242,6 @@ async def test_a_server_that_restarted_and_forgot_the_session_gets_the_refused_c
             assert attempt.unanswered is None and far.session is not first
         finally:
             await far.shutdown()
-        assert [(e["args"], e["key"]) for e in tool_calls(env.tools_log, "echo")] == [
+        assert [(e["args"], e["key"]) for e in tool_calls(server.env.tools_log, "echo")] == [
             ({"text": "again"}, "key-after-restart"),
         ]
-    finally:
-        server.stop()

@@ -21,7 +21,9 @@ from mcp.shared.exceptions import McpError
 from mcp_server_fetch import server as upstream
 
 from shared.model_probe import ModelState, describe, probe, probe_sync
-from shared.settings import Settings, SettingsError, redact_url
+from shared.redaction import redact_url
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from tests.support.client import get_json, post_chat, read_sse
 from tests.support.env import SophosEnv
 from tests.support.listeners import Listeners, loopback_listeners

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from tests.support.env import SophosEnv
 from tests.support.procs import ServiceProcess
 
@@ -20,6 +21,9 @@ def test_defaults_and_overrides() -> None:
     assert s.approval_timeout is None and Settings.from_env({"APPROVAL_TIMEOUT": "90"}).approval_timeout == 90
     assert s.worker_concurrency == 1
     assert Settings.from_env({"WORKER_CONCURRENCY": "4"}).worker_concurrency == 4
+    assert s.empty_thread_retention_minutes == 1440 and s.user_max_empty_threads == 1000
+    few = Settings.from_env({"EMPTY_THREAD_RETENTION_MINUTES": "0.5", "USER_MAX_EMPTY_THREADS": "3"})
+    assert few.empty_thread_retention_minutes == 0.5 and few.user_max_empty_threads == 3
 
 
 def test_database_url_picks_postgresql_and_hides_its_password() -> None:
@@ -53,6 +57,11 @@ def test_database_url_picks_postgresql_and_hides_its_password() -> None:
         ("APPROVAL_TIMEOUT", "nan"),
         ("CONVERSATION_RETENTION_DAYS", "-3"),
         ("CONVERSATION_RETENTION_DAYS", "forever"),
+        ("CHECKPOINT_PRUNE", "all"),
+        ("MESSAGES_SNAPSHOT_EVERY", "0"),
+        ("EMPTY_THREAD_RETENTION_MINUTES", "0"),
+        ("EMPTY_THREAD_RETENTION_MINUTES", "a day"),
+        ("USER_MAX_EMPTY_THREADS", "-1"),
         ("EVENT_LOOP", "trio"),
         ("REDIS_PARSER", "resp3"),
         ("JSON_CODEC", "orjson"),

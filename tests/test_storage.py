@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 
 from shared.contracts.codec import dumps
 from shared.redis.keys import events_key
-from shared.storage.thread import reader_graph
+from shared.storage.threads.state import reader_graph
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, read_sse, tool_calls
 from tests.support.env import SYSTEM_PROMPT, SophosEnv

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from shared.contracts.webhooks import enqueue_delivery, webhook_job_id
 from shared.redis.keys import QUEUE_NAME, arq_job_key, protocol_run_key
 from tests.fakes.ollama import FakeOllama, Hang, Text
+from tests.support.agent_protocol import said
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.stacks import Stack, own_redis_stack
@@ -118,10 +119,6 @@ def shared_stack(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOlla
 async def client(shared_stack: Stack) -> AsyncIterator[LangGraphClient]:
     async with get_client(url=shared_stack.api) as sdk:
         yield sdk
-
-
-def said(text: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": text}]}
 
 
 def a_path() -> str:

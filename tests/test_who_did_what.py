@@ -54,7 +54,8 @@ def test_an_operator_cancelling_a_users_running_run_is_recorded(
         hang.wait_started(TIMEOUT)
 
         answer = ask(url, root, "POST", f"/api/runs/{run_id}/cancel")
-        assert answer.status_code == 202, answer.text
+        # 202: asked of the running run; 200: it had ended, cancelled, by the time the answer was made.
+        assert answer.status_code in (200, 202), answer.text
         ended = wait_for(lambda: (r := run_of(url, alice, run_id))["status"] == "cancelled" and r,
                          TIMEOUT, message="the run recorded cancelled")
     finally:

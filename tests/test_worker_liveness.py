@@ -18,27 +18,16 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis as redis_sync
-from prometheus_client.parser import text_string_to_metric_families
 
 from shared.redis.keys import WORKER_HEARTBEAT, WORKERS, worker_heartbeat_key
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import get_json, wait_for
 from tests.support.env import SophosEnv
+from tests.support.metrics import gauge
 from tests.support.procs import ServiceProcess
 from worker.resources import HEARTBEAT_TTL
 
 ELSEWHERE = "elsewhere:4242:0badbeef"
-
-
-def workers_metric(api_url: str) -> float | None:
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
-        response = http.get("/metrics")
-    assert response.status_code == 200, response.text
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name == "sophos_workers":
-                return float(sample.value)
-    return None
 
 
 def worker_check(env: SophosEnv) -> subprocess.CompletedProcess[str]:
@@ -78,7 +67,7 @@ class TestTwoWorkersOnPostgres:
     ) -> None:
         first, second = start_worker(sophos_env), start_worker(sophos_env)
         api = start_api(sophos_env).url
-        wait_for(lambda: workers_metric(api) == 2, timeout=20, message="sophos_workers 2")
+        wait_for(lambda: gauge(api, "sophos_workers") == 2, timeout=20, message="sophos_workers 2")
         info = wait_for(lambda: (w := get_json(api, "/api/runs")["worker"])["count"] == 2 and w,
                         message="two workers in /api/runs")
         assert info["alive"] is True and info["pid"] in (first.pid, second.pid)
@@ -106,7 +95,7 @@ class TestTwoWorkersOnPostgres:
         assert client.zrange(WORKERS, 0, -1) == [beats[1]["id"]]
         # The aggregate older readers know still tells of a live worker: the second.
         assert json.loads(client.get(WORKER_HEARTBEAT) or "{}")["pid"] == second.pid
-        assert workers_metric(api) == 1
+        assert gauge(api, "sophos_workers") == 1
         info = get_json(api, "/api/runs")["worker"]
         assert info["count"] == 1 and info["alive"] is True and info["pid"] == second.pid
         alive = worker_check(sophos_env)
@@ -139,7 +128,7 @@ def test_check_tells_of_this_hosts_worker_not_one_elsewhere(
     assert alive.stdout.startswith("worker alive") and f"pid {worker.pid}" in alive.stdout
     assert "4242" not in alive.stdout
     api = start_api(sophos_env).url
-    wait_for(lambda: workers_metric(api) == 2, message="sophos_workers 2 (one of them elsewhere)")
+    wait_for(lambda: gauge(api, "sophos_workers") == 2, message="sophos_workers 2 (one of them elsewhere)")
 
     # Stopping, the worker removes its own heartbeat and nothing of the other's.
     beat_elsewhere(client)
@@ -151,7 +140,7 @@ def test_check_tells_of_this_hosts_worker_not_one_elsewhere(
     assert client.get(worker_heartbeat_key(ELSEWHERE)) is not None
     # The aggregate held the stopped worker's beat: it is handed to the live one.
     assert json.loads(client.get(WORKER_HEARTBEAT) or "{}")["id"] == ELSEWHERE
-    assert workers_metric(api) == 1
+    assert gauge(api, "sophos_workers") == 1
     assert worker_check(sophos_env).returncode == 1
 
 
@@ -166,7 +155,7 @@ def test_one_worker_stopping_is_seen_at_once(
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.log_tail()
     assert readyz_status(api) == 503
-    assert workers_metric(api) == 0
+    assert gauge(api, "sophos_workers") == 0
     info = get_json(api, "/api/runs")["worker"]
     assert info["alive"] is False and info["count"] == 0 and info["pid"] == worker.pid
     assert client.zcard(WORKERS) == 0 and client.get(WORKER_HEARTBEAT) is None

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 
 if TYPE_CHECKING:
     from arq.connections import RedisSettings
 
     from shared.speedups import Speedups
+    from worker.queue.wakeup import WakeableWorker
     from worker.run.stopping import LiveRuns
-    from worker.wakeup import WakeableWorker
 
 
 #: How long ending the runs a drain could not stop may take (a database write and a Redis script each).
@@ -96,7 +97,7 @@ def _arq_worker(settings: Settings, speedups: Speedups, ctx: dict[str, object]) 
     from shared.contracts.codec import dumps, loads
     from shared.redis.keys import QUEUE_NAME
     from worker.jobs import functions, on_shutdown, on_startup
-    from worker.wakeup import WakeableWorker
+    from worker.queue.wakeup import WakeableWorker
 
     return WakeableWorker(
         functions=functions(settings),

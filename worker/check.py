@@ -20,7 +20,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.redis.liveness import Beat, Liveness, read_liveness
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 from shared.storage.schema import iso_from_timestamp
 
 CONNECT_SECONDS = 3.0

@@ -6,7 +6,7 @@ writes), so the fault tests have the worker stop itself there. The worker has th
 points, each empty unless a test fills it: a class mixed in before the checkpoint saver
 (outermost: shared/storage/engines.py ``open_checkpointer``), a callback after each commit
 of a tool call's outcome, and an awaitable at each point of a call's way through the ledger
-(worker/tools/ledger.py ``Ledger``).
+(worker/tools/ledger/calls.py ``Ledger``).
 
 The hooks themselves are test code (tests/support/fault_hooks.py, which the installed
 package does not hold). :func:`load` imports them only when a ``SOPHOS_FAULT_*`` setting asks
@@ -37,8 +37,8 @@ class Faults:
     checkpoint: type | None = None
     #: the ledger's: called after each commit of a tool call's outcome
     after_outcome: Callable[[], None] | None = None
-    #: the ledger's: ``hold(point, tool)`` awaited before a call's intent, after it, and
-    #: before its outcome's commit
+    #: the ledger's: ``hold(point, tool)`` awaited before a call's intent, after it, before each
+    #: commit of its MCP task's state (the first: the task's id), and before its outcome's commit
     hold: Callable[[str, str], Awaitable[None]] | None = None
 
 

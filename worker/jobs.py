@@ -14,7 +14,14 @@ from arq.worker import Function
 from shared import tracing
 from shared.contracts.assistants import ASSISTANT_WRITE_FUNCTION
 from shared.contracts.crons import CRON_CREATE_FUNCTION, CRON_DELETE_FUNCTION, CRON_UPDATE_FUNCTION
-from shared.contracts.jobs import COPY_FUNCTION, DELETE_FUNCTION, JOB_FUNCTION, RENAME_FUNCTION, RunJob
+from shared.contracts.jobs import (
+    COPY_FUNCTION,
+    DELETE_FUNCTION,
+    JOB_FUNCTION,
+    PRUNE_FUNCTION,
+    RENAME_FUNCTION,
+    RunJob,
+)
 from shared.contracts.runs import RunStatus
 from shared.contracts.webhooks import WEBHOOK_FUNCTION
 from shared.settings import Settings
@@ -22,10 +29,11 @@ from worker.entry import entry_point
 from worker.resources import worker_resources
 from worker.run.service import RunService
 from worker.run.turns import TURN_TRIES, take_turn
-from worker.schedule.crons import cron_create_job, cron_delete_job, cron_update_job
+from worker.schedule.crons.jobs import cron_create_job, cron_delete_job, cron_update_job
 from worker.schedule.webhooks import SPARE_TRIES, WebhookDelivery, deliver_webhook
 from worker.upkeep.assistants import assistant_write_job
 from worker.upkeep.deletion import delete_job
+from worker.upkeep.pruning import prune_job
 from worker.upkeep.renaming import rename_job
 from worker.upkeep.threadcopy import copy_job
 
@@ -70,6 +78,7 @@ def functions(settings: Settings) -> list[Function]:
         func(delete_job, name=DELETE_FUNCTION),
         func(rename_job, name=RENAME_FUNCTION),
         func(copy_job, name=COPY_FUNCTION),
+        func(prune_job, name=PRUNE_FUNCTION),
         # Retried by arq (Retry with a backoff) up to WEBHOOK_ATTEMPTS; the spare tries let a job
         # started again after a kill record its failure (worker/schedule/webhooks.py).
         func(deliver_webhook, name=WEBHOOK_FUNCTION, max_tries=settings.webhook_attempts + SPARE_TRIES),

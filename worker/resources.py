@@ -42,12 +42,14 @@ from worker.run.leases import Leases
 from worker.run.outcomes import UnrecordedOutcomes
 from worker.run.recovery import reconcile, recover
 from worker.run.service import RunService
-from worker.schedule.crons import CronTicker
+from worker.schedule.crons.ticker import CronTicker
 from worker.schedule.deadlines import ApprovalDeadlines
 from worker.store import RunStore
-from worker.tools.ledger import Ledger
+from worker.tools.ledger.calls import Ledger
 from worker.tools.mcp import McpToolbox, load_config
 from worker.tools.policy import load_approvals, load_repeat
+from worker.upkeep.expiry import ThreadExpiry
+from worker.upkeep.pruning import Pruning
 from worker.upkeep.retention import Retention
 from worker.upkeep.sweep import ClaimSweep
 
@@ -182,6 +184,7 @@ def _agent(
         model_calls=ModelCalls(redis),
         models=lambda name: build_model(settings, name),
         store=items,
+        snapshot_frequency=settings.messages_snapshot_every,
     )
     return graph, ledger
 
@@ -191,14 +194,18 @@ async def _recover_and_watch(
     saver: BaseCheckpointSaver[Any],
 ) -> int:
     """End what a dead worker left (worker/run/recovery.py), then start the loops that keep
-    watching: the sweep (with the approval deadlines and the retention), the crons' ticker and, on
-    PostgreSQL, the leases. How many runs were recovered."""
+    watching: the sweep (with the approval deadlines, the retention, the threads' expiry and the
+    checkpoint pruning), the crons' ticker and, on PostgreSQL, the leases. How many runs were
+    recovered."""
     store, ending = service.store, service.ending
     also: list[Callable[[], Awaitable[object]]] = []
     if settings.approval_timeout is not None:
         also.append(ApprovalDeadlines(store.db, service.graph, redis, settings.approval_timeout).once)
     if settings.conversation_retention_days is not None:
         also.append(Retention(store.db, redis, settings.conversation_retention_days).once)
+    if settings.checkpoint_prune == "latest":
+        also.append(Pruning(store.db, saver, redis).once)
+    also.append(ThreadExpiry(store.db, redis).once)
     sweep = ClaimSweep(
         redis, store,
         executing=lambda: set(service.live), event_retention=settings.event_retention, also=also,

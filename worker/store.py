@@ -1,6 +1,6 @@
 """The worker's writes to the application tables (conversations, runs), on either engine.
 
-(The ledger of tool calls writes its own table, worker/tools/ledger.py; its rows are deleted here
+(The ledger of tool calls writes its own table, worker/tools/ledger/records.py; its rows are deleted here
 with their conversation.)
 
 Written once against :class:`shared.storage.Database` (SQLite's writer connection, or a
@@ -18,12 +18,12 @@ from shared.contracts.runs import RunStatus
 from shared.redis.liveness import new_worker_id
 from shared.settings import Settings
 from shared.storage import Database, is_database_unavailable
-from shared.storage.branch import branch_head
 from shared.storage.engines import open_database
 from shared.storage.leases import NOW, LeaseLost
 from shared.storage.rows import RUN_COLUMNS, Breakdown, RunRow, title_of
 from shared.storage.schema import iso_from_timestamp, now_iso
 from shared.storage.sqlite import connect, end_failed_transaction
+from shared.storage.threads.branch import branch_head
 
 __all__ = ["RunRow", "RunStore", "connect", "end_failed_transaction", "is_database_unavailable"]
 
@@ -192,13 +192,13 @@ class RunStore:
             )
 
     async def delete_conversation(self, conversation_id: str) -> list[str]:
-        """Delete the conversation's row, its runs' and its tool calls' (the ledger, worker/tools/ledger.py)
+        """Delete the conversation's row, its runs' and its tool calls' (worker/tools/ledger/)
         in one transaction; return those runs' ids."""
         async with self.db.transaction() as tx:
             rows = await tx.fetchall("SELECT id FROM runs WHERE conversation_id = ?", (conversation_id,))
             run_ids = [str(row[0]) for row in rows]
             await tx.execute("DELETE FROM tool_calls WHERE conversation_id = ?", (conversation_id,))
-            # Its crons go with it: none fires on a thread that is gone (worker/schedule/crons.py).
+            # Its crons go with it: none fires on a thread that is gone (worker/schedule/crons/).
             await tx.execute("DELETE FROM crons WHERE thread_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM runs WHERE conversation_id = ?", (conversation_id,))
             await tx.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -51,7 +52,7 @@ class _Key:
 
 
 class OidcVerifier:
-    def __init__(self, settings: Settings, http: httpx.AsyncClient) -> None:
+    def __init__(self, settings: Settings, http: Callable[[], httpx.AsyncClient]) -> None:
         if settings.auth_oidc_issuer is None or settings.auth_oidc_audience is None:
             raise ValueError("AUTH_OIDC_ISSUER and AUTH_OIDC_AUDIENCE are needed")
         self.issuer = settings.auth_oidc_issuer
@@ -157,7 +158,7 @@ class OidcVerifier:
         log.info("oidc.keys_fetched", issuer=self.issuer, keys=len(keys))
 
     async def _get_json(self, url: str) -> dict[str, Any]:
-        answer = await self.http.get(url, timeout=FETCH_TIMEOUT, follow_redirects=False)
+        answer = await self.http().get(url, timeout=FETCH_TIMEOUT, follow_redirects=False)
         answer.raise_for_status()
         data = answer.json()
         if not isinstance(data, dict):

@@ -47,6 +47,12 @@ def owner_for_new() -> str:
     return caller().name
 
 
+def active_run_limit(user_limit: int) -> int:
+    """How many runs the caller may have queued or running at once (DESIGN.md "Fair shares"):
+    ``user_limit`` for a user; 0, no limit, for an operator, whose runs are counted, not limited."""
+    return 0 if caller().operator else user_limit
+
+
 def store_namespace(namespace: Sequence[str]) -> tuple[str, ...]:
     """The Store's namespace as stored: the caller's own label, then what the caller names.
 

@@ -20,14 +20,15 @@ from shared.errors import BadRequest
 
 if TYPE_CHECKING:  # read by a reader process; the API's main process never loads LangGraph
     from langchain_core.runnables import RunnableConfig
-    from langgraph.pregel import Pregel
+
+    from shared.storage.threads.snapshot import ThreadStates
 
 
 def pending_requests(
-    graph: Pregel[Any, Any, Any, Any], config: RunnableConfig
+    graph: ThreadStates, config: RunnableConfig
 ) -> list[dict[str, Any]] | None:
     """The tool calls waiting for a decision, or None when none wait (picklable: a reader runs it)."""
-    from shared.storage.thread import interrupt_requests
+    from shared.storage.threads.interrupts import interrupt_requests
 
     return interrupt_requests(graph.get_state(config))
 

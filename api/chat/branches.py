@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING, Any
 from api.chat.schemas import ActingCall, Alternative, Branch
 from api.conversations.ledger_view import LedgerRow
 from api.conversations.schemas import CheckpointLine, Message
-from api.conversations.transcript import lines_of, shown, thread_messages, to_message
+from api.conversations.transcript import lines_along, lines_of, shown, thread_messages, to_message
 from shared.contracts.events import text_of
-from shared.storage import branch
+from shared.storage.threads import branch
 
 # LangGraph and langchain are imported by the functions that run in a reader process: the
 # API's main process, which only names them, never loads either (api/store.py).
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
     from langchain_core.runnables import RunnableConfig
-    from langgraph.pregel import Pregel
 
-    Graph = Pregel[Any, Any, Any, Any]
+    from shared.storage.threads.snapshot import ThreadStates
+
+    Graph = ThreadStates
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,18 +189,46 @@ def current(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[Me
 
 
 def lines(forked: bool, graph: Graph, config: RunnableConfig) -> tuple[list[CheckpointLine], list[Fork]]:
-    """The JSON Lines export of the current branch (oldest first), and its fork points."""
+    """The JSON Lines export of the current branch (oldest first), and its fork points.
+
+    Read oldest first, each checkpoint's messages moved on from its parent's by the writes that
+    made it (:func:`shared.storage.threads.history.path`): linear in the thread's length, but for
+    the saver's decoding of the full copies of the messages it stored (bench figure 24). A graph
+    other than the reader's (:class:`ThreadStates`) is read as :func:`lines_by_states` reads it.
+    """
+    # It imports LangGraph: here.
+    from shared.storage.threads import history
+    from shared.storage.threads.snapshot import ThreadStates
+
+    if not isinstance(graph, ThreadStates):
+        return lines_by_states(forked, graph, config)
     if not forked:  # one branch: the whole history
-        return lines_of(graph.get_state_history(thread_at(config))), []
+        return lines_along(history.path(graph, thread_at(config))), []
+    tree = _tree(graph, config)
+    if tree is None:
+        return [], []
+    return lines_along(history.path(graph, thread_at(config), set(tree.path))), _forks(graph, config, tree)
+
+
+def lines_by_states(
+    forked: bool, graph: Graph, config: RunnableConfig
+) -> tuple[list[CheckpointLine], list[Fork]]:
+    """:func:`lines` as each state of the history built whole gives it (its time quadratic in the
+    thread's length: bench figure 24): what tests/test_export_lines.py holds :func:`lines` to."""
+    # Newest first, a page at a time, each state rebuilt from its child's (it imports LangGraph: here).
+    from shared.storage.threads import history
+
+    if not forked:  # one branch: the whole history
+        return lines_of(history.states(graph, thread_at(config))), []
     tree = _tree(graph, config)
     if tree is None:
         return [], []
     on_path = set(tree.path)
-    history = (
-        state for state in graph.get_state_history(thread_at(config))
+    on_branch = (
+        state for state in history.states(graph, thread_at(config))
         if state.config["configurable"]["checkpoint_id"] in on_path
     )
-    return lines_of(history), _forks(graph, config, tree)
+    return lines_of(on_branch), _forks(graph, config, tree)
 
 
 def switch_target(message_id: str, graph: Graph, config: RunnableConfig) -> str | None:
@@ -213,8 +242,9 @@ def switch_target(message_id: str, graph: Graph, config: RunnableConfig) -> str 
 
 
 #: why a fork cannot be planned: the message is not on the current branch, is not a user's
-#: message (an edit), or no user message comes before it (a regenerate)
-MISSING, NOT_USER, NO_QUESTION = "missing", "not-user", "no-question"
+#: message (an edit), no user message comes before it (a regenerate), or the checkpoints before
+#: it were pruned (shared/storage/threads/pruning.py: it is older than what its branch keeps)
+MISSING, NOT_USER, NO_QUESTION, PRUNED = "missing", "not-user", "no-question", "pruned"
 
 
 def plan(message_id: str, edit: bool, graph: Graph, config: RunnableConfig) -> Plan | str:
@@ -250,7 +280,9 @@ def plan(message_id: str, edit: bool, graph: Graph, config: RunnableConfig) -> P
     if any(m.id == asked.id for m in _applied(graph, config, first)):
         fork = tree.parent.get(first)  # applied by the checkpoint's own write: fork before it
     if fork is None:
-        return MISSING
+        # Only a pruned thread's first checkpoint holds a message applied: an unpruned thread
+        # begins with the input checkpoint that received its first message.
+        return PRUNED
     base = len(_applied(graph, config, fork))
     # A message that began a branch was received by an input checkpoint forked from another
     # that received the message it replaced: its alternatives fork there, beside it.

@@ -1,6 +1,7 @@
 """A run's Redis Stream relayed as Server-Sent Events.
 
-Entry ``<n>-0`` of ``events_key(run)`` becomes the SSE event with ``id: n``, so a
+Event ``n`` of ``events_key(run)`` (entry ``<n>-0``, or one of the tokens of an entry
+``<first>-<k>``: shared/contracts/events.py) becomes the SSE event with ``id: n``, so a
 client that reconnects with ``Last-Event-ID: n`` (to any API process) gets exactly
 the entries after it: the relay reads from an id, so there is no window between
 "replay" and "subscribe" in which an event could slip by or come twice.
@@ -302,14 +303,17 @@ def _encode(entries: list[Entry], pos: int) -> tuple[bytes, int, int, bool]:
     for entry in entries:
         if entry.n <= pos:
             continue
-        if entry.n > pos + 1:
+        if entry.first > pos + 1:
             # Trimmed before anyone read them, or never published: say so, never skip silently.
-            gap = missed(pos + 1, entry.n - 1, entry.n - 1)
+            gap = missed(pos + 1, entry.first - 1, entry.first - 1)
             parts.append(gap)
             count += 1
-        parts.append(entry.wire)
-        size += len(entry.wire)
-        count += 1
+        # An entry of tokens written together may hold events the client has (a reconnect
+        # inside it): from the one after ``pos``.
+        sent = entry.parts if entry.first > pos else entry.parts[pos + 1 - entry.first:]
+        parts.extend(sent)
+        size += entry.size
+        count += len(sent)
         pos = entry.n
         if entry.terminal:
             return b"".join(parts), pos, count, True

@@ -13,6 +13,7 @@ from litestar.params import HeaderParameter, Parameter, QueryParameter
 from litestar.response import Response, Stream
 
 from api.auth.bearer import BROWSER_REQUESTED
+from api.chat.forks import switch
 from api.chat.relay import Ending, Relay, current_run, parse_last_event_id, run_of_conversation
 from api.chat.schemas import BranchRequest, ChatAccepted, ChatRequest
 from api.http.ids import parse_id
@@ -172,4 +173,4 @@ async def stream_chat(
 async def switch_branch(
     conversation_id: ConversationId, data: BranchRequest, resources: Resources
 ) -> ChatAccepted:
-    return await resources.chat.switch(parse_id(conversation_id, "conversation id"), data.message)
+    return await switch(resources.chat, parse_id(conversation_id, "conversation id"), data.message)

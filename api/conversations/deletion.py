@@ -26,6 +26,7 @@ from api.store import Store
 from shared.contracts.jobs import DeleteJob, delete_claim, is_delete_claim
 from shared.errors import DatabaseUnavailable, NotFound, SessionInProgress
 from shared.redis.keys import ACTIVE_RUNS, deleted_key
+from shared.redis.outcomes import OUTCOME_TTL_SECONDS, awaited
 from shared.redis.queue import submit_delete
 
 log = structlog.get_logger(__name__)
@@ -69,13 +70,12 @@ class Deletions:
         """Wait (bounded) for the worker's outcome of the delete holding ``claim``."""
         key = deleted_key(claim)
         # BLPOP then push back: every request waiting on this delete gets its outcome.
-        reply = await self.redis.blpop([key], timeout=self.wait_seconds)  # type: ignore[misc, arg-type]
-        if reply is None:
+        outcome = await awaited(self.redis, key, self.wait_seconds)
+        if outcome is None:
             return Deleted.ACCEPTED
-        outcome = str(reply[1])
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.lpush(key, outcome)
-            pipe.expire(key, 60)
+            pipe.expire(key, OUTCOME_TTL_SECONDS)
             await pipe.execute()
         if outcome != "deleted":
             raise DatabaseUnavailable(

@@ -21,6 +21,7 @@ from api.store import Store
 from shared.contracts.jobs import TITLE_MAX_CHARS, RenameJob, is_delete_claim
 from shared.errors import DatabaseUnavailable, InvalidTitle, NotFound, SessionInProgress
 from shared.redis.keys import ACTIVE_RUNS, renamed_key
+from shared.redis.outcomes import awaited
 from shared.redis.queue import submit_rename
 
 log = structlog.get_logger(__name__)
@@ -72,10 +73,9 @@ class Renames:
         return cleaned, await self._done(conversation_id, job.job_id)
 
     async def _done(self, conversation_id: str, job_id: str) -> bool:
-        reply = await self.redis.blpop([renamed_key(job_id)], timeout=self.wait_seconds)  # type: ignore[misc, arg-type]
-        if reply is None:
+        outcome = await awaited(self.redis, renamed_key(job_id), self.wait_seconds)
+        if outcome is None:
             return False
-        outcome = str(reply[1])
         if outcome == "gone":
             raise NotFound(f"conversation {conversation_id} was deleted before it was renamed")
         if outcome != "renamed":

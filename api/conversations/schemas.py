@@ -72,13 +72,24 @@ class Approval(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True)
 
 
 class LedgerEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """What the ledger of tool effects knows of a call (worker/tools/ledger.py): ``done`` (its outcome is
+    """What the ledger of tool effects knows of a call (worker/tools/ledger/): ``done`` (its outcome is
     recorded: it is never sent again) or ``intent`` (sent, or about to be, with no outcome: it may
     have run); how many times it was sent; the idempotency key its requests carried."""
 
     state: Literal["intent", "done"]
     attempts: int
     key: str
+    #: the MCP task the call was made as (worker/tools/tasks.py), absent for a plain call
+    task: ToolTask | UnsetType = UNSET
+
+
+class ToolTask(msgspec.Struct, kw_only=True):
+    """The MCP task a call was made as: its id on the tool's server, and the last state the server
+    reported (``working``, ``completed``, ``failed``, ``cancelled``), or ``forgotten`` (the server no
+    longer knew it when a resume asked)."""
+
+    id: str
+    state: str
 
 
 class ToolCall(msgspec.Struct, omit_defaults=True):
@@ -94,11 +105,12 @@ class ToolCall(msgspec.Struct, omit_defaults=True):
 class PlannedCall(msgspec.Struct, kw_only=True):
     """What a resume will do with one call of the turn it continues: ``answer`` it from the ledger
     (it finished), ``send`` it (never sent), ``resend`` it with its key (it may have run, and its
-    tool was safe to repeat), or ``ask`` the user first (it may have run)."""
+    tool was safe to repeat), ``task``: ask its server for the result of the MCP task it was made as
+    (asking the user only if the server forgot the task), or ``ask`` the user first (it may have run)."""
 
     id: str
     name: str
-    action: Literal["answer", "send", "resend", "ask"]
+    action: Literal["answer", "send", "resend", "task", "ask"]
 
 
 class PendingCall(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
@@ -25,14 +25,16 @@ from api.conversations.schemas import (
     ToolCall,
 )
 from shared.contracts.events import text_of
+from shared.contracts.ledger import DONE
 from shared.contracts.runs import APPROVALS_MARK, STOPPED_MARK
-from shared.users import LOCAL_USER
 
 # langchain is imported by the functions that run in a reader process (api/store.py): the API's
 # main process, which formats Markdown here, never loads it.
 if TYPE_CHECKING:
     from langchain_core.messages import AIMessage, BaseMessage
-    from langgraph.types import StateSnapshot
+
+    from shared.storage.threads.history import Read
+    from shared.storage.threads.stand_ins import Snapshot as StateSnapshot
 
 _START = "__start__"
 
@@ -104,7 +106,15 @@ def thread_messages(state: StateSnapshot) -> list[BaseMessage]:
 
     values: Mapping[str, Any] = state.values if isinstance(state.values, Mapping) else {}
     messages = [m for m in values.get("messages") or [] if isinstance(m, BaseMessage)]
-    known = {m.id for m in messages if m.id}
+    return messages + pending_input(state, {m.id for m in messages if m.id})
+
+
+def pending_input(state: StateSnapshot, known: Container[str | None]) -> list[BaseMessage]:
+    """The input ``state``'s ``__start__`` task wrote and no step merged yet: its messages whose
+    id is not ``known`` (the ids of the state's messages)."""
+    from langchain_core.messages import BaseMessage
+
+    messages: list[BaseMessage] = []
     for task in state.tasks:
         written = task.result if task.name == _START and isinstance(task.result, Mapping) else {}
         messages += [
@@ -140,6 +150,60 @@ def lines_of(history: Iterable[StateSnapshot]) -> list[CheckpointLine]:
         lines.append(_line(child, child_messages, {}))
     lines.reverse()
     return lines
+
+
+def lines_along(path: Iterable[Read]) -> list[CheckpointLine]:
+    """The lines :func:`lines_of` makes of the same checkpoints, from a path read oldest first
+    (shared/storage/threads/history.py, :func:`~shared.storage.threads.history.path`), in time
+    linear in its length: a light read's line is made of what its parent's writes set and the
+    input it holds, compared with what its parent held under the same ids; any other read's is
+    made as :func:`lines_of` makes it, from its state and its parent's built whole."""
+    lines: list[CheckpointLine] = []
+    #: the messages of the checkpoint read before, by id: built whole, or (None) its channel's
+    #: and ``pending``, the input it held
+    before: dict[str, BaseMessage] | None = None
+    pending: dict[str, BaseMessage] = {}
+    for read in path:
+        if read.light and read.channel is not None:
+            held = pending_input(read.state, read.channel)
+            if all(m.id for m in held):
+                added = {str(m.id): m for m in held}
+                lines.append(_line(read.state, _changed(read, added, before, pending), {}))
+                before, pending = None, added
+                continue
+        state = read.whole()
+        messages = _messages_by_id(state)
+        parent: Mapping[str, BaseMessage] = {}
+        if read.adjacent:
+            parent = before if before is not None else {**(read.before() or {}), **pending}
+        lines.append(_line(state, messages, parent))
+        before, pending = messages, {}
+    return lines
+
+
+def _changed(
+    read: Read, held: Mapping[str, BaseMessage], before: Mapping[str, BaseMessage] | None,
+    pending: Mapping[str, BaseMessage],
+) -> dict[str, BaseMessage]:
+    """What a light read's checkpoint holds that its parent did not, or held otherwise, in the
+    order of its messages: ``held``, its input, after its channel's. Only what its parent's
+    writes set (``read.written``), its parent's input (``pending``) and its own can differ."""
+    channel, written = read.channel or {}, read.written
+
+    def old(key: str) -> BaseMessage | None:
+        if before is not None:
+            return before.get(key)
+        return pending[key] if key in pending else read.previously(key)
+
+    places = {key: i for i, key in enumerate(held)}
+    keys = [key for key in dict.fromkeys([*written, *pending, *held]) if key in channel or key in places]
+    keys.sort(key=lambda k: (0, read.position[k]) if k in channel else (1, places[k]))
+    changed: dict[str, BaseMessage] = {}
+    for key in keys:
+        new = channel[key] if key in channel else held[key]
+        if (was := old(key)) is None or (was is not new and was != new):
+            changed[key] = new
+    return changed
 
 
 def _parent_id(state: StateSnapshot) -> str | None:
@@ -198,6 +262,10 @@ def _code(text: str) -> str:
 
 
 def _decision(approval: Approval) -> str:
+    # Here, not at the top: shared.users brings shared.settings_parsing, which a reader process has
+    # no other use for (bench figure 16); a transcript with no decision never needs it.
+    from shared.users import LOCAL_USER
+
     reason = f": {approval.message}" if approval.message else ""
     # Named once identities are on; the one user of a service without them stays "the user".
     who = approval.decided_by if approval.decided_by and approval.decided_by != LOCAL_USER else "the user"
@@ -225,7 +293,7 @@ def _forked(branch: Branch) -> str:
 
 def _sent(ledger: LedgerEntry) -> str:
     times = "once" if ledger.attempts == 1 else f"{ledger.attempts} times"
-    told = "its outcome recorded" if ledger.state == "done" else "no outcome recorded: it may have run"
+    told = "its outcome recorded" if ledger.state == DONE else "no outcome recorded: it may have run"
     return f"*Sent {times} (idempotency key {_code(ledger.key)}), {told}.*"
 
 

@@ -22,6 +22,8 @@ def access_log(app: ASGIApp) -> ASGIApp:
             return
         structlog.contextvars.clear_contextvars()
         started = time.perf_counter()
+        # Read now: routing to a mounted app (/mcp) cuts the mount's own path off scope["path"].
+        path = scope.get("path")
         status: int | None = None
         disconnected = False
 
@@ -57,7 +59,7 @@ def access_log(app: ASGIApp) -> ASGIApp:
             log.info(
                 "request",
                 method=scope.get("method"),
-                path=scope.get("path"),
+                path=path,
                 status=status,
                 duration_ms=round((time.perf_counter() - started) * 1000, 1),
                 **fields,

@@ -2,7 +2,7 @@
 
 Rebuilding a thread's messages is pure-Python CPU work (api/store.py ``read_thread``
 says why it cannot run in the API's own process). It runs in a few child processes
-of the API, ``python -m api.http.readers``, each serving one read at a time over a
+of the API, ``python -m api.http.reader_process``, each serving one read at a time over a
 socket. Why not ``concurrent.futures.ProcessPoolExecutor``, as before:
 
 - A read that outlasts its bound, or whose client left, cannot be stopped in a
@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
-import importlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +38,7 @@ from typing import Any, TypeVar
 import anyio
 import structlog
 
+from api.http.reader_process import READY
 from shared.errors import ReadTimedOut
 
 log = structlog.get_logger(__name__)
@@ -49,8 +47,6 @@ T = TypeVar("T")
 
 #: How long a reader may take to start (import LangGraph) before it is given up.
 START_SECONDS = 60.0
-#: Sent by a reader once it has imported what it reads with.
-_READY = "ready"
 
 
 class ReaderFailed(RuntimeError):
@@ -150,9 +146,10 @@ class Readers:
     ``preload``: modules a reader imports before it says it is ready, so that no
     read pays for them. Sized to the load: :meth:`warm` starts one reader ahead of
     the first read; another is started only when a read finds every reader busy;
-    a reader idle for ``idle_seconds`` is stopped. Each holds ~90 MB (LangGraph and
-    what it imports, measured: bench figure 15), so an API whose conversations are
-    not being read holds none, and reads one at a time keep one. A read that
+    a reader idle for ``idle_seconds`` is stopped. Each holds ~50 MB PSS (LangGraph's
+    checkpointer, langchain's messages and what they import; ~75 MB while it loaded LangGraph's
+    graph runtime and the API's service modules: bench figure 16), so an API whose
+    conversations are not being read holds none, and reads one at a time keep one. A read that
     outlasts ``timeout`` seconds (waiting for a reader included) raises
     :class:`ReadTimedOut`; a read cancelled (its client left) or timed out kills its
     reader, and the next read gets a fresh one.
@@ -243,7 +240,7 @@ class Readers:
             # Popen returns once the child is forked and exec'd (milliseconds); the
             # wait for the reader to be ready is below, async.
             popen = subprocess.Popen(  # noqa: ASYNC220
-                [sys.executable, "-m", "api.http.readers", str(theirs.fileno()), str(os.getpid()),
+                [sys.executable, "-m", "api.http.reader_process", str(theirs.fileno()), str(os.getpid()),
                  *self.preload],
                 stdin=subprocess.PIPE,  # the lifeline: only this process holds its writing end
                 pass_fds=(theirs.fileno(),),
@@ -257,7 +254,7 @@ class Readers:
         try:
             with anyio.fail_after(START_SECONDS):
                 ready = await reader.receive()
-            if ready != _READY:
+            if ready != READY:
                 raise ReaderFailed(f"reader process {reader.pid} said {ready!r} instead of ready")
         except BaseException:
             reader.kill()
@@ -370,56 +367,3 @@ class Readers:
             raise value
         result: T = value
         return result
-
-
-# --- the reader process --------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _end_with_parent(parent: int) -> None:
-    """Exit as soon as the API is gone, whatever ended it."""
-    if sys.platform == "linux":
-        # Immediate, even while a read holds the GIL. It fires when the thread that
-        # started us ends, but the API starts readers from its event loop's thread.
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    def watch() -> None:
-        # stdin is the API's pipe: its end (EOF) means the API closed it or died.
-        with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
-        os._exit(0)
-
-    if os.getppid() != parent:  # died before the signal was set
-        os._exit(0)
-    threading.Thread(target=watch, name="lifeline", daemon=True).start()
-
-
-def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
-    """A reader's life: say ready, then answer reads until the API closes the socket."""
-    # Ctrl-C in a terminal reaches the whole process group: the API stops its readers itself.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _end_with_parent(parent)
-    for module in preload:
-        importlib.import_module(module)
-    conn = Connection(fd)
-    conn.send(_READY)
-    while True:
-        try:
-            function, args = conn.recv()
-        except EOFError:
-            return
-        try:
-            reply: tuple[bool, Any] = (True, function(*args))
-        except Exception as exc:
-            reply = (False, exc)
-        try:
-            conn.send(reply)
-        except Exception as exc:  # not picklable
-            conn.send((False, RuntimeError(f"a reader's answer could not be sent: {exc!r}")))
-
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

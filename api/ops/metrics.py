@@ -2,7 +2,8 @@
 
 What every API process agrees on comes from shared state, read at scrape time:
 
-* queue figures from arq's queue in Redis (the same reading as ``/api/runs``);
+* queue figures from the index of queued runs the Redis scripts keep (two ZCARDs: a scrape
+  costs the same at any queue length, api/runs/queue.py);
 * running runs from the ``runs`` table (one count through its status index), and the
   conversations waiting for an approval decision;
 * counters and histograms the worker keeps in Redis (shared/redis/metrics.py): runs
@@ -56,6 +57,7 @@ from shared.redis.metrics import (
     TOOL_CALL,
     TOOL_CALL_OUTCOMES,
     TOOL_CALLS,
+    TOOL_CALLS_FROM_TASK,
     TOOL_CALLS_REPEATED,
     WEBHOOK_DELIVERIES,
     WEBHOOK_OUTCOMES,
@@ -122,7 +124,7 @@ async def gather(resources: Resources) -> Figures:
     try:
         figures.snapshot = read_snapshot(await resources.redis.hgetall(METRICS_KEY))  # type: ignore[misc]
         figures.liveness = await read_liveness(resources.redis)
-        figures.queue = await queue.figures(resources.redis, resources.store.recorded_ids)
+        figures.queue = await queue.figures(resources.redis)
     except (RedisError, OSError, SophosError) as exc:
         log.warning("metrics.source_unavailable", error=str(exc))
     try:
@@ -195,6 +197,12 @@ class SharedStateCollector:
         yield _by_label(
             snapshot, TOOL_CALLS_REPEATED, "Tool calls that may have run sent again after a crash, by reason",
             "reason", REPEAT_REASONS,
+        )
+        yield CounterMetricFamily(
+            TOOL_CALLS_FROM_TASK,
+            "Tool calls made as MCP tasks that a resume after a crash answered from the task's result on"
+            " its server, instead of sending them again or asking",
+            value=snapshot.counter(TOOL_CALLS_FROM_TASK),
         )
         yield CounterMetricFamily(
             MODEL_CALLS_REPEATED,

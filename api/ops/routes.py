@@ -52,7 +52,7 @@ async def healthz() -> Health:
 )
 async def readyz(resources: Resources) -> Ready:
     checks, model = await readiness.check(
-        resources.redis, resources.store, resources.http, resources.settings
+        resources.redis, resources.store, resources.http.get(), resources.settings
     )
     worker = await resources.runs.worker() if checks.redis else None
     missing = checks.missing()

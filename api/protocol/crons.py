@@ -3,7 +3,7 @@
 
 The API never writes the database: a cron is stored, changed and deleted by a worker, through a
 job (``cron_create``, ``cron_update``, ``cron_delete``: shared/contracts/crons.py,
-worker/schedule/crons.py), as a rename is. The
+worker/schedule/crons/), as a rename is. The
 request validates first (a bad schedule, input or parameter is 422 and enqueues nothing), then
 waits up to :data:`CRON_WAIT_SECONDS` for the worker's word; without it the job stays queued,
 and the cron is stored when a worker takes it. Search and the existence check of an update or a
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -26,12 +27,12 @@ from litestar.params import Parameter
 from redis.asyncio import Redis
 
 from api.auth.scope import owner_for_new
-from api.conversations.views import Conversations
 from api.http.ids import new_id, parse_id
 from api.http.openapi import errors
-from api.protocol.run_input import assistant_of, message_of
-from api.protocol.runs import ASSISTANT_ID
-from api.protocol.threads import Threads, thread_id_of
+from api.protocol.runs.input import assistant_of, message_of
+from api.protocol.runs.service import ASSISTANT_ID
+from api.protocol.threads.bodies import thread_id_of
+from api.protocol.threads.service import Threads
 from api.resources import Resources
 from api.store import Store
 from shared.contracts.crons import (
@@ -48,7 +49,7 @@ from shared.contracts.crons import (
     submit_cron_job,
 )
 from shared.errors import BadRequest, DatabaseUnavailable, NotFound
-from shared.storage.schema import iso_from_timestamp
+from shared.redis.outcomes import awaited
 
 log = structlog.get_logger(__name__)
 
@@ -98,13 +99,22 @@ class CronPatch(msgspec.Struct):
     interrupt_after: str | list[str] | None = None
     webhook: str | None = None
     on_run_completed: str | None = None
-    end_time: str | None = None
+    #: left out: kept; null: removed (the SDK sends null for ``end_time=None``)
+    end_time: str | msgspec.UnsetType | None = msgspec.UNSET
     enabled: bool | None = None
     timezone: str | None = None
     stream_mode: str | list[str] | None = None
     stream_subgraphs: bool | None = None
     stream_resumable: bool | None = None
     durability: str | None = None
+
+
+class CronCount(msgspec.Struct):
+    """Body of ``POST /runs/crons/count``."""
+
+    assistant_id: str | None = None
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class CronSearch(msgspec.Struct):
@@ -125,19 +135,41 @@ def _unserved(name: str, detail: str = "") -> BadRequest:
 
 def refuse_unserved(body: CronBody | CronPatch, *, on_thread: bool) -> None:
     """Refuse what a cron of Sophos does not do, naming it, rather than ignore it."""
-    for name in ("config", "context", "interrupt_before", "interrupt_after", "webhook", "end_time"):
+    for name in ("config", "context", "interrupt_before", "interrupt_after", "webhook"):
         if getattr(body, name):
             raise _unserved(name)
     strategy = getattr(body, "multitask_strategy", None)
     if strategy not in (None, "reject"):
         raise _unserved(f"multitask_strategy {strategy!r}", "; a tick on a busy thread is skipped (reject)")
-    if body.on_run_completed is not None and (on_thread or body.on_run_completed != "keep"):
-        raise _unserved(f"on_run_completed {body.on_run_completed!r}", "; each tick's new thread is kept")
+    if body.on_run_completed is not None and on_thread:
+        raise _unserved("on_run_completed on a cron with a thread", "; its ticks run on that thread")
+    if body.on_run_completed not in (None, "delete", "keep"):
+        given = str(body.on_run_completed)[:32]
+        raise BadRequest(f"on_run_completed must be 'delete' or 'keep', not {given!r}")
     modes = [body.stream_mode] if isinstance(body.stream_mode, str) else body.stream_mode or []
     if any(m != "values" for m in modes):
         raise _unserved("stream_mode other than values")
     if body.durability not in (None, "sync"):
         raise _unserved(f"durability {body.durability!r}", "; every step is checkpointed (sync)")
+
+
+def cron_message(value: dict[str, Any] | None) -> str:
+    """A cron's input: one user message (its text), or 422."""
+    message = message_of(value)
+    if message is None:
+        raise BadRequest(
+            "a cron's input must be one user message: {\"messages\": [{\"role\": \"user\", ...}]}"
+        )
+    return message
+
+
+def end_time_of(value: str) -> int:
+    """``end_time`` (an ISO 8601 time; without a zone, UTC) in seconds since the epoch, or 422."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"end_time must be an ISO 8601 date and time, got {str(value)[:40]!r}") from None
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
 
 
 def cron_shape(row: CronRow) -> dict[str, Any]:
@@ -149,14 +181,16 @@ def cron_shape(row: CronRow) -> dict[str, Any]:
         last = {"tick": iso(row.last_tick), "outcome": row.last_outcome, "run_id": row.last_run_id}
     return {
         "cron_id": row.id, "assistant_id": ASSISTANT_ID, "thread_id": row.thread_id,
-        "on_run_completed": None if row.thread_id else "keep", "end_time": None,
+        "on_run_completed": None if row.thread_id else "delete" if row.delete_threads else "keep",
+        "end_time": iso(row.end_time) if row.end_time is not None else None,
         "schedule": schedule.expression, "timezone": schedule.zone,
         "created_at": row.created_at, "updated_at": row.updated_at,
         "payload": {
             "assistant_id": ASSISTANT_ID, "input": {"messages": [{"role": "user", "content": row.message}]},
             "metadata": metadata,
         },
-        "user_id": None, "next_run_date": iso(row.next_tick) if row.enabled else None, "metadata": metadata,
+        "user_id": None, "next_run_date": iso(row.next_run) if row.next_run is not None else None,
+        "metadata": metadata,
         "enabled": row.enabled,
         "fired": row.fired, "skipped": row.skipped, "last_tick": last,
     }
@@ -173,31 +207,24 @@ class Crons:
         assistant_of(body.assistant_id)
         schedule = Schedule.parse(body.schedule, body.timezone)
         refuse_unserved(body, on_thread=thread_id is not None)
-        message = message_of(body.input)
-        if message is None:
-            raise BadRequest(
-                "a cron's input must be one user message: {\"messages\": [{\"role\": \"user\", ...}]}"
-            )
+        message = cron_message(body.input)
+        end_time = end_time_of(body.end_time) if body.end_time is not None else None
         # A cron on a thread is its owner's (an operator may make one on a user's thread).
         owner = (await self.threads.find(thread_id)).owner if thread_id is not None else owner_for_new()
         now = time.time()
         cron_id = new_id()
         job = CronCreate(
             cron_id, thread_id, schedule.text, message, body.metadata or {}, now, f"cron:create:{cron_id}",
-            owner, body.enabled is not False,
+            owner, body.enabled is not False, end_time,
+            # The Agent Server's default: each tick's new thread deleted once its run has ended.
+            delete_threads=thread_id is None and body.on_run_completed != "keep",
         )
         await submit_cron_job(self.redis, CRON_CREATE_FUNCTION, job)
         log.info("cron.create_accepted", cron_id=cron_id, thread_id=thread_id, schedule=schedule.text)
         await self._done(job.job_id, f"create cron {cron_id}")
         stored = await self.store.crons(cron_id=cron_id)
-        if stored:
-            return cron_shape(stored[0])
         # Not taken by a worker yet: what it will store.
-        created = iso_from_timestamp(now)
-        return cron_shape(CronRow(
-            cron_id, thread_id, schedule.text, message, json.dumps(body.metadata or {}), created, created,
-            schedule.next_after(now), 0, 0, None, None, None, owner, job.enabled,
-        ))
+        return cron_shape(stored[0] if stored else CronRow.created(job))
 
     async def update(self, cron_id: str, body: CronPatch) -> dict[str, Any]:
         """Change the cron's schedule, ``enabled`` or run payload (NotFound if there is none); the
@@ -214,16 +241,14 @@ class Crons:
             expression = current.expression if body.schedule is None else body.schedule
             zone = current.zone if body.timezone is None and body.schedule is None else body.timezone
             schedule = Schedule.parse(expression, zone).text
-        message = None
-        if body.input is not None:
-            message = message_of(body.input)
-            if message is None:
-                raise BadRequest(
-                    "a cron's input must be one user message: {\"messages\": [{\"role\": \"user\", ...}]}"
-                )
-        now = time.time()
-        job = CronUpdate(cron_id, f"cron:update:{cron_id}:{new_id()}", now, schedule, message, body.metadata,
-                         body.enabled)
+        message = cron_message(body.input) if body.input is not None else None
+        end_time = body.end_time if isinstance(body.end_time, str) else None
+        job = CronUpdate(
+            cron_id, f"cron:update:{cron_id}:{new_id()}", time.time(), schedule, message, body.metadata,
+            body.enabled, end_time_of(end_time) if end_time is not None else None,
+            clear_end_time=body.end_time is None,
+            delete_threads=None if body.on_run_completed is None else body.on_run_completed == "delete",
+        )
         await submit_cron_job(self.redis, CRON_UPDATE_FUNCTION, job)
         log.info("cron.update_accepted", cron_id=cron_id, schedule=schedule, enabled=body.enabled)
         if await self._done(job.job_id, f"update cron {cron_id}"):
@@ -231,16 +256,7 @@ class Crons:
             if stored:
                 return cron_shape(stored[0])
         # Not taken by a worker yet: what it will store.
-        enabled = cron.enabled if body.enabled is None else body.enabled
-        restart = schedule is not None or (enabled and not cron.enabled)
-        return cron_shape(CronRow(
-            cron.id, cron.thread_id, schedule or cron.schedule, message or cron.message,
-            cron.metadata if body.metadata is None else json.dumps(body.metadata), cron.created_at,
-            iso_from_timestamp(now),
-            Schedule.parse(schedule or cron.schedule).next_after(now) if restart else cron.next_tick,
-            cron.fired, cron.skipped, cron.last_tick, cron.last_outcome, cron.last_run_id, cron.owner,
-            enabled,
-        ))
+        return cron_shape(cron.updated(job))
 
     async def delete(self, cron_id: str) -> bool:
         """Delete the cron (NotFound if there is none); True once the worker has."""
@@ -250,6 +266,14 @@ class Crons:
         job = CronDelete(cron_id, f"cron:delete:{cron_id}:{new_id()}")
         await submit_cron_job(self.redis, CRON_DELETE_FUNCTION, job)
         return await self._done(job.job_id, f"delete cron {cron_id}")
+
+    async def count(self, body: CronCount) -> int:
+        """How many crons match ``assistant_id``, ``thread_id`` and ``metadata``, as a search
+        filters them (up to :data:`SEARCH_MAX`)."""
+        search = CronSearch(
+            assistant_id=body.assistant_id, thread_id=body.thread_id, metadata=body.metadata, limit=SEARCH_MAX
+        )
+        return len(await self.search(search))
 
     async def search(self, body: CronSearch) -> list[dict[str, Any]]:
         if body.select:
@@ -281,18 +305,17 @@ class Crons:
         return [cron_shape(r) for r in rows]
 
     async def _done(self, job_id: str, what: str) -> bool:
-        key = cron_done_key(job_id)
-        reply = await self.redis.blpop([key], timeout=self.wait_seconds)  # type: ignore[misc, arg-type]
-        if reply is None:
+        outcome = await awaited(self.redis, cron_done_key(job_id), self.wait_seconds)
+        if outcome is None:
             return False
-        if str(reply[1]) != "done":
-            raise DatabaseUnavailable(f"the worker could not {what} ({reply[1]}); try again")
+        if outcome != "done":
+            raise DatabaseUnavailable(f"the worker could not {what} ({outcome}); try again")
         return True
 
 
 def _crons(state: State) -> Crons:
     resources: Resources = state.resources
-    threads = Threads(resources.store, resources.redis, Conversations(resources.store, resources.redis))
+    threads = Threads.of(resources)
     return Crons(resources.store, resources.redis, threads)
 
 
@@ -321,6 +344,11 @@ class CronsController(Controller):
           responses=errors(401, 422))
     async def search(self, data: CronSearch, crons: Crons) -> list[dict[str, Any]]:
         return await crons.search(data)
+
+    @post("/runs/crons/count", status_code=200, summary="How many crons match (thread, metadata)",
+          responses=errors(401, 422))
+    async def count(self, data: CronCount, crons: Crons) -> int:
+        return await crons.count(data)
 
     @patch("/runs/crons/{cron_id:str}", status_code=200,
            summary="Change a cron: its schedule, whether it is enabled, its run's input and metadata",

@@ -3,95 +3,59 @@ parse, call the thread or run service, shape the answer (docs/agent-protocol.md)
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import anyio
 import structlog
-from litestar import Controller, Request, Response, delete, get, patch, post
-from litestar.datastructures import State
-from litestar.di import Provide
-from litestar.params import HeaderParameter, Parameter
+from litestar import Controller, Request, Response, WebSocket, delete, get, patch, post, websocket
+from litestar.params import Parameter
 from litestar.response import Stream
 
-from api.chat.routes import SSE_HEADERS, SSE_MEDIA_TYPE
-from api.conversations.views import Conversations
+from api.chat.routes import SSE_MEDIA_TYPE
 from api.http.disconnect import cancel_on_disconnect
 from api.http.limits import FOLLOWS_A_RUN, limit_submissions
 from api.http.openapi import errors
-from api.ops import metrics
-from api.protocol.assistant_routes import AssistantsController
-from api.protocol.copies import Copies
+from api.protocol.answers import (
+    DEPENDENCIES,
+    TAGS,
+    CheckpointId,
+    LastEventId,
+    Limit,
+    Offset,
+    RunIdParam,
+    Select,
+    Subgraphs,
+    ThreadId,
+    locations,
+    no_select,
+    outcome,
+    sse_answer,
+    streamed,
+)
+from api.protocol.assistants.routes import AssistantsController
 from api.protocol.crons import CronsController
-from api.protocol.run_input import RunCreate
-from api.protocol.runs import ASSISTANT_ID, ProtocolRuns
-from api.protocol.state import values_with_interrupts
+from api.protocol.runs.input import RunCreate
+from api.protocol.runs.service import ProtocolRuns
 from api.protocol.store import StoreController
-from api.protocol.stream import ProtocolStream, cancelled_when_left
-from api.protocol.threads import (
+from api.protocol.stream import session
+from api.protocol.stream.session_events import Subscription
+from api.protocol.stream.thread import ThreadStream, thread_after, thread_modes
+from api.protocol.stream.translate import after_id, stream_modes
+from api.protocol.threads import search as thread_search
+from api.protocol.threads.bodies import (
     StateAt,
     ThreadCreate,
     ThreadHistory,
-    Threads,
     ThreadSearch,
     ThreadUpdate,
     thread_id_of,
 )
-from api.protocol.translate import after_id, stream_modes
+from api.protocol.threads.copies import Copies
+from api.protocol.threads.service import Threads
 from api.resources import Resources
-from shared.errors import BadRequest, NotFound
+from shared.errors import BadRequest
 
 log = structlog.get_logger(__name__)
-
-TAGS = ["agent protocol"]
-
-ThreadId = Annotated[str, Parameter(description="The thread's id (a UUID): its conversation's id")]
-RunIdParam = Annotated[str, Parameter(description="The run's id (a UUID)")]
-CheckpointId = Annotated[str, Parameter(description="One of the thread's checkpoints (from its history)")]
-Limit = Annotated[int, Parameter(description="How many to answer at most")]
-Offset = Annotated[int, Parameter(description="How many to skip first")]
-LastEventId = Annotated[
-    str | None,
-    HeaderParameter(
-        name="Last-Event-ID", required=False, description="-1 (the whole run), or an id of this stream"
-    ),
-]
-
-
-Subgraphs = Annotated[bool, Parameter(description="Changes nothing: the agent has no subgraphs")]
-Select = Annotated[list[str] | None, Parameter(required=False, description="Not served: must be left out")]
-
-
-def _no_select(select: list[str] | None) -> None:
-    if select:
-        raise BadRequest("select is not served by Sophos: a state comes whole (docs/agent-protocol.md)")
-
-
-def _threads(state: State) -> Threads:
-    resources: Resources = state.resources
-    return Threads(resources.store, resources.redis, Conversations(resources.store, resources.redis))
-
-
-async def _ended(resources: Resources, thread_id: str, run_id: str) -> None:
-    """Wait for the run's terminal event."""
-    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, ())
-    await stream.open()
-    await stream.outcome()
-
-
-def _protocol_runs(state: State) -> ProtocolRuns:
-    resources: Resources = state.resources
-    return ProtocolRuns(
-        resources.chat, resources.runs, _threads(state), resources.redis, functools.partial(_ended, resources)
-    )
-
-
-DEPENDENCIES = {
-    "threads": Provide(_threads, sync_to_thread=False),
-    "protocol_runs": Provide(_protocol_runs, sync_to_thread=False),
-}
-
 
 class ServerController(Controller):
     tags = TAGS
@@ -127,29 +91,70 @@ class ThreadsController(Controller):
 
     @post("/search", status_code=200, summary="Threads, newest first", responses=errors(401, 422))
     async def search(self, data: ThreadSearch, threads: Threads) -> list[dict[str, Any]]:
-        return await threads.search(data)
+        return await thread_search.search(threads, data)
 
     @post("/count", status_code=200, summary="How many threads match (metadata, status)",
           responses=errors(401, 422))
     async def count(self, data: ThreadSearch, threads: Threads) -> int:
-        return await threads.count(data)
+        return await thread_search.count(threads, data)
 
-    @get("/{thread_id:str}/stream", summary="Not served: a thread's stream (threads.join_stream)",
-         responses=errors(401, 404))
-    async def thread_stream(self, thread_id: ThreadId) -> None:
-        raise NotFound(
-            "threads.join_stream (GET /threads/{id}/stream) is not served by Sophos: join a run's "
-            "stream with runs.join_stream (docs/agent-protocol.md)"
-        )
+    @get("/{thread_id:str}/stream", media_type=SSE_MEDIA_TYPE,
+         summary="A thread's stream (threads.join_stream): each of its runs as they come",
+         responses=errors(401, 404, 422, 429))
+    async def thread_stream(
+        self, thread_id: ThreadId, threads: Threads, protocol_runs: ProtocolRuns, resources: Resources,
+        last_event_id: LastEventId = None,
+        stream_mode: Annotated[
+            list[str] | None,
+            Parameter(required=False, description="run_modes (the default): each run in its own modes"),
+        ] = None,
+    ) -> Stream:
+        tid = thread_id_of(thread_id)
+        thread_modes([m for m in stream_mode or [] if m])
+        after = thread_after(last_event_id)
+        await threads.find(tid)
+        if after is not None:
+            after = (await protocol_runs.check(tid, after[0]), after[1])
 
-    @post(["/{thread_id:str}/commands", "/{thread_id:str}/stream/events"],
-          summary="Not served: the SDK's thread streams (threads.stream)", responses=errors(401, 404))
-    async def thread_commands(self, thread_id: ThreadId) -> None:
-        raise NotFound(
-            "threads.stream (the thread streaming protocol: /threads/{id}/commands and "
-            "/threads/{id}/stream/events) is not served "
-            "by Sophos: stream a run with runs.stream (docs/agent-protocol.md)"
+        async def modes_of(run_id: str) -> tuple[str, ...]:
+            return (await protocol_runs.options(run_id)).stream_mode
+
+        content = ThreadStream(resources, tid, modes_of, after).sse()
+        return sse_answer(content)
+
+    @post("/{thread_id:str}/commands", status_code=200,
+          summary="A command of the SDK's thread streaming session (threads.stream)",
+          responses=errors(401, 404, 409, 422, 429, 503), guards=[limit_submissions])
+    async def thread_command(
+        self, thread_id: ThreadId, data: dict[str, Any], protocol_runs: ProtocolRuns
+    ) -> dict[str, Any]:
+        return await session.command(protocol_runs, thread_id_of(thread_id), data)
+
+    @post("/{thread_id:str}/stream/events", status_code=200, media_type=SSE_MEDIA_TYPE,
+          summary="An event stream of the SDK's thread streaming session (threads.stream), over SSE",
+          responses=errors(401, 404, 422, 429))
+    async def thread_events(
+        self, thread_id: ThreadId, data: dict[str, Any], threads: Threads, protocol_runs: ProtocolRuns,
+        resources: Resources,
+    ) -> Stream:
+        tid = thread_id_of(thread_id)
+        subscription = Subscription.parse(data)
+        await threads.find(tid)
+
+        async def assistant_of(run_id: str) -> str:
+            return (await protocol_runs.options(run_id)).assistant_id
+
+        stream = session.SessionStream(
+            resources, tid, subscription, lambda: session.runs_in_order(protocol_runs, tid), assistant_of
         )
+        content = stream.sse(await stream.first())
+        return sse_answer(content)
+
+    @websocket("/{thread_id:str}/stream/events")
+    async def thread_events_websocket(self, socket: WebSocket[Any, Any, Any]) -> None:
+        # Closed as the SDK reads a refusal (4000 + the status, 404 as the other unserved parts).
+        await socket.accept()
+        await socket.close(code=4404, reason=session.WEBSOCKET_REFUSED)
 
     @get("/{thread_id:str}", summary="A thread, with its values", responses=errors(401, 404, 422))
     async def get_thread(self, thread_id: ThreadId, threads: Threads) -> dict[str, Any]:
@@ -193,7 +198,7 @@ class ThreadsController(Controller):
     async def state(
         self, thread_id: ThreadId, threads: Threads, subgraphs: Subgraphs = False, select: Select = None
     ) -> dict[str, Any]:
-        _no_select(select)
+        no_select(select)
         return await threads.state(thread_id_of(thread_id))
 
     @get("/{thread_id:str}/state/{checkpoint_id:str}", summary="The thread's state at one of its checkpoints",
@@ -202,7 +207,7 @@ class ThreadsController(Controller):
         self, thread_id: ThreadId, checkpoint_id: CheckpointId, threads: Threads,
         subgraphs: Subgraphs = False, select: Select = None,
     ) -> dict[str, Any]:
-        _no_select(select)
+        no_select(select)
         return await threads.state(thread_id_of(thread_id), checkpoint_id)
 
     @post("/{thread_id:str}/state/checkpoint", status_code=200,
@@ -210,35 +215,13 @@ class ThreadsController(Controller):
     async def state_at_checkpoint(
         self, thread_id: ThreadId, data: StateAt, threads: Threads
     ) -> dict[str, Any]:
-        _no_select(data.select)
+        no_select(data.select)
         if data.checkpoint.get("checkpoint_ns"):
             raise BadRequest("checkpoint_ns must be empty: the agent has no subgraphs")
         checkpoint_id = data.checkpoint.get("checkpoint_id")
         if not isinstance(checkpoint_id, str):
             raise BadRequest("checkpoint must carry a checkpoint_id")
         return await threads.state(thread_id_of(thread_id), checkpoint_id)
-
-
-def _locations(thread_id: str, run_id: str, rejoin: str) -> dict[str, str]:
-    run = f"/threads/{thread_id}/runs/{run_id}"
-    return {"Location": f"{run}/{rejoin}", "Content-Location": run}
-
-
-async def _stream(
-    resources: Resources, thread_id: str, run_id: str, modes: tuple[str, ...], after: tuple[int, int],
-    *, metadata: bool, headers: dict[str, str], cancel_on_disconnect: bool = False,
-    then: Callable[[AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None,
-) -> Stream:
-    """The run's stream as an answer; ``then`` wraps its content (what follows it)."""
-    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, modes, after)
-    await stream.open()  # before the answer starts: its errors still get an envelope
-    content = stream.sse(metadata=metadata)
-    if cancel_on_disconnect:
-        content = cancelled_when_left(content, resources, run_id)
-    if then is not None:
-        content = then(content)
-    return Stream(metrics.counted(content), media_type=SSE_MEDIA_TYPE, headers={**SSE_HEADERS, **headers})
-
 
 
 class RunsController(Controller):
@@ -253,7 +236,7 @@ class RunsController(Controller):
     ) -> Response[Any]:
         tid = thread_id_of(thread_id)
         run, _ = await protocol_runs.create(tid, data)
-        return Response(run, headers=_locations(tid, run["run_id"], "stream"))
+        return Response(run, headers=locations(tid, run["run_id"], "stream"))
 
     @post("/stream", status_code=200, media_type=SSE_MEDIA_TYPE,
           summary="Create a run and stream it: metadata, then each stream mode's events, then end",
@@ -263,9 +246,9 @@ class RunsController(Controller):
     ) -> Stream:
         tid = thread_id_of(thread_id)
         run, options = await protocol_runs.create(tid, data, streamed=True)
-        return await _stream(
+        return await streamed(
             resources, tid, run["run_id"], options.stream_mode, (0, -1), metadata=True,
-            headers=_locations(tid, run["run_id"], "stream"),
+            headers=locations(tid, run["run_id"], "stream"),
             cancel_on_disconnect=data.on_disconnect == "cancel",
         )
 
@@ -279,8 +262,8 @@ class RunsController(Controller):
         tid = thread_id_of(thread_id)
         with anyio.CancelScope(shield=True):  # a client that leaves stops the wait, not the creation
             run, _ = await protocol_runs.create(tid, data)
-        body = await _outcome(resources, threads, tid, run["run_id"], errors_as_body=True)
-        return Response(body, headers=_locations(tid, run["run_id"], "join"))
+        body = await outcome(resources, threads, tid, run["run_id"], errors_as_body=True)
+        return Response(body, headers=locations(tid, run["run_id"], "join"))
 
     @get("/", summary="The thread's runs, newest first", responses=errors(401, 404, 422))
     async def list_runs(
@@ -313,7 +296,7 @@ class RunsController(Controller):
         if not wait:
             return Response(None, status_code=202)
         # As the Agent Server: once the run has ended, the thread's values.
-        values = await _outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
+        values = await outcome(resources, threads, tid, run_id.lower(), errors_as_body=False)
         return Response(values, status_code=200)
 
     @get("/{run_id:str}/join", summary="Wait for a run to end; the thread's values",
@@ -325,7 +308,7 @@ class RunsController(Controller):
     ) -> dict[str, Any]:
         tid = thread_id_of(thread_id)
         rid = await protocol_runs.check(tid, run_id)
-        return await _outcome(resources, threads, tid, rid, errors_as_body=False)
+        return await outcome(resources, threads, tid, rid, errors_as_body=False)
 
     @get("/{run_id:str}/stream", media_type=SSE_MEDIA_TYPE,
          summary="Join a run's stream (Last-Event-ID: -1 or none replays it from its start)",
@@ -347,23 +330,10 @@ class RunsController(Controller):
         asked = [m for m in stream_mode or [] if m]
         modes = stream_modes(asked) if asked else (await protocol_runs.options(rid)).stream_mode
         # A join from the start begins with ``metadata``, as the Agent Server's does.
-        return await _stream(
+        return await streamed(
             resources, tid, rid, modes, after, metadata=after == (0, -1), headers={},
             cancel_on_disconnect=cancel_on_disconnect,
         )
-
-
-async def _outcome(
-    resources: Resources, threads: Threads, thread_id: str, run_id: str, *, errors_as_body: bool
-) -> dict[str, Any]:
-    """Wait for the run's end; the thread's values (or, with ``errors_as_body``, the error of a
-    run that ended in error, as the Agent Server's ``runs.wait`` gives it: ``__error__``)."""
-    stream = ProtocolStream(resources, thread_id, run_id, ASSISTANT_ID, ())
-    await stream.open()
-    status, error = await stream.outcome()
-    if errors_as_body and status == "error":
-        return {"__error__": error}
-    return values_with_interrupts(await threads.state(thread_id))
 
 
 ROUTES = [ServerController, AssistantsController, ThreadsController, RunsController, CronsController,

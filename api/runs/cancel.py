@@ -1,6 +1,6 @@
 """``POST /api/runs/{id}/cancel``: a queued run leaves the queue, a running one is cut at once.
 
-**Queued.** One Lua script (shared/redis/scripts.py), so it is all or nothing and races neither arq
+**Queued.** One Lua script (shared/redis/scripts/), so it is all or nothing and races neither arq
 nor a second cancel: if the run is in the queue and arq has not taken it (no in-progress key),
 remove it from the queue, delete its arq job (if arq is just taking it, arq finds no job and drops
 it: the run never starts), free its conversation (or, for a run waiting behind another, take it out

@@ -12,7 +12,7 @@ user's active runs) instead of paging through everyone's.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -20,15 +20,14 @@ from redis.asyncio import Redis
 from shared.redis.keys import (
     ACTIVE_RUNS,
     QUEUE_NAME,
+    QUEUED_BEHIND,
+    QUEUED_READY,
     arq_in_progress_key,
-    run_key,
+    arq_job_key,
     user_runs_key,
     waiting_key,
 )
 from shared.redis.scripts import scripts
-
-#: which of these run ids have a row (whoever owns them): the store's ``recorded_ids``
-Recorded = Callable[[list[str]], Awaitable[set[str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,24 +125,19 @@ class Figures:
     oldest_enqueued_at: float | None
 
 
-async def figures(redis: Redis, recorded: Recorded) -> Figures:
-    """The queue's figures: one pass inside Redis (``QUEUE_FIGURES_LUA``), then the database asked
-    which of the runs a worker holds have started (a few per worker: ``recorded`` gives the ids
-    of those with a row); the others count as queued."""
+#: at most this many runs whose job vanished are pruned from each end of the index per scrape
+PRUNED_PER_SCRAPE = 100
+
+
+async def figures(redis: Redis) -> Figures:
+    """The queue's figures, from the index of queued runs the scripts keep (``QUEUED_READY``,
+    ``QUEUED_BEHIND``): two ZCARDs and the oldest entry, whatever the queue's length."""
     reply = await scripts(redis).queue_figures(
-        keys=[QUEUE_NAME, ACTIVE_RUNS], args=[run_key(""), waiting_key(""), arq_in_progress_key("")]
+        keys=[QUEUED_READY, QUEUED_BEHIND],
+        args=[arq_job_key(""), arq_in_progress_key(""), PRUNED_PER_SCRAPE],
     )
-    count, behind, oldest_raw, *flat = (_text(v) for v in reply)
-    queued, waiting = int(count), int(behind)
-    oldest = float(oldest_raw) if oldest_raw else None
-    held = [(flat[i], flat[i + 1] == "1", float(flat[i + 2])) for i in range(0, len(flat), 3)]
-    started = await recorded([run_id for run_id, _, _ in held]) if held else set()
-    for run_id, is_behind, enqueued_at in held:
-        if run_id in started:
-            continue
-        queued += 1
-        if is_behind:
-            waiting += 1
-        elif enqueued_at > 0 and (oldest is None or enqueued_at < oldest):
-            oldest = enqueued_at
-    return Figures(queued=queued, behind=waiting, oldest_enqueued_at=oldest)
+    count, behind, oldest_ms = (_text(v) for v in reply)
+    return Figures(
+        queued=int(count), behind=int(behind),
+        oldest_enqueued_at=float(oldest_ms) / 1000 if oldest_ms else None,
+    )

@@ -15,7 +15,7 @@ version with the run's overrides: :func:`resolve`) and puts it on the run's job
 (:data:`CONFIG_KEY` in the run's ``configurable``) and records it on the run's checkpoints, so a
 resume continues with the configuration the run had. The API never writes the database: an
 assistant is written by a worker through an ``assistant_write`` job (worker/upkeep/assistants.py)
-and read back by the API (api/protocol/assistants.py).
+and read back by the API (api/protocol/assistants/service.py).
 """
 
 from __future__ import annotations

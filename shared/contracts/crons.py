@@ -2,7 +2,7 @@
 
 What both ends need: the API parses a schedule to refuse a bad one (422) and to say when it
 fires next; the worker stores a cron (a ``cron_create`` job: the API never writes the
-database), deletes one (``cron_delete``) and fires its ticks (worker/schedule/crons.py).
+database), deletes one (``cron_delete``) and fires its ticks (worker/schedule/crons/).
 
 A schedule is a cron expression in UTC: five fields (minute hour day-of-month month
 day-of-week), or six with seconds first (``*/2 * * * * *``: every two seconds), or one of
@@ -16,12 +16,14 @@ saving time included (:meth:`Schedule.parse`).
 
 A tick is the schedule's time that fires, in whole seconds since the epoch. Its run's id is a
 UUID made from the cron and the tick (:func:`tick_run_id`): every worker that would fire the
-same tick names the same run, so a second submission of it is no second run (worker/schedule/crons.py).
+same tick names the same run, so a second submission of it is no second run (worker/schedule/crons/ticks.py).
 """
 
 from __future__ import annotations
 
 import calendar
+import dataclasses
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,8 +36,9 @@ from redis.asyncio import Redis
 
 from shared.errors import BadRequest
 from shared.redis.queue import submit_job
+from shared.storage.schema import iso_from_timestamp
 
-#: the arq functions that store and delete a cron (worker/schedule/crons.py)
+#: the arq functions that store and delete a cron (worker/schedule/crons/jobs.py)
 CRON_CREATE_FUNCTION = "cron_create"
 CRON_DELETE_FUNCTION = "cron_delete"
 CRON_UPDATE_FUNCTION = "cron_update"
@@ -236,6 +239,10 @@ class CronCreate:
     owner: str = "local"
     #: False: stored, and never fired until an update enables it
     enabled: bool = True
+    #: no tick after this (seconds since the epoch) fires; None: none
+    end_time: int | None = None
+    #: ``on_run_completed: delete``: each tick's new thread is deleted once its run has ended
+    delete_threads: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +258,12 @@ class CronUpdate:
     message: str | None = None
     metadata: dict[str, Any] | None = None
     enabled: bool | None = None
+    #: a new ``end_time`` (None: kept, unless ``clear_end_time``)
+    end_time: int | None = None
+    #: True: the cron's ``end_time`` is removed (the SDK's ``end_time=None``)
+    clear_end_time: bool = False
+    #: a new ``on_run_completed`` (True: ``delete``; None: kept)
+    delete_threads: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +288,7 @@ async def submit_cron_job(redis: Redis, function: str, job: CronCreate | CronUpd
 
 CRON_COLUMNS = (
     "id, thread_id, schedule, message, metadata, created_at, updated_at, next_tick,"
-    " fired, skipped, last_tick, last_outcome, last_run_id, owner, enabled"
+    " fired, skipped, last_tick, last_outcome, last_run_id, owner, enabled, end_time, delete_threads"
 )
 
 
@@ -297,11 +310,62 @@ class CronRow:
     owner: str = "local"
     #: False: its ticks do not fire
     enabled: bool = True
+    #: no tick after this (seconds since the epoch) fires; None: none
+    end_time: int | None = None
+    #: ``on_run_completed: delete``: each tick's new thread is deleted once its run has ended
+    delete_threads: bool = False
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> CronRow:
         return cls(
             str(row[0]), row[1], str(row[2]), str(row[3]), str(row[4]), str(row[5]), str(row[6]),
             int(row[7]), int(row[8]), int(row[9]), None if row[10] is None else int(row[10]),
-            row[11], row[12], str(row[13]), bool(row[14]),
+            row[11], row[12], str(row[13]), bool(row[14]), None if row[15] is None else int(row[15]),
+            bool(row[16]),
         )
+
+    # The one home of a cron's next tick: what a create stores, what an update changes, what
+    # follows a tick fired. The worker writes these (worker/schedule/crons/); the API answers
+    # them while a worker has not taken the job yet (api/protocol/crons.py).
+
+    @classmethod
+    def created(cls, job: CronCreate) -> CronRow:
+        """The cron a create stores: its first tick the schedule's first after its creation."""
+        at = iso_from_timestamp(job.created_at)
+        return cls(
+            job.cron_id, job.thread_id, job.schedule, job.message, json.dumps(job.metadata), at, at,
+            Schedule.parse(job.schedule).next_after(job.created_at), 0, 0, None, None, None, job.owner,
+            job.enabled, job.end_time, job.delete_threads,
+        )
+
+    def updated(self, job: CronUpdate) -> CronRow:
+        """The cron once ``job`` changed it. A new schedule, or the cron enabled, fires next at the
+        schedule's first tick after the update: no tick missed while it was disabled fires."""
+        schedule = job.schedule if job.schedule is not None else self.schedule
+        enabled = self.enabled if job.enabled is None else job.enabled
+        restart = job.schedule is not None or (enabled and not self.enabled)
+        end_time = self.end_time if job.end_time is None else job.end_time
+        return dataclasses.replace(
+            self, schedule=schedule, enabled=enabled,
+            message=job.message if job.message is not None else self.message,
+            metadata=self.metadata if job.metadata is None else json.dumps(job.metadata),
+            updated_at=iso_from_timestamp(job.updated_at),
+            next_tick=Schedule.parse(schedule).next_after(job.updated_at) if restart else self.next_tick,
+            end_time=None if job.clear_end_time else end_time,
+            delete_threads=self.delete_threads if job.delete_threads is None else job.delete_threads,
+        )
+
+    def following(self, now: float) -> int:
+        """The tick after the one due (``next_tick``), fired at ``now``: the schedule's first after
+        both (ticks missed meanwhile are not fired one by one)."""
+        return Schedule.parse(self.schedule).next_after(max(now, self.next_tick))
+
+    @property
+    def next_run(self) -> int | None:
+        """The tick it fires next; None: disabled, or past its ``end_time``."""
+        ended = self.end_time is not None and self.next_tick > self.end_time
+        return self.next_tick if self.enabled and not ended else None
+
+
+#: the SQL condition of a cron whose next tick fires (:attr:`CronRow.next_run`), for the tickers
+FIRES = "enabled = 1 AND (end_time IS NULL OR next_tick <= end_time)"

@@ -7,8 +7,16 @@ pauses for an approval publishes ``approval`` just before its ``end``. The worke
 ending (worker/run/ending.py, through :data:`shared.redis.scripts.END_RUN_LUA`), the
 scripts that end a run that never started (the queued cancel, the sweep) and the
 relay that rebuilds an ending from a run's row (api/chat/relay.py) all build these
-shapes from here; the Lua side (``END_LUA`` in shared/redis/scripts.py) builds the
+shapes from here; the Lua side (``END_LUA`` in shared/redis/scripts/ending.py) builds the
 same fields, and tests/test_redis_protocol.py holds every producer to them.
+
+Stream entries (:func:`entry_id`, :func:`entry_span`, :func:`entry_fields`, :func:`entry_events`):
+event ``n`` alone is entry ``n-0`` with fields ``type`` and ``data`` (its JSON). Tokens the worker
+produced within a few milliseconds of each other share one entry (issue 45): tokens ``f``..``f+k``
+are entry ``f-k``, ``type`` ``token``, ``data`` the JSON array of their texts. The entry's first
+number is its first event's id and its sequence counts the events after it, so the stream's ids
+still rise with the events' and a reader finds the entry holding event ``n`` as the last one at or
+before ``n-<max>`` (api/chat/feed.py). Every SSE event keeps its own id ``n``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from shared.contracts.codec import dumps, loads
 from shared.contracts.runs import RunStatus
 
 
@@ -115,3 +124,41 @@ def event_type(event: Terminal | Approval) -> EventType:
 def body(event: Terminal | Approval) -> dict[str, Any]:
     """The event's data, as a JSON object."""
     return msgspec.structs.asdict(event)
+
+
+# --- stream entries ------------------------------------------------------------------------------
+
+#: The largest sequence part of a stream id: ``n-<this>`` is at or after every entry that starts at n.
+ENTRY_SEQ_MAX = 2**64 - 1
+
+
+def entry_id(first: int, count: int = 1) -> str:
+    """The stream id of the entry holding events ``first``..``first + count - 1``."""
+    return f"{first}-{count - 1}"
+
+
+def entry_span(raw: Any) -> tuple[int, int]:
+    """The first and last event id of the entry with stream id ``raw`` (bytes or str)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    first, _, seq = text.partition("-")
+    return int(first), int(first) + int(seq or 0)
+
+
+def entry_fields(type_: EventType, data: list[bytes]) -> dict[str, str | bytes]:
+    """The fields of the entry holding one event, or several ``token`` events (their JSON each)."""
+    if len(data) == 1:
+        return {"type": type_.value, "data": data[0]}
+    if type_ is not EventType.TOKEN:
+        raise ValueError(f"only token events share an entry, not {type_.value}")
+    return {"type": type_.value, "data": b"[" + b",".join(data) + b"]"}
+
+
+def entry_events(raw_id: Any, fields: dict[str, str]) -> list[tuple[int, str, str]]:
+    """The events of one entry as ``(id, type, data JSON)``, in order."""
+    first, last = entry_span(raw_id)
+    type_ = fields.get("type", "")
+    data = fields.get("data", "null")
+    if last == first:
+        return [(first, type_, data)]
+    texts = loads(data)
+    return [(first + i, type_, dumps(text).decode()) for i, text in enumerate(texts)]

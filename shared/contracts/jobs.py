@@ -146,7 +146,7 @@ class CopyJob:
 
     Safe twice: the saver writes a checkpoint (and a write) with the same ids again, and the
     conversation's row is inserted only if missing. It holds no claim: the API refuses a copy
-    while a run holds the source (api/protocol/copies.py).
+    while a run holds the source (api/protocol/threads/copies.py).
     """
 
     source_id: str
@@ -155,3 +155,26 @@ class CopyJob:
     owner: str
     job_id: str
     enqueued_at: float
+
+
+#: The arq function that prunes old checkpoints (``POST /api/checkpoints/prune``, ``sophos prune``).
+PRUNE_FUNCTION = "prune_checkpoints"
+
+
+@dataclass(frozen=True, slots=True)
+class PruneJob:
+    """Payload of a prune job; ``job_id`` (``prune:<uuid>``, the same for each of its batches)
+    names it in arq and in the progress it records (``prune_key``).
+
+    It prunes a batch of conversations after the cursor (``after_updated``, ``after_id``: their
+    ``updated_at`` and id, oldest first), then enqueues itself for the next batch, so runs are
+    taken between batches. Safe twice: pruning a thread again deletes nothing more. It holds no
+    claim: a conversation with a run queued, running or waiting is skipped (worker/upkeep/pruning.py).
+    """
+
+    job_id: str
+    enqueued_at: float
+    after_updated: str = ""
+    after_id: str = ""
+    #: batches done before this one
+    batch: int = 0

@@ -2,7 +2,7 @@
 the protocol's record beside it (``protocol_run_key``), the SDK's ``Run`` shape and a thread's
 ``values``.
 
-The API answers ``runs.get`` with :func:`sdk_run` (api/protocol/runs.py); the worker sends the
+The API answers ``runs.get`` with :func:`sdk_run` (api/protocol/runs/service.py); the worker sends the
 same shape to the run's webhook (worker/schedule/webhooks.py).
 """
 
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from shared.contracts.runs import RunStatus
-from shared.contracts.webhooks import shown
 
 # langchain is imported by values_of, which runs where a thread is read (a reader process, the
 # worker): the API's main process, which imports this module, never loads it (api/store.py).
 if TYPE_CHECKING:
     from langchain_core.messages import BaseMessage
-    from langgraph.types import StateSnapshot
+
+    from shared.storage.threads.stand_ins import Snapshot as StateSnapshot
 
 #: the one graph, and the one assistant's id: fixed, so a client may keep it (a UUID5 of the graph id)
 GRAPH_ID = "agent"
@@ -98,6 +98,10 @@ class RunRecord:
         """The delivery as a run shows it (the URL without its query: it may hold a secret)."""
         if self.webhook is None:
             return None
+        # Here, not at the top: webhooks imports Redis, arq and httpx, which the API's reader
+        # processes (that import this module for ``values_of``) never need (bench figure 16).
+        from shared.contracts.webhooks import shown
+
         return {
             "url": shown(self.webhook), "outcome": self.webhook_outcome or "not_ended",
             "attempts": self.webhook_attempts, "last_status": self.webhook_last_status,

@@ -4,7 +4,7 @@ A run created through the Agent Protocol with ``webhook`` has that URL called on
 run ends, whatever ends it. The API checks the URL when the run is created
 (:meth:`WebhookPolicy.check`: refused, it is a 422 and nothing is enqueued) and keeps it in the
 run's protocol record (``protocol_run_key``). Every script that ends a run in Redis
-(shared/redis/scripts.py) enqueues the delivery job in the same step, when that record has a
+(shared/redis/scripts/) enqueues the delivery job in the same step, when that record has a
 webhook: the worker's ending, the cancel of a queued run and the sweep's drop of a run that
 never started. The job's id is deterministic (:func:`webhook_job_id`) and the record's
 ``webhook_outcome`` is set with HSETNX in the same script, so an ending retried enqueues no
@@ -145,7 +145,7 @@ def hook_keys_args(
     run_id: str, conversation_id: str, now: float | None = None
 ) -> tuple[list[str], list[Any]]:
     """The keys and arguments that every run-ending script takes for ``hook_run``
-    (shared/redis/scripts.py): the run's protocol record, the delivery job's record, the
+    (shared/redis/scripts/): the run's protocol record, the delivery job's record, the
     queue and the wake list; the job's id, its serialized record, its TTL and its score."""
     enqueued = time.time() if now is None else now
     enqueue_ms = int(enqueued * 1000)

@@ -9,6 +9,14 @@ from __future__ import annotations
 import json
 
 QUEUE_NAME = "sophos:queue"
+#: sorted sets run_id -> enqueue time (ms): the runs queued and not yet taken by a worker, what a
+#: ``/metrics`` scrape counts with ZCARD (api/runs/queue.py ``figures``): ``QUEUED_READY`` the runs
+#: waiting for a worker, ``QUEUED_BEHIND`` those waiting behind another run of their conversation
+#: (``waiting_key``). Kept by the scripts that move a run (shared/redis/scripts/
+#: ``QUEUED_INDEX_LUA``): accepted, its turn come, taken, ended. A run whose job vanished otherwise
+#: (arq dropped it, its record expired) is pruned from the oldest end by the scrape.
+QUEUED_READY = "sophos:queued:ready"
+QUEUED_BEHIND = "sophos:queued:behind"
 #: hash conversation_id -> run_id of its queued or running run; HSETNX is the lock
 #: that makes "one run per conversation" atomic across API processes.
 ACTIVE_RUNS = "sophos:active"
@@ -34,7 +42,7 @@ def run_key(run_id: str) -> str:
 
 
 #: Hash: owner -> when (ms) the worker last took one of their runs, what the fair order of the
-#: queue reads (worker/fair.py): the least recently served owner goes first.
+#: queue reads (worker/queue/fair.py): the least recently served owner goes first.
 OWNERS_TAKEN = "sophos:owners-taken"
 
 
@@ -67,6 +75,17 @@ def conversation_deleted_key(conversation_id: str) -> str:
 def events_key(run_id: str) -> str:
     """Redis Stream holding the run's events; entry ids are ``<n>-0``."""
     return f"sophos:events:{run_id}"
+
+
+#: How long an API process's ``feeds_wake_key`` outlives its last wake.
+FEEDS_WAKE_TTL_SECONDS = 3600
+
+
+def feeds_wake_key(process: str) -> str:
+    """Redis Stream of one entry: an API process writes it when it starts watching another run, so
+    that its one blocking ``XREAD`` of every watched run (api/chat/feedreader.py), which reads this
+    stream too, returns and reads the new run as well. Kept ``FEEDS_WAKE_TTL_SECONDS``."""
+    return f"sophos:feeds-wake:{process}"
 
 
 #: key without expiry, rewritten with each heartbeat: the last beat survives the worker
@@ -125,6 +144,12 @@ def cancelled_by(marker: str | bytes | None) -> str | None:
 #: pub/sub channel the API publishes a run's id on, with ``cancel_key``: the worker,
 #: subscribed for its life, cuts the run at once
 CANCEL_CHANNEL = "sophos:cancels"
+
+
+def thread_runs_channel(conversation_id: str) -> str:
+    """Pub/sub channel the submit script publishes each run accepted for the conversation on (its
+    id): a thread's stream (``threads.join_stream``, api/protocol/stream/thread.py) waits on it."""
+    return f"sophos:thread-runs:{conversation_id}"
 def model_call_key(conversation_id: str) -> str:
     """The task id of the conversation's last model call started (worker/agent/model_calls.py)."""
     return f"sophos:model-call:{conversation_id}"
@@ -146,13 +171,25 @@ PROTOCOL_THREADS = "sophos:protocol:threads"
 
 
 def protocol_thread_key(thread_id: str) -> str:
-    """Hash of a thread made by ``POST /threads``: {created_at, metadata (JSON)}.
+    """Hash of a thread made by ``POST /threads``: {created_at, metadata (JSON), owner, and ``ttl``
+    (minutes) when its creator gave one}.
 
     A thread created empty has no conversation until its first run: this record is how it
     exists meanwhile, and where its metadata stays after (the database has no column for it).
     Deleted with its conversation (worker/upkeep/deletion.py) or by ``DELETE /threads/{id}``.
     """
     return f"sophos:protocol:thread:{thread_id}"
+
+
+#: sorted set thread id -> when (ms) the worker looks at whether the thread has expired: a thread
+#: made by ``POST /threads`` with a ``ttl``, or still empty (worker/upkeep/expiry.py)
+PROTOCOL_THREAD_EXPIRY = "sophos:protocol:thread-expiry"
+
+
+def empty_threads_key(owner: str) -> str:
+    """Sorted set of the ids of ``owner``'s threads created empty that have had no run yet
+    (score: creation, ms): what ``USER_MAX_EMPTY_THREADS`` counts (api/protocol/threads/records.py)."""
+    return f"sophos:protocol:empty-threads:{owner}"
 
 
 def protocol_run_key(run_id: str) -> str:
@@ -189,3 +226,14 @@ def copied_key(job_id: str) -> str:
 def renamed_key(job_id: str) -> str:
     """List the worker pushes a rename's outcome to (``renamed``, ``gone`` or ``failed: ...``)."""
     return f"sophos:renamed:{job_id}"
+
+
+#: how long a prune's progress is kept after its last batch
+PRUNE_PROGRESS_TTL_SECONDS = 86_400
+
+
+def prune_key(job_id: str) -> str:
+    """Hash of a prune's progress (worker/upkeep/pruning.py): ``state`` (``running``, ``done`` or
+    ``failed: ...``), ``conversations``, ``skipped``, ``deleted``, ``kept``, ``batches``,
+    ``started_at``, ``finished_at``."""
+    return f"sophos:prune:{job_id}"

@@ -33,18 +33,21 @@ RUNS_FINISHED = "sophos_runs_finished"
 #: conversations deleted because they were idle past CONVERSATION_RETENTION_DAYS (counter)
 CONVERSATIONS_EXPIRED = "sophos_conversations_expired"
 #: crons' ticks by outcome (counter): ``fired`` (its run submitted) or ``skipped`` (the thread was
-#: held by another run, waiting for a decision, or gone); worker/schedule/crons.py
+#: held by another run, waiting for a decision, or gone); worker/schedule/crons/ticks.py
 CRON_TICKS = "sophos_cron_ticks"
 CRON_TICK_OUTCOMES = ("fired", "skipped")
 #: tool calls by outcome (counter): ``success``/``error`` (sent, and answered), ``answered``
 #: (a later attempt answered from the ledger, not sent), ``not_repeated`` (it may have run, and
-#: the user chose not to send it again); worker/tools/ledger.py
+#: the user chose not to send it again); worker/tools/ledger/
 TOOL_CALLS = "sophos_tool_calls"
 TOOL_CALL_OUTCOMES = ("success", "error", "answered", "not_repeated")
 #: tool calls sent again after a crash, by reason (counter): ``safe_to_repeat`` (its tool says so)
 #: or ``decided`` (the user approved or edited it)
 TOOL_CALLS_REPEATED = "sophos_tool_calls_repeated"
 REPEAT_REASONS = ("safe_to_repeat", "decided")
+#: tool calls made as MCP tasks that a resume answered from the task's result on its server, instead
+#: of sending them again or asking (counter; worker/tools/ledger/, worker/tools/tasks.py)
+TOOL_CALLS_FROM_TASK = "sophos_tool_calls_answered_from_task"
 #: model calls a resume made again for a step whose model output, whole or in part, was lost
 #: with the run that crashed before the step's writes were saved (counter; worker/agent/model_calls.py)
 MODEL_CALLS_REPEATED = "sophos_model_calls_repeated"

@@ -35,9 +35,11 @@ from shared.contracts.jobs import (
     COPY_FUNCTION,
     DELETE_FUNCTION,
     JOB_FUNCTION,
+    PRUNE_FUNCTION,
     RENAME_FUNCTION,
     CopyJob,
     DeleteJob,
+    PruneJob,
     RenameJob,
     RunJob,
 )
@@ -179,6 +181,12 @@ async def submit(
     return Submission(holder=value)
 
 
+async def requeued(redis: Redis, run_id: str) -> None:
+    """``run_id``, taken by a worker that died before starting it, is queued again (its in-progress
+    marker deleted): back in the index of queued runs a scrape counts (``INDEX_REQUEUED_LUA``)."""
+    await scripts(redis).index_requeued(keys=[run_key(run_id)], args=[run_id])
+
+
 async def queued_job(redis: Redis, run_id: str) -> RunJob | None:
     """The job of ``run_id`` as arq keeps it (until the job ends), or None (gone, or not a run's)."""
     raw = await redis.get(arq_job_key(run_id))
@@ -314,3 +322,9 @@ async def submit_rename(redis: Redis, job: RenameJob) -> None:
 async def submit_copy(redis: Redis, job: CopyJob) -> None:
     """Enqueue ``job`` and wake the worker, atomically (:func:`submit_job`)."""
     await submit_job(redis, COPY_FUNCTION, job.job_id, job, job.enqueued_at)
+
+
+async def submit_prune(redis: Redis, job: PruneJob) -> None:
+    """Enqueue ``job`` (one batch of a prune) and wake the worker, atomically (:func:`submit_job`).
+    Each batch is its own arq job (``<job_id>:<batch>``): arq keeps a finished job's record."""
+    await submit_job(redis, PRUNE_FUNCTION, f"{job.job_id}:{job.batch}", job, job.enqueued_at)

@@ -22,7 +22,7 @@ Dialect = Literal["sqlite", "postgresql"]
 class CheckpointDecodeError(Exception):
     """The serializer could not decode a stored checkpoint or write (damaged, or refused).
 
-    Raised by the reader processes' serializer (:mod:`.decoding`), caught by the API
+    Raised by the reader processes' serializer (:mod:`.threads.decoding`), caught by the API
     (api/store.py), which must not load LangGraph to name it: so it lives here.
     """
 
@@ -57,7 +57,8 @@ def is_database_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says the database cannot be written now.
 
     SQLite locked past the busy timeout, disk full, I/O errors (``sqlite3.OperationalError``);
-    PostgreSQL unreachable or its connection lost (``psycopg.OperationalError``), or no pool
+    PostgreSQL unreachable or its connection lost (``psycopg.OperationalError``, or the server
+    ending a transaction left idle past a lease: shared/storage/postgres.py), or no pool
     connection in time. Constraint violations and the like are bugs, not unavailability.
     """
     import sqlite3
@@ -65,7 +66,10 @@ def is_database_unavailable(exc: BaseException) -> bool:
     import psycopg
     import psycopg_pool
 
-    unavailable = (sqlite3.OperationalError, psycopg.OperationalError, psycopg_pool.PoolTimeout)
+    unavailable = (
+        sqlite3.OperationalError, psycopg.OperationalError,
+        psycopg.errors.IdleInTransactionSessionTimeout, psycopg_pool.PoolTimeout,
+    )
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

@@ -33,11 +33,14 @@ def single_writer(settings: Settings) -> bool:
 
 async def open_database(settings: Settings, *, max_size: int) -> Database:
     """The application tables, for writing: the SQLite file (migrated here), or a pool of at
-    most ``max_size`` PostgreSQL connections (migrated with the saver: :func:`open_checkpointer`)."""
+    most ``max_size`` PostgreSQL connections (migrated with the saver: :func:`open_checkpointer`)
+    whose transactions left idle past a lease are ended by the server (shared/storage/postgres.py)."""
     if settings.database_url is not None:
         from shared.storage.postgres import PostgresDatabase
 
-        return await PostgresDatabase.open(settings.database_url, max_size=max_size)
+        return await PostgresDatabase.open(
+            settings.database_url, max_size=max_size, idle_in_transaction=settings.run_lease_seconds
+        )
     from shared.storage.sqlite import SqliteDatabase
 
     return await SqliteDatabase.open(settings.database_path)
@@ -76,7 +79,10 @@ async def open_checkpointer(
     if settings.database_url is not None:
         from shared.storage.postgres import FencedPostgresSaver, migrate, open_pool
 
-        pool = await open_pool(settings.database_url, max_size=size, dict_rows=True)
+        pool = await open_pool(
+            settings.database_url, max_size=size, dict_rows=True,
+            idle_in_transaction=settings.run_lease_seconds,
+        )
         try:
             cls = _hooked(FencedPostgresSaver, hooks)
             saver = cls(pool, size=size)

@@ -41,7 +41,7 @@ async def hold_lease(tx: Tx) -> None:
     (``FOR SHARE``) until ``tx`` commits; else :class:`LeaseLost`. No lease set (SQLite, or no
     run): nothing to check.
 
-    The ledger's intent commit (worker/tools/ledger.py) runs it, so a worker that lost its run sends
+    The ledger's intent commit (worker/tools/ledger/records.py) runs it, so a worker that lost its run sends
     no tool call.
     """
     lease = CURRENT_LEASE.get()

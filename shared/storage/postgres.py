@@ -13,7 +13,8 @@ makes that safe is here:
   transaction that first checks the writing run's lease, row-locked (``FOR SHARE``). A
   worker that lost its lease (paused past it, then continued) gets :class:`LeaseLost` and
   writes nothing: the check and the write commit together or not at all, and a worker
-  taking the run over waits for a write in flight to commit first.
+  taking the run over waits for a write in flight to commit first, or for the server to end
+  a transaction its worker left idle longer than a lease (paused mid-write: :func:`open_pool`).
 """
 
 from __future__ import annotations
@@ -48,15 +49,31 @@ def to_pg(sql: str) -> str:
 
 
 async def open_pool(
-    url: str, *, max_size: int, dict_rows: bool = False, wait: float = 30.0
+    url: str, *, max_size: int, dict_rows: bool = False, wait: float = 30.0,
+    idle_in_transaction: float | None = None,
 ) -> AsyncConnectionPool:
-    """A pool of autocommit connections; waits up to ``wait`` seconds for the first one."""
+    """A pool of autocommit connections; waits up to ``wait`` seconds for the first one.
+
+    ``idle_in_transaction``: seconds after which the server ends a session left idle inside a
+    transaction (a worker's pools pass its lease). A worker paused or frozen between a write and
+    its commit holds that write's row locks; a run's lease row is one of them, and the worker
+    taking the lapsed run over would wait on it for as long as the pause lasts. The paused worker
+    has lost its lease by then anyway, so nothing it could still commit is wanted.
+    """
     kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     if dict_rows:
         # What the saver's queries need (it reads rows by column name).
         kwargs.update(prepare_threshold=0, row_factory=dict_row)
+    configure = None
+    if idle_in_transaction is not None:
+        timeout_ms = max(1, round(idle_in_transaction * 1000))
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
+
     pool: AsyncConnectionPool = AsyncConnectionPool(
         url, min_size=1, max_size=max_size, kwargs=kwargs, open=False, timeout=wait,
+        configure=configure,
     )
     await pool.open(wait=True, timeout=wait)
     return pool
@@ -85,8 +102,10 @@ class PostgresDatabase:
         self.pool = pool
 
     @classmethod
-    async def open(cls, url: str, *, max_size: int = 4) -> PostgresDatabase:
-        return cls(await open_pool(url, max_size=max_size))
+    async def open(
+        cls, url: str, *, max_size: int = 4, idle_in_transaction: float | None = None
+    ) -> PostgresDatabase:
+        return cls(await open_pool(url, max_size=max_size, idle_in_transaction=idle_in_transaction))
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:

@@ -27,10 +27,9 @@ Measured facts about read-only connections to a WAL SQLite file, which shape
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,70 +39,17 @@ import aiosqlite
 import anyio
 import structlog
 
-from shared.errors import DatabaseUnavailable
-from shared.storage import Dialect
+from shared.storage.threads.source import ThreadSource, unavailable
 
-# psycopg is imported where PostgreSQL is read, not here: on SQLite the API and each of its
-# reader processes are ~9 MB lighter without it (bench figure 15). LangGraph is imported by
-# ThreadSource.read, in a reader process: the API's main process never loads it.
+# psycopg is imported where PostgreSQL is read, not here: on SQLite the API is ~9 MB lighter
+# without it (bench figure 15). Threads are read in reader processes, through ThreadSource
+# (shared/storage/threads/source.py), which do not import this module.
 if TYPE_CHECKING:
-    from langgraph.checkpoint.base import BaseCheckpointSaver
-    from langgraph.checkpoint.serde.base import SerializerProtocol
     from psycopg_pool import AsyncConnectionPool
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadSource:
-    """Where a reader process reads threads: a SQLite file's read-only URI, or a PostgreSQL URL."""
-
-    dialect: Dialect
-    address: str
-
-    def read(self, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
-        """``read(saver)`` on a connection of its own (synchronous: a reader process's), with
-        the strict serializer that decodes each stored blob once (shared/storage/decoding.py).
-
-        The engine's errors, opening or reading, are DATABASE_UNAVAILABLE; anything else
-        ``read`` raises (a checkpoint that cannot be decoded) passes through as it is.
-        """
-        from shared.storage.decoding import DecodedOnce
-
-        serde = DecodedOnce()
-        if self.dialect == "sqlite":
-            return self._read_sqlite(serde, read)
-        return self._read_postgres(serde, read)
-
-    def _read_sqlite(self, serde: SerializerProtocol, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
-        from langgraph.checkpoint.sqlite import SqliteSaver
-
-        try:
-            conn = sqlite3.connect(self.address, uri=True, timeout=5.0, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise _unavailable(exc) from exc
-        with contextlib.closing(conn):
-            try:
-                return read(SqliteSaver(conn, serde=serde))
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
-
-    def _read_postgres(self, serde: SerializerProtocol, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
-        import psycopg
-        from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg.rows import dict_row
-
-        try:
-            conn = psycopg.connect(self.address, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-        except psycopg.Error as exc:
-            raise _unavailable(exc) from exc
-        with conn:
-            try:
-                return read(PostgresSaver(conn, serde=serde))
-            except psycopg.Error as exc:
-                raise _unavailable(exc) from exc
 
 
 class Reader(Protocol):
@@ -125,10 +71,6 @@ class Reader(Protocol):
     def threads(self) -> ThreadSource: ...
 
     async def close(self) -> None: ...
-
-
-def _unavailable(exc: BaseException) -> DatabaseUnavailable:
-    return DatabaseUnavailable(f"the database cannot be read: {exc}")
 
 
 # --- SQLite ---------------------------------------------------------------------------
@@ -226,7 +168,7 @@ class SqliteReader:
         except sqlite3.Error as exc:
             if conn is not None:
                 await _close(conn)
-            raise _unavailable(exc) from exc
+            raise unavailable(exc) from exc
         self._handle = _Handle(conn, identity)
         log.info("database.opened", path=str(self.path))
         return self._handle
@@ -251,7 +193,7 @@ class SqliteReader:
             log.warning("database.read_failed", error=str(exc))
             async with self._lock:
                 await self._retire(handle)
-            raise _unavailable(exc) from exc
+            raise unavailable(exc) from exc
         finally:
             # Shielded: a read cancelled by its client must still give the connection back.
             with anyio.CancelScope(shield=True):
@@ -322,7 +264,7 @@ class PostgresReader:
                 return [tuple(r) for r in await cursor.fetchall()]
         except (psycopg.Error, PoolTimeout) as exc:
             log.warning("database.read_failed", error=str(exc))
-            raise _unavailable(exc) from exc
+            raise unavailable(exc) from exc
 
     async def schema_version(self) -> int | None:
         rows = await self.fetchall("SELECT to_regclass('sophos_schema') IS NOT NULL")

@@ -62,7 +62,7 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
     CREATE UNIQUE INDEX runs_one_running ON runs(conversation_id) WHERE status = 'running';
     """,
-    # 5: the ledger of tool calls (worker/tools/ledger.py): one row per call of an assistant message,
+    # 5: the ledger of tool calls (worker/tools/ledger/): one row per call of an assistant message,
     # its intent committed before the request leaves for the MCP server, its outcome committed
     # before the call's task returns. ``state`` is 'intent' (sent, or about to be; no outcome
     # known) or 'done' (``status`` and ``result`` are the outcome). ``attempt`` counts the
@@ -106,7 +106,7 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE conversations ADD COLUMN branch_head TEXT;
     ALTER TABLE conversations ADD COLUMN forked INTEGER NOT NULL DEFAULT 0;
     """,
-    # 9: crons (the Agent Protocol's ``client.crons``; shared/contracts/crons.py, worker/schedule/crons.py):
+    # 9: crons (the Agent Protocol's ``client.crons``; shared/contracts/crons.py, worker/schedule/crons/):
     # a run on a schedule. ``thread_id`` NULL: a new thread per tick. ``next_tick`` (seconds since the
     # epoch) is the tick to fire next: the worker that moves it on (a conditional update) is the
     # one that fires it. ``fired``, ``skipped`` and ``last_*`` say what the ticks did.
@@ -187,6 +187,21 @@ MIGRATIONS: tuple[str, ...] = (
     # ticks do not fire, and the tickers neither look for them nor wake for them.
     """
     ALTER TABLE crons ADD COLUMN enabled INTEGER NOT NULL DEFAULT 1;
+    """,
+    # 13: a tool call made as an MCP task (worker/tools/tasks.py): the task's id on its server,
+    # committed as soon as the server gives it, and the last state the server reported
+    # (``working``, ``completed``, ``failed``, ``cancelled``; ``forgotten``: the server no longer
+    # knows it). NULL: not a task. A resume asks the server for a known task's result.
+    """
+    ALTER TABLE tool_calls ADD COLUMN task_id TEXT;
+    ALTER TABLE tool_calls ADD COLUMN task_state TEXT;
+    """,
+    # 14: a cron's ``end_time`` (the protocol's): no tick after it fires; NULL: none. And
+    # ``delete_threads`` (``on_run_completed: delete``): each tick's new thread is deleted once its
+    # run has ended.
+    """
+    ALTER TABLE crons ADD COLUMN end_time BIGINT;
+    ALTER TABLE crons ADD COLUMN delete_threads INTEGER NOT NULL DEFAULT 0;
     """,
 )
 

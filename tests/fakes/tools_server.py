@@ -3,7 +3,7 @@
 Tools: ``echo``, ``add``, ``slow`` (sleeps, so a worker can be killed mid-tool) and
 ``fail`` (raises, so the client gets an MCP tool error). None acts on anything, and each says so
 with the MCP annotation ``readOnlyHint``: a call that may have run when its worker died is sent
-again without asking (worker/tools/ledger.py). A test that needs a call the worker must ask about sets
+again without asking (worker/tools/ledger/). A test that needs a call the worker must ask about sets
 ``"safeToRepeat": false`` on the server in its mcp.json (tests/support/env.py ``not_safe_to_repeat``).
 
 Every call appends one JSON line ``{"tool", "args", "pid", "key"}`` to the file named by

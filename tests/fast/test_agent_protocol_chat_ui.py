@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from api.conversations.schemas import ConversationInfo
-from api.protocol.run_input import answers_of, message_of
-from api.protocol.threads import CUT_HINT, Found, Record, with_cut_noted
+from api.protocol.runs.input import answers_of, message_of
+from api.protocol.threads.found import CUT_HINT, Found, with_cut_noted
+from api.protocol.threads.records import Record
 from api.runs.schemas import RunError
 from shared.contracts.protocol import ASSISTANT_ID
 from shared.contracts.runs import RunStatus

@@ -1,12 +1,12 @@
-"""The step stream modes (api/protocol/modes.py): ``messages``, ``tasks``, ``checkpoints``,
+"""The step stream modes (api/protocol/stream/modes.py): ``messages``, ``tasks``, ``checkpoints``,
 ``debug`` and ``events``, translated from a run's native events, in the SDK's shapes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from api.protocol.modes import CheckpointAt, checkpoint_event, checkpoint_payload
-from api.protocol.translate import Part, Translator, number, stream_modes
+from api.protocol.stream.modes import CheckpointAt, checkpoint_event, checkpoint_payload
+from api.protocol.stream.translate import Part, Translator, number, stream_modes
 
 RUN: list[tuple[str, Any]] = [
     ("trace", {"step": 1, "node": "agent", "event": "enter", "name": "agent", "data": {"task": "t-agent"}}),

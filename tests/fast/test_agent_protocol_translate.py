@@ -11,11 +11,20 @@ import pytest
 from api.chat.relay import PING
 from api.chat.schemas import DecisionBody
 from api.conversations.schemas import ConversationInfo
-from api.protocol.interrupts import decisions_of, hitl_value, interrupts_of
-from api.protocol.run_input import message_of
+from api.protocol.runs.input import message_of
+from api.protocol.runs.interrupts import decisions_of, hitl_value, interrupts_of
 from api.protocol.status import run_status, thread_status
-from api.protocol.stream import Native, native_events
-from api.protocol.translate import VALUES, Asked, Part, Translator, ValuesAt, after_id, number, stream_modes
+from api.protocol.stream.relay import Native, native_events
+from api.protocol.stream.translate import (
+    VALUES,
+    Asked,
+    Part,
+    Translator,
+    ValuesAt,
+    after_id,
+    number,
+    stream_modes,
+)
 from shared.contracts.runs import RunStatus
 from shared.errors import BadRequest
 
@@ -194,6 +203,13 @@ def test_requests_show_in_the_middlewares_shape() -> None:
     assert hitl_value({"other": 1}) == {"other": 1}  # a value that is not Sophos's requests: as it is
     shown = hitl_value({"requests": [APPROVAL]})
     assert interrupts_of([("i1", [APPROVAL])]) == [{"value": shown, "id": "i1"}]
+    # One request also shows as LangGraph's earlier HumanInterrupt; several only in the new shape.
+    assert shown["action_request"] == {"action": "tools__add", "args": {"a": 2, "b": 3}}
+    assert shown["description"] == shown["action_requests"][0]["description"]
+    assert shown["config"] == {
+        "allow_ignore": False, "allow_respond": True, "allow_edit": True, "allow_accept": True
+    }
+    assert "action_request" not in value and "config" not in value
 
 
 def test_decisions_map_in_order_onto_the_pending_requests() -> None:
@@ -216,6 +232,28 @@ def test_decisions_map_in_order_onto_the_pending_requests() -> None:
         ({"i1": {"decisions": [{"type": "approve"}]}}, "no decisions for interrupt"),
         ("approve", "command.resume must be"),
         ({"decisions": [{"type": "approve"}, {"type": "reject", "message": 3}]}, "message must be text"),
+    ]:
+        with pytest.raises(BadRequest, match=says):
+            decisions_of(wrong, pending)
+
+
+def test_human_responses_map_in_order_onto_the_pending_requests() -> None:
+    pending: list[tuple[str, list[dict[str, Any]]]] = [("i1", [APPROVAL])]
+    accepted = decisions_of([{"type": "accept", "args": None}], pending)
+    assert accepted == [DecisionBody(id="c1", action="approve")]
+    edit = {"type": "edit", "args": {"action": "tools__add", "args": {"a": 5, "b": 5}}}
+    assert decisions_of([edit], pending) == [DecisionBody(id="c1", action="edit", arguments={"a": 5, "b": 5})]
+    assert decisions_of([{"type": "response", "args": "not today"}], pending) == [
+        DecisionBody(id="c1", action="reject", message="not today")
+    ]
+    for wrong, says in [
+        ([], "0 response"),
+        ([{"type": "accept"}, {"type": "accept"}], "2 response"),
+        ([{"type": "ignore", "args": None}], "type must be one of accept, edit, response"),
+        (["accept"], "type must be"),
+        ([{"type": "response", "args": 3}], "args must be text"),
+        ([{"type": "edit", "args": {"action": "tools__add"}}], "args an object"),
+        ([{"type": "edit", "args": {"action": "other", "args": {}}}], "keeps the tool"),
     ]:
         with pytest.raises(BadRequest, match=says):
             decisions_of(wrong, pending)

@@ -1,4 +1,4 @@
-"""What shared/compat.py and worker/compat.py reach for in other libraries is still there.
+"""What shared/compat.py and worker/queue/compat.py reach for in other libraries is still there.
 
 Each reach into a private name is checked here, so an upgrade of that library fails here first:
 the installed version is the one the use was read from, the name is there with the signature
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 from importlib.metadata import version
@@ -22,11 +23,11 @@ from typing import Any
 import pytest
 
 from shared import compat
-from worker import compat as worker_compat
+from worker.queue import compat as worker_compat
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "worker", "shared", "sophos_cli")
-COMPAT_MODULES = {ROOT / "shared" / "compat.py", ROOT / "worker" / "compat.py"}
+COMPAT_MODULES = {ROOT / "shared" / "compat.py", ROOT / "worker" / "queue" / "compat.py"}
 
 
 def _sha256(obj: Any) -> str:
@@ -60,6 +61,92 @@ def test_langgraphs_messages_delta_reducer() -> None:
 
     assert compat.messages_delta_reducer() is _messages_delta_reducer  # the very object (see there)
     assert list(inspect.signature(_messages_delta_reducer).parameters) == ["state", "writes"]
+
+
+def test_the_serializers_ext_hook() -> None:
+    """The strict serializer's own decoding of ext values, wrapped (shared/storage/threads/decoding.py):
+    what it is given is what it decodes with, and LangGraph's decoding passed in is the strict one."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
+    from langgraph.types import Send
+
+    assert list(inspect.signature(_create_msgpack_ext_hook).parameters) == ["allowed_modules"]
+    assert "__unpack_ext_hook__" in inspect.signature(JsonPlusSerializer.__init__).parameters
+    given: list[Any] = []
+
+    def wrap(hook: Any) -> Any:
+        given.append(hook)
+        return lambda code, data: ("ours", hook(code, data))
+
+    serde = JsonPlusSerializer(**compat.strict_serializer_options(wrap))
+    sent = Send("tools", {"a": 1})
+    assert serde.loads_typed(serde.dumps_typed([sent])) == [("ours", sent)]
+    # Strict: a type outside LangGraph's safe ones is not built, its data is given back.
+    blocked = serde.dumps_typed(_Unlisted(1))
+    assert given[0](*_ext_of(blocked[1])) == {"a": 1}
+
+
+def test_a_delta_snapshot_decoded_when_read_is_langgraphs() -> None:
+    """A DeltaChannel's full copy decoded on first read (shared/storage/threads/decoding.py): its
+    ext code is the one LangGraph writes it with and decodes it from, and LangGraph takes it as
+    its own ``_DeltaSnapshot`` (the channel restored from it, the blob written again the same)."""
+    import ormsgpack
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.channels.delta import DeltaChannel
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _create_msgpack_ext_hook
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+    messages = [HumanMessage("a", id="1"), AIMessage("b", id="2")]
+    eager = JsonPlusSerializer(allowed_msgpack_modules=None)
+    kind, blob = eager.dumps_typed(_DeltaSnapshot(messages))
+    code, data = _ext_of(blob)
+    assert code == compat.delta_snapshot_code()
+    assert _create_msgpack_ext_hook(None)(code, data) == _DeltaSnapshot(messages)
+    calls: list[int] = []
+
+    def decode() -> Any:
+        calls.append(1)
+        return ormsgpack.unpackb(data, ext_hook=_create_msgpack_ext_hook(None))
+
+    lazy = compat.lazy_delta_snapshot(decode, 2)
+    assert isinstance(lazy, _DeltaSnapshot) and lazy.length == 2 and not lazy.decoded and calls == []
+    channel = DeltaChannel(compat.messages_delta_reducer()).from_checkpoint(lazy)
+    assert channel.get() == messages and lazy.decoded and calls == [1]
+    assert lazy.value is lazy.value and calls == [1]  # decoded once
+    assert lazy == _DeltaSnapshot(messages) and list(lazy) == [messages] and lazy[0] == messages
+    assert eager.dumps_typed(lazy) == (kind, blob)
+    assert repr(lazy) == repr(_DeltaSnapshot(messages))
+
+
+@dataclasses.dataclass
+class _Unlisted:
+    """A type strict deserialization does not build (not among LangGraph's safe ones)."""
+
+    a: int
+
+
+def _ext_of(data: bytes) -> tuple[int, bytes]:
+    import ormsgpack
+
+    found: list[tuple[int, bytes]] = []
+    ormsgpack.unpackb(data, ext_hook=lambda code, payload: found.append((code, payload)))
+    return found[0]
+
+
+def test_litestars_default_plugins() -> None:
+    """``litestar_without_pydantic`` adds Litestar's default plugins but pydantic's, as
+    ``Litestar._get_default_plugins`` adds them: a change there is read before the hash is updated."""
+    from litestar.app import Litestar
+    from litestar.plugins.attrs import AttrsSchemaPlugin
+    from litestar.plugins.core import MsgspecDIPlugin
+
+    assert _sha256(Litestar._get_default_plugins) == (
+        "c7c40d6d9bec4bd91223750b295841f9291dc2d66a543deb36d1a0b9d1da210b"
+    ), "Litestar._get_default_plugins changed: compare it with shared/compat.py litestar_without_pydantic"
+    app = compat.litestar_without_pydantic()()
+    assert {type(p) for p in app.plugins if isinstance(p, (MsgspecDIPlugin, AttrsSchemaPlugin))} == {
+        MsgspecDIPlugin, AttrsSchemaPlugin,
+    }
+    assert not [p for p in app.plugins if "pydantic" in type(p).__module__]
 
 
 def test_aiosqlite_and_the_sqlite_savers_private_names() -> None:
@@ -115,8 +202,117 @@ def test_the_arq_code_the_hooked_worker_copies_is_unchanged(name: str) -> None:
     from arq.worker import Worker
 
     assert _sha256(getattr(Worker, name)) == ARQ_SOURCE_HASHES[name], (
-        f"arq's Worker.{name} changed: compare it with HookedWorker (worker/compat.py)"
+        f"arq's Worker.{name} changed: compare it with HookedWorker (worker/queue/compat.py)"
     )
+
+#: What shared/storage/threads/snapshot.py rebuilds, and the functions of LangGraph it copies
+#: (shared/compat.py: the reducer, the task ids, the tasks' order): a change to any means the
+#: state it reads may no longer be LangGraph's; tests/fast/test_snapshot.py compares the two.
+SNAPSHOT_SOURCE_HASHES = {
+    "langgraph.channels.binop:_get_overwrite": (
+        "03bf9bd15219d307c4de64b0cdbbc8d5e89ef890b08a3435f03b40bf18722ba2"
+    ),
+    "langgraph.pregel._messages:_messages_delta_reducer": (
+        "7f2d5a490973b66eba64c096f9f7b2c06a53a66db65899362072a73e4aa4e06d"
+    ),
+    "langgraph.pregel._algo:_xxhash_str": (
+        "bbc494c5d66e5b9d1a9a5361e77f74d02a6e6d0725cb160efc28cf3dd7bfbdad"
+    ),
+    "langgraph.pregel._algo:task_path_str": (
+        "58210320ff743f51ed6aeffbe7e9b4a666ab4f91ad2578a5fba1a60f4bc29686"
+    ),
+    "langgraph.pregel._algo:prepare_next_tasks": (
+        "4c6acc7b9dea513b276a524ce20f34243cad5e5877883036cc67dff1340d58b8"
+    ),
+    "langgraph.pregel._algo:prepare_single_task": (
+        "ef2afec2a91cef2b835df6f6e352ad88fcfea9734fdf6200e5459c863803242b"
+    ),
+    "langgraph.pregel._algo:prepare_push_task_send": (
+        "0e151e80a5cb074272aa919c759bdec838def12b7eff49f25a74fb1d7f083f68"
+    ),
+    "langgraph.pregel._algo:_triggers": (
+        "8072b87282f761f183cee3f54766f11bc21b9f7eef90212fdcc3115172185b8e"
+    ),
+    "langgraph.pregel._algo:apply_writes": (
+        "269c92665d99defd7516bb401729bb0d83256fa3bd9e33d2806d49e5b237a69b"
+    ),
+    "langgraph.pregel._task_status:read_task_statuses": (
+        "13db37cfd5b4073d6184487f79e0ab429dfa80db60efc0b90dd48c0b05fd3f77"
+    ),
+    "langgraph.pregel.debug:tasks_w_writes": (
+        "f9fe719a07543d5bc36f61b3cb84062fa7fb71bd57d4b88dd7695ecd88ea5da6"
+    ),
+    "langgraph.pregel.debug:map_task_result_writes": (
+        "0331578fc2639cb65ce3d27fb9fd2cfcf4da4b31f921fde741bffc3c1f3d8492"
+    ),
+    "langgraph.pregel._checkpoint:channels_from_checkpoint": (
+        "e5a026c55dd21f514635f13ea344d775f7011f91459977596c57f13844bc4468"
+    ),
+    "langgraph.pregel.main:Pregel._prepare_state_snapshot": (
+        "46264a767b5f5142c027ebf31c160dc97d16428dc0fd340eeb2fb56d9477acd6"
+    ),
+    "langgraph.pregel.main:Pregel.get_state": (
+        "f1e8b365f0f8b7638d0c477c058cc104aa602880241eaceef38ed7ad852f7182"
+    ),
+    "langgraph.pregel.main:Pregel.get_state_history": (
+        "9a6b27308ed7acdf175355ee84edbe9ce9fac66f8d7063c26dc99b123472875e"
+    ),
+    "langgraph._internal._config:patch_checkpoint_map": (
+        "98c95d5be2113d9b9bcf94ecc019d9f78baa390e170e8ead640982d97e9416ad"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT_SOURCE_HASHES))
+def test_the_langgraph_code_the_thread_snapshot_mirrors_is_unchanged(name: str) -> None:
+    import importlib
+
+    module, _, path = name.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    assert _sha256(obj) == SNAPSHOT_SOURCE_HASHES[name], (
+        f"LangGraph's {name} changed: compare it with shared/storage/threads/snapshot.py and shared/compat.py"
+    )
+
+
+def test_the_copies_do_what_langgraphs_originals_do() -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+    from langgraph.pregel._algo import _xxhash_str, task_path_str
+    from langgraph.pregel._messages import _messages_delta_reducer
+    from langgraph.types import Overwrite
+
+    state = [HumanMessage("a", id="1"), AIMessage("b", id="2")]
+    for writes in (
+        [[AIMessage("b2", id="2")], [HumanMessage("c", id="3")]],
+        [[RemoveMessage(id="1")], {"role": "user", "content": "d", "id": "4"}],
+        [[HumanMessage("e", id="5"), RemoveMessage(id="__remove_all__"), AIMessage("f", id="6")]],
+        [[AIMessage("no id")]],
+    ):
+        ours = compat.messages_delta_reduce(list(state), writes)
+        assert ours == _messages_delta_reducer(list(state), writes)
+    assert compat.messages_delta_reduce([], [[{"role": "user", "content": "x", "id": "9"}]]) == (
+        _messages_delta_reducer([], [[{"role": "user", "content": "x", "id": "9"}]])
+    )
+    ident = bytes.fromhex("1ef4f797c3f06b2c8001a1b2c3d4e5f6")
+    parts = ("tools", "3", "tools", "__pregel_push", "1")
+    assert compat.task_id(ident, *parts) == _xxhash_str(ident, *parts)
+    for path in (("__pregel_push", 1, False), ("__pregel_pull", "agent"), (), ("a", (2, "b"))):
+        assert compat.task_path_str(path) == task_path_str(path)
+    assert compat.overwrite_of(Overwrite([1])) == (True, [1])
+    assert compat.overwrite_of({"__overwrite__": [2]}) == (True, [2])
+    assert compat.overwrite_of({"type": "__overwrite__", "value": [3]}) == (True, [3])
+    assert compat.overwrite_of({"type": "__overwrite__"}) == (False, None)
+    assert compat.overwrite_of([HumanMessage("x")]) == (False, None)
+    assert compat.DeltaSnapshot is _DeltaSnapshot
+    constants = compat.pregel_constants()
+    assert (constants.TASKS, constants.PUSH, constants.PULL, constants.NULL_TASK_ID) == (
+        "__pregel_tasks", "__pregel_push", "__pregel_pull", "00000000-0000-0000-0000-000000000000",
+    )
+    c = constants
+    named = (c.ERROR, c.INTERRUPT, c.RESUME, c.RETURN, c.ERROR_SOURCE_NODE)
+    assert named == ("__error__", "__interrupt__", "__resume__", "__return__", "__error_source_node__")
 
 
 async def _job(ctx: dict[str, Any]) -> None:
@@ -180,7 +376,7 @@ def test_no_other_product_module_reaches_for_a_private_name() -> None:
             found = [r for r in _private_reaches(ast.parse(path.read_text())) if not _ours(r)]
             if found:
                 reaching[str(path.relative_to(ROOT))] = found
-    assert reaching == {}, "move these into shared/compat.py or worker/compat.py"
+    assert reaching == {}, "move these into shared/compat.py or worker/queue/compat.py"
 
 
 def _ours(reach: str) -> bool:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
 
-from shared.contracts.crons import Schedule, tick_run_id, tick_thread_id
+from shared.contracts.crons import CronCreate, CronRow, CronUpdate, Schedule, tick_run_id, tick_thread_id
 from shared.errors import BadRequest
-from worker.schedule.crons import LONGEST_SLEEP_SECONDS, RETRY_SECONDS, pause
+from worker.schedule.crons.ticker import LONGEST_SLEEP_SECONDS, RETRY_SECONDS, pause
 
 #: Sunday 6 December 2026, 13:30:15.5 UTC
 NOW = datetime(2026, 12, 6, 13, 30, 15, 500000, tzinfo=UTC).timestamp()
@@ -77,3 +78,26 @@ def test_a_ticker_sleeps_until_the_next_tick_within_bounds() -> None:
     # A tick still due after the pass (its firing failed) is tried again soon, not at once.
     assert pause(int(NOW) - 1, NOW) == RETRY_SECONDS
     assert pause(tick, tick) == RETRY_SECONDS
+
+
+def test_a_crons_next_tick_as_created_updated_fired_and_ended() -> None:
+    """The one home of a cron's next tick (``CronRow``): the worker writes it, the API answers it."""
+    hour = 3600
+    job = CronCreate("c", None, "0 * * * *", "hi", {"a": 1}, NOW, "j", "alice", True, int(NOW) + 2 * hour)
+    cron = CronRow.created(job)
+    first = int(datetime(2026, 12, 6, 14, 0, tzinfo=UTC).timestamp())
+    assert (cron.next_tick, cron.next_run, cron.owner) == (first, first, "alice")
+    assert cron.end_time == int(NOW) + 2 * hour
+    # Fired an hour late: the schedule's first after both, not each tick missed.
+    assert cron.following(first + hour + 5) == first + 2 * hour
+    # Past its end_time its next tick does not fire; an update clearing it fires it again.
+    late = dataclasses.replace(cron, next_tick=first + 3 * hour)
+    assert late.next_run is None
+    assert late.updated(CronUpdate("c", "j2", NOW, clear_end_time=True)).next_run == first + 3 * hour
+    assert late.updated(CronUpdate("c", "j3", NOW, end_time=first + 5 * hour)).next_run == first + 3 * hour
+    assert late.updated(CronUpdate("c", "j4", NOW, message="yo")).end_time == cron.end_time
+    # Disabled: no next run; enabled again, the schedule's first tick after the update.
+    off = cron.updated(CronUpdate("c", "j5", NOW, enabled=False))
+    assert off.next_run is None and off.next_tick == first
+    on = off.updated(CronUpdate("c", "j6", NOW + 3 * hour, enabled=True))
+    assert on.next_tick == first + 3 * hour and on.enabled

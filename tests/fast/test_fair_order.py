@@ -1,9 +1,9 @@
-"""The worker's fair order of due jobs (worker/fair.py): round-robin across owners, the owner
+"""The worker's fair order of due jobs (worker/queue/fair.py): round-robin across owners, the owner
 served least recently first, jobs that are not runs never held back."""
 
 from __future__ import annotations
 
-from worker.fair import round_robin
+from worker.queue.fair import round_robin
 
 
 def _ids(*names: str) -> list[bytes]:

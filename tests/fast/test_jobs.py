@@ -19,7 +19,7 @@ from arq.jobs import serialize_job
 from shared.contracts.assistants import AgentConfig, AssistantWrite
 from shared.contracts.codec import PayloadError, decode, dumps, encode, job_of_record, job_record, loads
 from shared.contracts.crons import CronCreate, CronDelete, CronUpdate
-from shared.contracts.jobs import Decision, DecisionAction, DeleteJob, JobKind, RenameJob, RunJob
+from shared.contracts.jobs import Decision, DecisionAction, DeleteJob, JobKind, PruneJob, RenameJob, RunJob
 from shared.contracts.webhooks import WebhookJob
 from shared.settings import Settings
 from worker.entry import entry_point
@@ -43,6 +43,7 @@ JOBS: list[Any] = [
     RunJob(RUN, CONVERSATION, JobKind.RUN, "hi", 6.0, agent=AgentConfig(
         "a-1", 2, "You are terse.", "other-model", ("tools__echo",), ("tools",))),
     AssistantWrite("update", "a-1", "assistant:1", 7.0, "alice", context={"model": "m"}, metadata={"k": 1}),
+    PruneJob("prune:1", 8.0, "2026-12-07T12:00:00.000Z", CONVERSATION, 3),
 ]
 
 
@@ -94,7 +95,7 @@ async def test_the_entry_point_decodes_binds_the_log_context_and_calls() -> None
 
 def test_every_function_the_worker_registers_is_an_entry_point() -> None:
     registered = functions(Settings())
-    assert len(registered) == 9
+    assert len(registered) == 10  # prune_checkpoints: worker/upkeep/pruning.py
     for function in registered:
         wrapped = getattr(function.coroutine, "__wrapped__", None)
         assert wrapped is not None, f"{function.name}: make it an entry point (worker/entry.py)"

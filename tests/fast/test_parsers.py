@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from api.auth.identity import LOCAL, bind, unbind
+from api.chat.idempotency import idempotency_of
 from api.chat.schemas import ChatRequest
-from api.chat.submit import idempotency_of
 from api.http.ids import parse_id
 from api.http.timefmt import millis_between, parse_iso
 from api.runs.views import CURSOR_MAX_CHARS, decode_cursor, encode_cursor

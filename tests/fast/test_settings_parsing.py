@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.settings import Settings, SettingsError, redact_url
+from shared.redaction import redact_url
+from shared.settings import Settings
+from shared.settings_parsing import SettingsError
 
 
 @pytest.mark.parametrize(("raw", "value"), [("1", True), ("TRUE", True), ("yes", True), ("On", True),

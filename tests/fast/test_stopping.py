@@ -195,7 +195,7 @@ def test_a_second_stop_is_refused_and_the_stream_state_follows_the_steps() -> No
 
 
 async def test_a_cut_keeps_a_result_the_ledger_recorded_when_its_task_result_was_lost() -> None:
-    """Cut between the outcome's commit (worker/tools/ledger.py) and the task's return: the call ran,
+    """Cut between the outcome's commit (worker/tools/ledger/records.py) and the task's return: the call ran,
     and its result is kept from the ledger, not answered "stopped"."""
     graph, config = _graph(), _config()
     calling = _calling("fetch", "remember")

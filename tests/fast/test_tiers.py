@@ -74,3 +74,9 @@ def test_the_fast_tier_collects_its_folder_the_files_named_and_the_files_that_ma
     # The real tree: the tier's folder first, every file of FAST_ELSEWHERE among the rest.
     found = tiers.fast_files()
     assert found[0] == tiers.FAST_DIR and {p.name for p in found} >= set(tiers.FAST_ELSEWHERE)
+
+
+def test_every_test_has_a_timeout(pytestconfig: pytest.Config) -> None:
+    """A hung test fails after ten minutes (pytest-timeout, pyproject.toml) instead of holding CI."""
+    assert pytestconfig.pluginmanager.hasplugin("timeout")
+    assert float(pytestconfig.getini("timeout")) == 600

@@ -1,4 +1,4 @@
-"""Uncertain tool calls go to a person (issue 29, part 4): worker/tools/ledger.py inside the real graph.
+"""Uncertain tool calls go to a person (issue 29, part 4): worker/tools/ledger/ inside the real graph.
 
 No process: the ledger on a SQLite file in the test's directory, the graph on an in-memory
 saver with a scripted model. A call is made uncertain as a crash leaves it: its intent is
@@ -7,7 +7,6 @@ committed and no outcome follows. Kills of real workers prove the same in tests/
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,14 @@ from langchain_core.tools import StructuredTool, ToolException
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from shared.storage.sqlite import SqliteDatabase
-from shared.storage.thread import interrupt_requests, resume_value
+from shared.contracts.ledger import DONE
+from shared.storage.threads.interrupts import interrupt_requests, resume_value
+from tests.support.ledger import ledger_on
 from worker.agent.graph import build_graph
-from worker.tools.ledger import (
-    DONE,
-    IDEMPOTENCY_META_KEY,
-    UNCERTAIN_MARK,
-    CallRef,
-    Ledger,
-    request_meta,
-    unanswered,
-)
+from worker.tools.ledger.attempt import IDEMPOTENCY_META_KEY, request_meta, unanswered
+from worker.tools.ledger.calls import Ledger
+from worker.tools.ledger.records import CallRef
+from worker.tools.ledger.uncertain import UNCERTAIN_MARK
 from worker.tools.policy import SAFE_TO_REPEAT
 
 
@@ -100,14 +95,8 @@ class Turn:
 
 @pytest.fixture
 async def turn(tmp_path: Path) -> Any:
-    db = await SqliteDatabase.open(tmp_path / "sophos.db")
-    conversation = str(uuid.uuid4())
-    async with db.transaction() as tx:
-        await tx.execute(
-            "INSERT INTO conversations (id, title, created_at, updated_at) VALUES (?, 't', 'x', 'x')",
-            (conversation,),
-        )
-    yield Turn(Ledger(db), conversation)
+    ledger, db, conversation = await ledger_on(tmp_path)
+    yield Turn(ledger, conversation)
     await db.close()
 
 

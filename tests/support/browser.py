@@ -129,6 +129,9 @@ def screenshot(page: Page, tmp_path: Path, name: str) -> None:
 
 
 def send(page: Page, text: str) -> None:
+    # The page's module marks <html data-ready> once its listeners are attached (web/js/main.js):
+    # an Enter before that is a newline in the box, and nothing is sent.
+    page.wait_for_selector("html[data-ready]", state="attached")
     page.get_by_label("Message").fill(text)
     page.get_by_label("Message").press("Enter")
 

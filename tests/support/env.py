@@ -14,6 +14,8 @@ FAKES_DIR = Path(__file__).resolve().parent.parent / "fakes"
 #: load its hooks from the tests (worker/faults.py, tests/support/fault_hooks.py)
 CHECKOUT = FAKES_DIR.parent.parent
 TOOLS_SERVER = FAKES_DIR / "tools_server.py"
+#: an MCP server whose one tool runs as an MCP task (tests/fakes/task_server.py)
+TASK_SERVER = FAKES_DIR / "task_server.py"
 
 SYSTEM_PROMPT = "You are Sophos under test. Answer briefly."
 
@@ -38,12 +40,16 @@ SETTINGS_VARIABLES = (
     "ALLOW_UNAUTHENTICATED",
     "FORWARDED_ALLOW_IPS",
     "RATE_LIMIT_PER_MINUTE",
+    "EMPTY_THREAD_RETENTION_MINUTES",
+    "USER_MAX_EMPTY_THREADS",
     "MAX_STREAMS_PER_CLIENT",
     "CORS_ORIGINS",
     "LOG_FORMAT",
     "LOG_CONTENT",
     "EVENT_RETENTION",
     "EVENT_MAX_PER_RUN",
+    "EVENT_COALESCE_MS",
+    "EVENT_COALESCE_TOKENS",
     "MAX_BODY_BYTES",
     "MAX_MESSAGE_CHARS",
     "SSE_PING_INTERVAL",
@@ -97,6 +103,13 @@ def mcp_servers(tools_log: Path, empty_dir: Path, *, fetch: bool = False) -> dic
     return {"mcpServers": servers}
 
 
+def stdio_tools(env: SophosEnv) -> dict[str, Any]:
+    """The fake tools server's entry of ``env``'s default mcp.json (over stdio, the worker's child),
+    to name beside other servers."""
+    tools: dict[str, Any] = mcp_servers(env.tools_log, env.root / "empty-bin")["mcpServers"]["tools"]
+    return tools
+
+
 def with_fetch(env: SophosEnv) -> SophosEnv:
     """``env`` with the real fetch server beside the fake tools server (its mcp.json rewritten)."""
     env.write_mcp_config(mcp_servers(env.tools_log, env.root / "empty-bin", fetch=True))
@@ -114,7 +127,7 @@ def require_approval(env: SophosEnv, tools: Any, *, safe_to_repeat: bool = True)
 def not_safe_to_repeat(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the fake tools server's tools taken as not safe to repeat
     (``"safeToRepeat": false`` overrides their ``readOnlyHint``): a call of one that may have run
-    when its worker died is asked about, as a call that acts would be (worker/tools/ledger.py)."""
+    when its worker died is asked about, as a call that acts would be (worker/tools/ledger/)."""
     config["mcpServers"]["tools"]["safeToRepeat"] = False
     return config
 

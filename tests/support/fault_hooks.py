@@ -9,11 +9,12 @@ together), with
 ``SOPHOS_FAULT_KILL_BEFORE_CHECKPOINT=N`` right before it (once the step's task
 results are saved): exactly what ``kill -9`` at that instant would do. With
 ``SOPHOS_FAULT_KILL_AFTER_OUTCOME=N`` it dies right after its Nth commit of a tool
-call's outcome to the ledger (worker/tools/ledger.py), before LangGraph saves the call's
+call's outcome to the ledger (worker/tools/ledger/records.py), before LangGraph saves the call's
 task writes: the window where only the ledger knows the call ran.
 
 The other points of a tool call's way through the ledger are held, not killed:
-``SOPHOS_FAULT_HOLD_CALL=POINT:TOOL`` (POINT: ``before_intent``, ``after_intent`` or
+``SOPHOS_FAULT_HOLD_CALL=POINT:TOOL`` (POINT: ``before_intent``, ``after_intent``,
+``before_task_state``: the server made the call's MCP task and its id is not committed yet, or
 ``before_outcome``) stops the first call of TOOL there for good, and logs
 ``faults.holding``; the test kills the worker from outside once the turn's other calls
 have settled. The calls of a turn run side by side, so a kill at the instant one call

@@ -22,7 +22,8 @@ import redis as redis_sync
 
 from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
-from tests.support.client import chat, get_json, tool_calls, wait_for
+from tests.support.client import SseEvents, chat, get_json, read_sse, tool_calls, wait_for
+from tests.support.metrics import scrape
 
 #: The one ``chat()`` helper, under the name the fault tests use: POST /api/chat, assert 202,
 #: return ``(conversation, run)``.
@@ -82,10 +83,11 @@ def database_integrity(env: Any) -> str:
 def ledger_rows(env: Any, conversation: str) -> list[dict[str, Any]]:
     """The conversation's rows of the ledger (``tool_calls``), on whichever database the test uses."""
     sql = (
-        "SELECT tool_call_id, tool, arguments, idempotency_key, attempt, state, status, result, run_id"
-        " FROM tool_calls WHERE conversation_id = {} ORDER BY intent_at"
+        "SELECT tool_call_id, tool, arguments, idempotency_key, attempt, state, status, result, run_id,"
+        " task_id, task_state FROM tool_calls WHERE conversation_id = {} ORDER BY intent_at"
     )
-    columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id")
+    columns = ("tool_call_id", "tool", "arguments", "key", "attempt", "state", "status", "result", "run_id",
+               "task_id", "task_state")
     url = env.get("DATABASE_URL")
     rows: list[Any]
     if url:
@@ -104,22 +106,19 @@ def ledger_rows(env: Any, conversation: str) -> list[dict[str, Any]]:
 
 #: the counters of tool and model calls, and their labels (none for a plain counter)
 _CALL_COUNTERS = {"sophos_tool_calls_total": "outcome", "sophos_tool_calls_repeated_total": "reason",
-                  "sophos_model_calls_repeated_total": None}
+                  "sophos_model_calls_repeated_total": None,
+                  "sophos_tool_calls_answered_from_task_total": None}
 
 
 def call_counters(api: str) -> collections.Counter[str]:
     """``sophos_tool_calls_total`` by outcome (``"sophos_tool_calls_total:answered"``),
-    ``sophos_tool_calls_repeated_total`` by reason, and ``sophos_model_calls_repeated_total``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
-        text = http.get("/metrics").text
+    ``sophos_tool_calls_repeated_total`` by reason, ``sophos_model_calls_repeated_total`` and
+    ``sophos_tool_calls_answered_from_task_total``."""
     found: collections.Counter[str] = collections.Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _CALL_COUNTERS:
-                label = _CALL_COUNTERS[sample.name]
-                found[f"{sample.name}:{sample.labels[label]}" if label else sample.name] = int(sample.value)
+    for (name, labels), value in scrape(api).items():
+        if name in _CALL_COUNTERS:
+            label = _CALL_COUNTERS[name]
+            found[f"{name}:{dict(labels)[label]}" if label else name] = int(value)
     return found
 
 
@@ -221,3 +220,17 @@ def execute(database: Path, sql: str) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+def decide(api: str, conversation: str, decisions: list[dict[str, str]]) -> SseEvents:
+    """Send the decisions on the calls a waiting conversation asks about; the decision run's events."""
+    with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
+        decided = http.post("/api/chat", json={"conversation": conversation, "decisions": decisions})
+    assert decided.status_code == 202, decided.text
+    return read_sse(api, conversation)
+
+
+def asked_calls(events: SseEvents) -> dict[str, dict[str, Any]]:
+    """The approval event's requests by tool name; the run ended waiting."""
+    assert events.types[-2:] == ["approval", "end"] and events[-1].data["status"] == "waiting", events.types
+    return {r["name"]: r for r in events.of("approval")[0].data["requests"]}

@@ -8,24 +8,25 @@ skipped, saying why, only when node or npm is missing or the install fails (npm 
 
 from __future__ import annotations
 
-import os
+import asyncio
+import json
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.cache import INSTALL_TIMEOUT, cache_root
 
 #: the version the tests were written against (docs/agent-protocol.md); pinned so a run is repeatable
 JS_SDK_VERSION = "1.15.0"
 PACKAGE = "@langchain/langgraph-sdk"
+#: the tests' scripts for node
+JS_DIR = Path(__file__).parent.parent / "js"
 #: an unreachable registry must cost the suite seconds, not npm's minutes of retries
-INSTALL_TIMEOUT = 120.0
 
-
-def cache_root() -> Path:
-    """Where the tests keep what npm installs: outside the checkout, kept between runs."""
-    return Path(os.environ.get("SOPHOS_TEST_CACHE") or Path.home() / ".cache" / "sophos-tests")
 
 
 def cache_dir() -> Path:
@@ -71,3 +72,12 @@ def run_script(script: Path, *args: str, timeout: float = 60.0) -> subprocess.Co
     return subprocess.run(
         ["node", str(copy), *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=sdk
     )
+
+
+async def run_js(script: str, *args: str) -> dict[str, Any]:
+    """tests/js/``script`` run with ``args`` (:func:`run_script`, in a thread), which must exit 0;
+    the JSON object it printed on stdout."""
+    done = await asyncio.to_thread(run_script, JS_DIR / script, *args)
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out

@@ -11,6 +11,7 @@ import uuid
 from urllib.parse import urlparse, urlunparse
 
 import psycopg
+import pytest
 
 ADMIN_URL = os.environ.get("SOPHOS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -42,3 +43,18 @@ class PostgresServer:
             for name in self.created:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self.created.clear()
+
+
+def engine_overrides(
+    request: pytest.FixtureRequest, engine: str, *, short_lease: bool = True
+) -> dict[str, str]:
+    """What a stack's environment changes to run on ``engine`` (``"sqlite"``: nothing): on
+    ``"postgresql"`` a new database of the session's server (``postgres_server``, skipped where
+    none answers) and, with ``short_lease``, a run lease of 3 s, so a dead worker's run is taken
+    over within seconds."""
+    if engine != "postgresql":
+        return {}
+    overrides = {"DATABASE_URL": request.getfixturevalue("postgres_server").create_database()}
+    if short_lease:
+        overrides["RUN_LEASE_SECONDS"] = "3"
+    return overrides

@@ -134,6 +134,7 @@ export const PLANNED = {
   answer: "answered from the ledger (it finished; not sent again)",
   send: "sent (it was never sent)",
   resend: "sent again with its key (it may have run; safe to repeat)",
+  task: "answered from its task on the tool's server (asked about only if the server forgot it)",
   ask: "asked about first (it may already have run)",
 };
 

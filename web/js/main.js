@@ -82,3 +82,5 @@ setInterval(() => {
   if (!document.hidden) sidebar.refresh();
 }, 15000);
 route();
+// Everything above has run (the listeners are attached): what drives the page may begin.
+document.documentElement.dataset.ready = "true";

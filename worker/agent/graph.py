@@ -22,7 +22,7 @@ One task per call: each call of a turn goes to ``tools`` as a ``Send`` of its ow
 agent's routing and from the approval node alike, so a crash or a cut re-runs only
 the calls without a result, never their finished siblings (LangGraph skips a task
 whose writes were saved; the ledger answers one whose writes were lost,
-worker/tools/ledger.py). A ``tools`` task started with the whole state instead (a thread
+worker/tools/ledger/). A ``tools`` task started with the whole state instead (a thread
 checkpointed before one task per call) runs every call still without a result.
 """
 
@@ -48,11 +48,14 @@ from shared.contracts.codec import decode
 from shared.contracts.jobs import Decision, DecisionAction
 from shared.contracts.runs import AGENT, APPROVAL, APPROVALS_MARK, TOOLS
 from shared.redis.metrics import MODEL_CALL
-from shared.storage.thread import AgentState
+from shared.storage.threads.state import SNAPSHOT_FREQUENCY, AgentState, messages_channel
 from worker.agent.model_calls import ModelCalls
 from worker.metrics import timed
-from worker.tools.ledger import APPROVAL_KIND, CallRef, Ledger
+from worker.tools.ledger.calls import Ledger
+from worker.tools.ledger.records import CallRef
+from worker.tools.ledger.uncertain import APPROVAL_KIND
 from worker.tools.policy import safe_to_repeat
+from worker.tools.tasks import task_asker
 
 __all__ = ["AGENT", "APPROVAL", "TOOLS", "build_graph", "read_system_prompt", "rejection_text"]
 
@@ -96,6 +99,7 @@ def build_graph(
     model_calls: ModelCalls | None = None,
     models: Callable[[str], BaseChatModel] | None = None,
     store: BaseStore | None = None,
+    snapshot_frequency: int = SNAPSHOT_FREQUENCY,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     """Compile the agent graph.
 
@@ -107,11 +111,14 @@ def build_graph(
     ``needs_approval(tool_name)`` tells the tools whose calls wait for a decision.
 
     ``ledger`` records each call's intent and outcome and answers a call already done
-    (worker/tools/ledger.py); without one (tests of the graph alone) calls are simply made.
+    (worker/tools/ledger/); without one (tests of the graph alone) calls are simply made.
 
     ``model_calls`` counts the model calls a resume makes again (worker/agent/model_calls.py).
 
     ``store``: the Store's items (shared/storage/memory.py), the graph's ``BaseStore``.
+
+    ``snapshot_frequency``: a full copy of the messages every this many updates
+    (``MESSAGES_SNAPSHOT_EVERY``, shared/storage/threads/state.py).
 
     ``system_prompt`` is called on every model call (edits to ``system.md``
     apply to the next call) and its text is prepended to the messages sent to
@@ -122,7 +129,7 @@ def build_graph(
     tools it may use, and approvals for the tools it names besides ``needs_approval``'s.
     """
     bound = _Bound(model, tools, models)
-    # Messages stored once per thread (DeltaChannel): see shared/storage/thread.py.
+    # Messages stored once per thread (DeltaChannel): see shared/storage/threads/state.py.
     graph = StateGraph(AgentState)
     # Each node's execution is a step's span when tracing is on (shared/tracing.py).
     graph.add_node(AGENT, tracing.step(AGENT, _agent_node(bound, system_prompt, model_calls)))
@@ -134,6 +141,10 @@ def build_graph(
     graph.add_edge(START, AGENT)
     graph.add_conditional_edges(AGENT, _router(needs_approval), {TOOLS: TOOLS, APPROVAL: APPROVAL, END: END})
     graph.add_edge(TOOLS, AGENT)
+    if snapshot_frequency != SNAPSHOT_FREQUENCY:
+        # The same channel but for how often it copies the messages in full: set after the nodes,
+        # whose hints name AgentState and would find its own channel a different one.
+        graph.channels["messages"] = messages_channel(snapshot_frequency)
     return graph.compile(checkpointer=checkpointer, store=store)
 
 
@@ -352,7 +363,7 @@ async def _run_call(
     tool = tool_node.tools_by_name.get(call["name"])
     return await ledger.run(
         CallRef(conversation, message_id, str(call["id"])), run_id, call, send,
-        safe_to_repeat=tool is not None and safe_to_repeat(tool),
+        safe_to_repeat=tool is not None and safe_to_repeat(tool), ask=task_asker(tool, call),
     )
 
 

@@ -5,7 +5,7 @@ The same items the Store serves over HTTP (api/protocol/store.py), in the namesp
 service for the run's task): what the agent remembers for Alice, Alice reads with
 ``client.store.search_items(["memories"])``, and no one else's run sees it. The tools are
 offered beside the MCP servers' tools and called like them, through the graph's tools step and
-the ledger (worker/agent/graph.py, worker/tools/ledger.py): an intent before the call, the
+the ledger (worker/agent/graph.py, worker/tools/ledger/): an intent before the call, the
 outcome after, the outcome answered from the ledger after a crash. Both are safe to repeat (a
 put of the same key and text, a read), so a call a crash left uncertain is sent again, with no
 question to the user.

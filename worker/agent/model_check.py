@@ -11,7 +11,8 @@ import ollama
 import structlog
 
 from shared.model_probe import ModelCheck, ModelState, describe, probe
-from shared.settings import Settings, redact_url
+from shared.redaction import redact_url
+from shared.settings import Settings
 
 log = structlog.get_logger(__name__)
 

@@ -64,9 +64,9 @@ from shared.redis.metrics import (
 from shared.redis.queue import record_ended
 from shared.redis.scripts import WAKE_NEXT_TURN_SHA, scripts
 from shared.settings import Settings
-from shared.storage.branch import thread_config
 from shared.storage.rows import Breakdown
-from shared.storage.thread import interrupt_requests
+from shared.storage.threads.branch import thread_config
+from shared.storage.threads.interrupts import interrupt_requests
 from worker.run.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
 from worker.run.outcomes import UnrecordedOutcomes
 from worker.store import RunStore
@@ -245,16 +245,29 @@ class RunEnding:
                 # EVALSHA queued as a plain command: a Script queued on a pipeline makes
                 # redis-py ask SCRIPT EXISTS first, one more round trip on every run's end.
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
+                spans = []  # each rider's commands, to send again the ones Redis did not know
                 for ride in riders:
+                    start = len(pipe.command_stack)
                     ride(pipe)
+                    spans.append((ride, start, len(pipe.command_stack)))
                 replies = await pipe.execute(raise_on_error=False)
             if isinstance(replies[0], NoScriptError):  # Redis restarted since: load it, once
                 replies[0] = await script(keys=keys, args=args)
             if isinstance(replies[0], Exception):
                 raise replies[0]
+            # A rider whose every command Redis did not know did nothing (Redis restarted, or is
+            # new): sent again once the scripts are loaded (the wake of the next turn among them).
+            unknown = [ride for ride, start, end in spans
+                       if end > start and all(isinstance(r, NoScriptError) for r in replies[start:end])]
+            failed = [r for ride, start, end in spans if ride not in unknown for r in replies[start:end]]
             if any(isinstance(reply, NoScriptError) for reply in replies[1:]):
-                await scripts(self.redis).load()  # Redis restarted: the riders' scripts, for next time
-            for reply in replies[1:]:  # a view (progress, metrics): not worth a second ending
+                await scripts(self.redis).load()
+            if unknown:
+                async with asyncio.timeout(WRITE_TIMEOUT), self.redis.pipeline(transaction=False) as again:
+                    for ride in unknown:
+                        ride(again)
+                    failed += await again.execute(raise_on_error=False)
+            for reply in failed:  # a view (progress, metrics): not worth a second ending
                 if isinstance(reply, Exception):
                     log.warning("run.notify_along_failed", run_id=run_id, error=str(reply))
 

@@ -41,7 +41,7 @@ from shared.redis.keys import CANCEL_CHANNEL, cancel_key, progress_key
 from shared.redis.metrics import FIRST_TOKEN, QUEUE_WAIT, MetricBatch, queue_increments
 from worker.metrics import RunClock
 from worker.run.events import EventPublisher
-from worker.run.subscription import listen
+from worker.subscription import listen
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +63,8 @@ class RunTracker:
         self._started = time.monotonic()
         self._first_token = False
         self._metrics_sent = self._started
+        #: the publisher's failed writes when the progress key's expiry was last queued (None: never)
+        self._expiry_queued_at: int | None = None
         #: steps started so far (the run's step count, whatever its outcome)
         self.steps = 0
         if enqueued_at is not None:
@@ -90,6 +92,11 @@ class RunTracker:
         """Record the step; the write rides with the step's ``enter`` event."""
         self.steps = step
         updated_at = time.time()
+        # The key's expiry is set with the run's first step, and again after a write of events
+        # failed (it may have carried it): other steps only update the key (the run's end deletes
+        # it; a day outlasts any pause between steps).
+        first = self._expiry_queued_at != events.failed_writes
+        self._expiry_queued_at = events.failed_writes
 
         def queue(pipe: Pipeline) -> None:
             key = progress_key(self.run_id)
@@ -97,7 +104,8 @@ class RunTracker:
                 "node": node, "step": step,
                 "started_at": f"{self.started_at:.6f}", "updated_at": f"{updated_at:.6f}",
             })
-            pipe.expire(key, _PROGRESS_TTL_SECONDS)
+            if first:
+                pipe.expire(key, _PROGRESS_TTL_SECONDS)
 
         events.along(queue)
 

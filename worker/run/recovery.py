@@ -43,9 +43,9 @@ from shared.redis.keys import (
     cancel_key,
     progress_key,
 )
-from shared.redis.queue import queued_job
+from shared.redis.queue import queued_job, requeued
 from shared.storage import checkpoints
-from shared.storage.branch import thread_at
+from shared.storage.threads.branch import thread_at
 from worker.run.ending import Outcome, RunEnding
 from worker.store import RunRow, RunStore, is_database_unavailable
 from worker.upkeep.sweep import ClaimSweep
@@ -158,8 +158,8 @@ async def recover(
         run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
         if await store.get_run(run_id) is not None:
             await forget_job(redis, run_id)
-        else:
-            await redis.delete(arq_in_progress_key(run_id))
+        elif await redis.delete(arq_in_progress_key(run_id)) and ":" not in run_id:
+            await requeued(redis, run_id)  # a run taken and never started: counted queued again
 
     # Conversations claimed by a run that will not run: its outcome was recorded but
     # the worker died before freeing the conversation, or its job expired in the queue.

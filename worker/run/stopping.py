@@ -212,7 +212,7 @@ class Closed:
     answer: AIMessage | None = None
 
 
-#: a tool call's result as the ledger recorded it (worker/tools/ledger.py), by the id of the assistant
+#: a tool call's result as the ledger recorded it (worker/tools/ledger/), by the id of the assistant
 #: message that made it, the call's id and its tool; None when it has no outcome
 Recorded = Callable[[str, str, str], Awaitable[ToolMessage | None]]
 

@@ -85,7 +85,7 @@ class RunStream:
         self.live.finished(node, payload.get("id") or "", result)
         if payload.get("interrupts"):
             # The approval step's one interrupt per turn, or one per call that may have run, each
-            # raised by its own task of the same step (worker/tools/ledger.py): the requests of
+            # raised by its own task of the same step (worker/tools/ledger/): the requests of
             # them all are the approval's. (The tasks stream gives each interrupt as a dict:
             # {"value", "id"}.)
             requests = list(self.final.requests or [])

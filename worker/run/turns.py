@@ -37,7 +37,7 @@ from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.redis.keys import ACTIVE_RUNS, CANCELLED_RUNS, TAKEN_SECONDS, taken_key, waiting_key
 from shared.redis.scripts import scripts
-from shared.storage.branch import thread_config
+from shared.storage.threads.branch import thread_config
 from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.store import RunStore
 
@@ -91,7 +91,7 @@ async def _recheck(
 ) -> Outcome | None:
     """Why the run cannot start on the thread as it now stands, if it cannot."""
     if job.kind not in (JobKind.RUN, JobKind.RESUME):
-        return None  # only messages and resumes are enqueued (api/protocol/runs.py)
+        return None  # only messages and resumes are enqueued (api/protocol/runs/service.py)
     try:
         config = await thread_config(store.db.fetchall, job.conversation_id)
         state = await graph.aget_state(config)

@@ -5,7 +5,7 @@ It writes the job's ``values`` into the thread as the node ``as_node`` would hav
 others are added), one checkpoint, a child of the head of the branch the conversation follows,
 stamped with the run's id like every checkpoint a run writes. Nothing is sent to the model or
 to a tool. The checks (the shape of ``values``, the node) were made by the API
-(api/protocol/updates.py); the claim of the conversation by the submission, as for any run.
+(api/protocol/threads/updates.py); the claim of the conversation by the submission, as for any run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
 from shared.contracts.jobs import RunJob
-from shared.storage.branch import thread_at
+from shared.storage.threads.branch import thread_at
 from worker.run.stream import FinalState
 
 

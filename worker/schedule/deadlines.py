@@ -32,9 +32,9 @@ from shared.contracts.jobs import Decision, DecisionAction, JobKind, RunJob
 from shared.contracts.runs import RunStatus
 from shared.redis.queue import submit
 from shared.storage import Database
-from shared.storage.branch import thread_config
 from shared.storage.schema import iso_from_timestamp
-from shared.storage.thread import interrupt_requests
+from shared.storage.threads.branch import thread_config
+from shared.storage.threads.interrupts import interrupt_requests
 
 log = structlog.get_logger(__name__)
 

@@ -43,8 +43,8 @@ from shared.redis.ended import recorded
 from shared.redis.keys import protocol_run_key
 from shared.redis.metrics import METRICS_KEY, WEBHOOK_DELIVERIES, counter_field
 from shared.settings import Settings
-from shared.storage.branch import thread_config
 from shared.storage.schema import now_iso
+from shared.storage.threads.branch import thread_config
 from worker.entry import entry_point
 from worker.store import RunStore
 

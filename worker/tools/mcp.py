@@ -10,7 +10,7 @@ server's session is opened once, in a task of its own (anyio requires a
 session to be closed by the task that opened it), and reopened after it breaks.
 A server that cannot start costs only its own tools. A call that was sent and got no answer (it
 timed out, or the transport was lost: the pipe closed, the connection was reset) may have acted:
-the ledger is told (:func:`worker.tools.ledger.unanswered`) and treats it like a call cut by a
+the ledger is told (:func:`worker.tools.ledger.attempt.unanswered`) and treats it like a call cut by a
 crash. A call that never left (no session) or that the server answered with an error is an error
 the model gets.
 
@@ -42,10 +42,11 @@ from shared import tracing
 from shared.redis.metrics import TOOL_CALL
 from worker.metrics import timed
 from worker.tools.config import load_config, secrets_of
-from worker.tools.ledger import request_meta, unanswered
+from worker.tools.ledger.attempt import request_meta, task_state, unanswered
 from worker.tools.policy import NEEDS_APPROVAL, SAFE_TO_REPEAT, ApprovalPolicy, RepeatPolicy, needs_approval
 from worker.tools.remote import open_remote_session
 from worker.tools.stdio import open_stdio_session
+from worker.tools.tasks import ASK_TASK, TaskLost, call_as_task, resume_task, task_capable
 
 #: the code of mcp's error for a request a Streamable HTTP server refused with 404 (its session is
 #: gone: the server restarted); mcp 1.30 sends it from ``_send_session_terminated_error``
@@ -111,7 +112,7 @@ class McpServer:
                 await session.initialize()
                 # Listed before the session is offered: a server that is up has its tools.
                 listing = await asyncio.wait_for(session.list_tools(), self.call_timeout)
-                tools = tuple(self._wrap(t) for t in listing.tools)
+                tools = tuple(self._wrap(t, task=task_capable(session, t)) for t in listing.tools)
                 if [t.name for t in tools] != [t.name for t in self.tools]:
                     log.info("mcp.tools_listed", server=self.name, tools=[t.name for t in tools])
                 self.tools = tools
@@ -215,11 +216,14 @@ class McpServer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _wrap(self, listed: Tool) -> BaseTool:
+    def _wrap(self, listed: Tool, *, task: bool = False) -> BaseTool:
         tool_name = listed.name
 
         async def call(**arguments: Any) -> str:
-            return await self.call(tool_name, arguments)
+            return await self.call(tool_name, arguments, task=task)
+
+        async def ask(task_id: str) -> str:
+            return await self.ask_task(tool_name, task_id)
 
         hints = listed.annotations
         hinted = hints is not None and bool(hints.readOnlyHint or hints.idempotentHint)
@@ -234,22 +238,32 @@ class McpServer:
             metadata={
                 SAFE_TO_REPEAT: self.repeat(self.name, tool_name, hinted=hinted),
                 NEEDS_APPROVAL: self.approvals.for_tool(self.name, tool_name, destructive=destructive),
+                **({ASK_TASK: ask} if task else {}),
             },
         )
 
-    async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        tracing.annotate({"sophos.tool.server": self.name,  # on the call's span (worker/tools/ledger.py)
-                          "sophos.tool.transport": self.connection["transport"]})
+    async def call(self, tool_name: str, arguments: dict[str, Any], *, task: bool = False) -> str:
+        """Call the tool (as an MCP task when ``task``: worker/tools/tasks.py); its text, or a
+        ``ToolException`` for the model."""
+        tracing.annotate({"sophos.tool.server": self.name,  # on the call's span (the ledger: calls.py)
+                          "sophos.tool.transport": self.connection["transport"], "sophos.tool.task": task})
         full = f"{self.name}__{tool_name}"
         for last in (False, True):
             session = await self._session_for_call()
             try:
                 with timed(TOOL_CALL, {"tool": full}):
-                    # ``_meta`` carries the call's idempotency key (worker/tools/ledger.py):
+                    # ``_meta`` carries the call's idempotency key (worker/tools/ledger/):
                     # langchain-mcp-adapters 0.3 does not forward ``_meta`` (its issue #410), so the
                     # session is called directly.
-                    request = session.call_tool(tool_name, arguments, meta=request_meta())
-                    result = await asyncio.wait_for(request, self.call_timeout)
+                    if task:  # each request within the call timeout; the task as long as it works
+                        result = await call_as_task(session, tool_name, arguments, meta=request_meta(),
+                                                    on_state=task_state, request_timeout=self.call_timeout)
+                    else:
+                        request = session.call_tool(tool_name, arguments, meta=request_meta())
+                        result = await asyncio.wait_for(request, self.call_timeout)
+            except TaskLost as exc:
+                # The task was made: it may be working still. Asked for again on the next attempt.
+                raise self._unanswered(session, self.secrets.redact(f"tool {full}: {exc}")) from None
             except McpError as exc:
                 if exc.error.code == SESSION_TERMINATED and not last:
                     # A remote server restarted since the session opened: it refused the request
@@ -278,11 +292,26 @@ class McpServer:
                 raise self._unanswered(
                     session, f"tool server {self.name!r} failed during the call: {self._described(exc)}"
                 ) from None
-            text = _result_text(result)
-            if result.isError:
-                raise ToolException(self.secrets.redact(text) or f"tool {full} failed")
-            return text
+            return self._answer(full, result)
         raise AssertionError("unreachable: the last try returns or raises")
+
+    def _answer(self, full: str, result: CallToolResult) -> str:
+        text = _result_text(result)
+        if result.isError:
+            raise ToolException(self.secrets.redact(text) or f"tool {full} failed")
+        return text
+
+    async def ask_task(self, tool_name: str, task_id: str) -> str:
+        """The result of the call of ``tool_name`` made as the task ``task_id`` before a crash, from
+        its server (waited for while it works): its text, or a ``ToolException`` (the task failed or
+        was cancelled). Raises :class:`~worker.tools.tasks.TaskForgotten` if the server does not know
+        it; any other failure means it could not be asked."""
+        session = await self._session_for_call()
+        full = f"{self.name}__{tool_name}"
+        with timed(TOOL_CALL, {"tool": full}):
+            result = await resume_task(session, task_id, on_state=task_state,
+                                       request_timeout=self.call_timeout)
+        return self._answer(full, result)
 
     async def _session_for_call(self) -> ClientSession:
         session = self.session

@@ -8,7 +8,7 @@
   says nothing does not (MCP's own default for a missing hint is "destructive", which would make
   every tool of most servers ask: only a tool's word counts here).
 - ``safeToRepeat`` (per server): whether a call that *may* have run (the worker stopped while
-  it was being made, or its answer did not come: worker/tools/ledger.py) may be sent again
+  it was being made, or its answer did not come: worker/tools/ledger/) may be sent again
   without asking. By default the tool's own MCP annotations decide (``readOnlyHint`` or
   ``idempotentHint`` true: safe); ``true`` or ``false`` overrides that for every tool of the
   server, a list names the tools that are safe, and an object ``{"tool": true|false}`` overrides

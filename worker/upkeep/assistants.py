@@ -13,25 +13,21 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from shared.contracts.assistants import AssistantWrite, assistant_done_key
+from shared.redis.outcomes import STOPPED, failure, report
 from shared.storage import Database, Tx
 from shared.storage.schema import iso_from_timestamp
 from worker.entry import entry_point
 
 log = structlog.get_logger(__name__)
 
-#: How long the outcome of a job is kept for the API request waiting on it.
-OUTCOME_TTL_SECONDS = 60
-
-
 class _Missing(Exception):
     """The assistant (or the version) the job names is not stored."""
 
 
 async def write(db: Database, redis: Redis, job: AssistantWrite) -> str:
-    outcome = "failed: the worker stopped"
+    outcome = STOPPED
     try:
         async with db.transaction() as tx:
             await _OPS[job.op](tx, job)
@@ -40,16 +36,10 @@ async def write(db: Database, redis: Redis, job: AssistantWrite) -> str:
     except _Missing:
         outcome = "missing"
     except Exception as exc:
-        outcome = f"failed: {type(exc).__name__}: {exc}"
+        outcome = failure(exc)
         log.exception("assistant.write_failed", op=job.op, assistant_id=job.assistant_id)
     finally:
-        try:
-            async with redis.pipeline(transaction=True) as pipe:
-                pipe.rpush(assistant_done_key(job.job_id), outcome)
-                pipe.expire(assistant_done_key(job.job_id), OUTCOME_TTL_SECONDS)
-                await pipe.execute()
-        except RedisError as exc:  # the API answered already, or will: the database is written
-            log.warning("assistant.notify_failed", error=str(exc))
+        await report(redis, assistant_done_key(job.job_id), outcome, event="assistant.notify_failed")
     return outcome
 
 

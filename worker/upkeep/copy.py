@@ -12,7 +12,7 @@ lock for its duration, so no write can land in the file behind it.
   are those a worker on PostgreSQL would have written: channel values split into
   ``checkpoint_blobs``, DeltaChannel snapshots marked as the saver marks them. Every
   checkpoint is copied, not only each thread's last: the messages are a DeltaChannel
-  (shared/storage/thread.py), rebuilt from the writes back to the last snapshot. Writes are
+  (shared/storage/threads/state.py), rebuilt from the writes back to the last snapshot. Writes are
   copied as stored (task path and index included, the serializer being the same on
   both sides), because a tuple read back through the saver drops both.
 - **One transaction**: the target holds all of it or, if anything fails, nothing (and
@@ -62,7 +62,7 @@ RUN_COLUMNS = (
     "id, conversation_id, kind, status, error_code, error_message, enqueued_at, started_at,"
     " finished_at, step_count"
 )
-#: the ledger of tool calls (worker/tools/ledger.py): a call it records done is never sent again
+#: the ledger of tool calls (worker/tools/ledger/): a call it records done is never sent again
 TOOL_CALL_COLUMNS = (
     "conversation_id, message_id, tool_call_id, run_id, tool, arguments, idempotency_key, attempt,"
     " state, status, result, intent_at, outcome_at"

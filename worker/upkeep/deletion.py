@@ -33,7 +33,6 @@ from shared.redis.keys import (
     ACTIVE_RUNS,
     CANCELLED_RUNS,
     IDEMPOTENCY_TTL_SECONDS,
-    PROTOCOL_THREADS,
     cancel_key,
     cancelled_run_key,
     conversation_deleted_key,
@@ -46,7 +45,9 @@ from shared.redis.keys import (
     run_key,
 )
 from shared.redis.metrics import CONVERSATIONS_EXPIRED, METRICS_KEY, counter_field
+from shared.redis.outcomes import STOPPED, failure, push
 from shared.redis.scripts import scripts
+from shared.redis.threads import forget_thread
 from worker.entry import entry_point
 from worker.store import RunStore
 
@@ -54,8 +55,9 @@ log = structlog.get_logger(__name__)
 
 #: ``DeleteJob.reason`` of the deletes ``CONVERSATION_RETENTION_DAYS`` asks for (worker/upkeep/retention.py)
 RETENTION = "retention"
-#: How long the outcome of a delete is kept for the API requests waiting on it.
-OUTCOME_TTL_SECONDS = 60
+#: ``DeleteJob.reason`` of the deletes of threads past their ``ttl``, or left empty past
+#: ``EMPTY_THREAD_RETENTION_MINUTES`` (worker/upkeep/expiry.py)
+EXPIRED = "expired"
 
 
 async def delete_conversation_data(
@@ -97,6 +99,7 @@ async def _cancelled_while_queued(redis: Redis, conversation_id: str) -> list[st
 
 async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -> None:
     cancelled = await _cancelled_while_queued(redis, conversation_id)
+    owner = await redis.hget(protocol_thread_key(conversation_id), "owner")  # type: ignore[misc]
     async with redis.pipeline(transaction=False) as pipe:
         for run_id in [*run_ids, *cancelled]:
             pipe.delete(events_key(run_id), run_key(run_id), progress_key(run_id), cancel_key(run_id))
@@ -104,14 +107,15 @@ async def _forget_runs(redis: Redis, conversation_id: str, run_ids: list[str]) -
             pipe.zrem(CANCELLED_RUNS, *cancelled)
         pipe.delete(cancelled_run_key(conversation_id), model_call_key(conversation_id))
         # Its thread, for the Agent Protocol (api/protocol/), goes with it.
-        pipe.delete(protocol_thread_key(conversation_id), *(protocol_run_key(r) for r in run_ids))
-        pipe.zrem(PROTOCOL_THREADS, conversation_id)
+        forget_thread(pipe, conversation_id, owner.decode() if isinstance(owner, bytes) else owner)
+        if run_ids:
+            pipe.delete(*(protocol_run_key(r) for r in run_ids))
         pipe.set(conversation_deleted_key(conversation_id), 1, ex=IDEMPOTENCY_TTL_SECONDS)
         await pipe.execute()
 
 
 async def delete(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, job: DeleteJob) -> str:
-    outcome = "failed: the worker stopped"
+    outcome = STOPPED
     try:
         runs = await delete_conversation_data(saver, store, redis, job.conversation_id)
         outcome = "deleted"
@@ -119,7 +123,7 @@ async def delete(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis,
         if job.reason == RETENTION:
             await _count_expired(redis)
     except Exception as exc:
-        outcome = f"failed: {type(exc).__name__}: {exc}"
+        outcome = failure(exc)
         log.exception("conversation.delete_failed")
     finally:
         await _notify(redis, job, outcome)
@@ -139,8 +143,7 @@ async def _notify(redis: Redis, job: DeleteJob, outcome: str) -> None:
         async with redis.pipeline(transaction=True) as pipe:
             release = scripts(redis).release_active
             await release(keys=[ACTIVE_RUNS], args=[job.conversation_id, job.claim], client=pipe)
-            pipe.rpush(key, outcome)
-            pipe.expire(key, OUTCOME_TTL_SECONDS)
+            push(pipe, key, outcome)
             await pipe.execute()
     except RedisError as exc:
         # Start-up reconciliation frees a claim whose job is no longer queued.

@@ -33,6 +33,11 @@ The sweep also bounds ``CANCELLED_RUNS``, the index of runs cancelled while queu
 an entry whose record has expired is removed (a slice of the index per pass, so
 every entry is looked at within a few passes), and no entry outlives the longest
 a record can live.
+
+After each pass the sweep runs its other tasks (``also``: approval deadlines, retention,
+pruning, threads' expiry). A pass starts ``SWEEP_SECONDS`` after the last one started, or at
+once when the last one took longer: the retention working off a backlog goes on for up to an
+interval (worker/upkeep/retention.py), so claims are still looked at every few seconds.
 """
 
 from __future__ import annotations
@@ -112,7 +117,8 @@ class ClaimSweep:
         self.executing = executing
         self.event_retention = event_retention
         self.interval = interval
-        #: run after each pass, each on its own (approval deadlines, retention)
+        #: run after each pass, each on its own (approval deadlines, retention: which may go on
+        #: for up to ``interval``, worker/upkeep/retention.py)
         self.also = tuple(also)
         self._cancelled_cursor = 0
         self._task: asyncio.Task[None] | None = None
@@ -230,8 +236,12 @@ class ClaimSweep:
         return pruned
 
     async def _forever(self) -> None:
+        started = time.monotonic()
         while True:
-            await asyncio.sleep(self.interval)
+            # A pass starts ``interval`` after the last one started: a pass whose tasks took long
+            # (the retention working off a backlog takes up to an interval) is followed at once.
+            await asyncio.sleep(max(0.0, started + self.interval - time.monotonic()))
+            started = time.monotonic()
             try:
                 report = await self.once()
             except RedisError as exc:

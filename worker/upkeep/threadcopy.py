@@ -2,11 +2,11 @@
 conversation's row, then tell the API waiting on it (persist, then notify).
 
 The API checked the source is the caller's and that no run holds it, and wrote the copy's
-thread record (api/protocol/threads.py). Every checkpoint goes through the saver's ``aput``,
+thread record (api/protocol/threads/records.py). Every checkpoint goes through the saver's ``aput``,
 oldest first, under the new thread id and with the same checkpoint ids (so a branch head the
 row names is the copy's too), each with the channels that changed since its parent, and its
 pending writes through ``aput_writes``: the messages are a DeltaChannel
-(shared/storage/thread.py), rebuilt from the writes back to the last snapshot, so the whole
+(shared/storage/threads/state.py), rebuilt from the writes back to the last snapshot, so the whole
 chain is copied, as ``BaseCheckpointSaver.copy_thread`` asks (no saver here implements it).
 The row goes last: until it exists the copy reads as an empty thread, never a partial one;
 a copy that fails, or whose source was deleted meanwhile, deletes what it wrote.
@@ -23,18 +23,14 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from shared.contracts.jobs import CopyJob
 from shared.redis.keys import copied_key
+from shared.redis.outcomes import STOPPED, failure, report
 from worker.entry import entry_point
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)
-
-#: How long the outcome of a copy is kept for the API request waiting on it.
-OUTCOME_TTL_SECONDS = 60
-
 
 async def copy_checkpoints(saver: BaseCheckpointSaver[Any], source_id: str, target_id: str) -> int:
     """Every checkpoint of ``source_id`` and its writes, under ``target_id``; how many checkpoints."""
@@ -69,7 +65,7 @@ async def copy_checkpoints(saver: BaseCheckpointSaver[Any], source_id: str, targ
 
 
 async def copy(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, job: CopyJob) -> str:
-    outcome = "failed: the worker stopped"
+    outcome = STOPPED
     try:
         checkpoints = await copy_checkpoints(saver, job.source_id, job.target_id)
         found = await store.copy_conversation(job.source_id, job.target_id, job.owner)
@@ -79,11 +75,11 @@ async def copy(saver: BaseCheckpointSaver[Any], store: RunStore, redis: Redis, j
         if not found:  # deleted meanwhile: what was copied of it goes too
             await saver.adelete_thread(job.target_id)
     except Exception as exc:
-        outcome = f"failed: {type(exc).__name__}: {exc}"
+        outcome = failure(exc)
         log.exception("thread.copy_failed", conversation_id=job.source_id)
         await _forget(saver, job.target_id)
     finally:
-        await _notify(redis, job, outcome)
+        await report(redis, copied_key(job.job_id), outcome, event="thread.copy_notify_failed")
     return outcome
 
 
@@ -93,17 +89,6 @@ async def _forget(saver: BaseCheckpointSaver[Any], target_id: str) -> None:
         await saver.adelete_thread(target_id)
     except Exception as exc:
         log.warning("thread.copy_cleanup_failed", copy_id=target_id, error=str(exc))
-
-
-async def _notify(redis: Redis, job: CopyJob, outcome: str) -> None:
-    key = copied_key(job.job_id)
-    try:
-        async with redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, outcome)
-            pipe.expire(key, OUTCOME_TTL_SECONDS)
-            await pipe.execute()
-    except RedisError as exc:  # the copy is written: the API answers from what it reads
-        log.warning("thread.copy_notify_failed", error=str(exc))
 
 
 @entry_point(CopyJob)

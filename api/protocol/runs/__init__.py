@@ -1,0 +1,2 @@
+"""Runs in the SDK's shape: the service, the creation body, commands, interrupts, forks,
+runs without a thread."""
