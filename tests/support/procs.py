@@ -240,18 +240,26 @@ def pid_alive(pid: int) -> bool:
 
 
 def _heartbeat_pid(client: redis.Redis) -> int | bool | None:
-    """The pid in the worker heartbeat; None if there is none; True if present without a pid."""
+    """The pid in the worker heartbeat; None if there is none; True if present without a pid.
+
+    The key can expire between two reads (a killed worker's last beat ends its TTL): a read
+    that finds nothing is no heartbeat, never one "without a pid".
+    """
     kind = client.type(HEARTBEAT_KEY)
     kind = kind.decode() if isinstance(kind, bytes) else kind
     raw: Any = None
-    if kind == "none":
-        return None
     if kind == "hash":
         raw = client.hget(HEARTBEAT_KEY, "pid")
+        if raw is None and not client.exists(HEARTBEAT_KEY):
+            return None
     elif kind == "string":
         value = client.get(HEARTBEAT_KEY)
+        if value is None:
+            return None
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             raw = json.loads(value).get("pid")  # type: ignore[arg-type]
+    else:
+        return None
     try:
         return int(raw)
     except (TypeError, ValueError):
