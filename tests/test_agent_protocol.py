@@ -24,6 +24,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.agent_protocol import said
 from tests.support.client import chat, get_json, tool_calls, wait_for_async
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
+from tests.support.http import async_http_client
 from tests.support.js_sdk import run_js
 from tests.support.stacks import approval_stack
 
@@ -341,7 +342,7 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     with pytest.raises(ConflictError):  # an empty thread has nothing to resume
         await client.runs.create(thread_id, "agent")
 
-    async with httpx.AsyncClient(base_url=base) as http:
+    async with async_http_client(base_url=base) as http:
         for method, path, body in [
             ("GET", "/threads/not-a-uuid", None),
             ("POST", "/threads", {"thread_id": "nope"}),
@@ -366,7 +367,7 @@ async def test_refusals_are_enveloped_and_change_nothing(client: LangGraphClient
     assert thread["metadata"] == {"keep": True, "owner": "local"}
     assert await client.runs.list(thread_id) == []
     model.script(Text("Still fine."))
-    async with httpx.AsyncClient(base_url=base) as http:
+    async with async_http_client(base_url=base) as http:
         # checkpoint_during (deprecated in the SDK) is taken: every step is checkpointed anyway.
         run_body = {"assistant_id": "agent", "input": said("ok?"), "checkpoint_during": False}
         accepted = await http.post(f"/threads/{thread_id}/runs", json=run_body)
@@ -397,7 +398,7 @@ async def test_api_token_as_bearer_or_x_api_key(
     async with get_client(url=api.url, api_key=None, headers=bearer_header) as bearer:
         assert await bearer.threads.search() == []
     # Every route of the protocol's, from the app's own document, asks for the token; /ok alone does not.
-    async with httpx.AsyncClient(base_url=api.url) as http:
+    async with async_http_client(base_url=api.url) as http:
         paths = (await http.get("/schema/openapi.json")).json()["paths"]
         routes = [
             (method.upper(), re.sub(r"\{[^}]+\}", str(uuid.uuid4()), path))

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
@@ -22,6 +21,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.agent_protocol import said
 from tests.support.client import read_sse, wait_for_async
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
+from tests.support.http import http_client
 from tests.support.js_sdk import run_js
 from tests.support.postgres import engine_overrides
 from tests.support.stacks import Stack, own_redis_stack
@@ -227,7 +227,7 @@ async def test_an_assistants_approvals_hold_and_its_resume_keeps_its_configurati
 def test_a_conversation_begun_with_an_assistant_keeps_it(stack: SophosEnv, model: FakeOllama) -> None:
     """The page and the CLI name an assistant for a new conversation (POST /api/chat ``assistant``);
     the conversation's next messages are that assistant's too."""
-    with httpx.Client(base_url=stack.api_url, timeout=30) as http:
+    with http_client(base_url=stack.api_url, timeout=30) as http:
         made = http.post("/assistants", json={"graph_id": "agent",
                                               "context": {"system_prompt": "You are Poet."}})
         poet = made.json()["assistant_id"]

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
@@ -29,6 +28,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.agent_protocol import busy_thread, said
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 from tests.support.stacks import approval_stack
 from worker.run.turns import TURN_RETRY_SECONDS
 
@@ -88,7 +88,7 @@ async def test_a_waiting_run_is_woken_when_the_run_ahead_ends(
         await wait_for_async(deferred, timeout=10, message="the waiting run's job taken and deferred")
     hang.release()
     await client.runs.join(thread_id, second)
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         ahead = (await http.get(f"/api/runs/{first}")).json()
         behind = (await http.get(f"/api/runs/{second}")).json()
     waited = (datetime.fromisoformat(behind["startedAt"]) - datetime.fromisoformat(ahead["finishedAt"]))
@@ -141,7 +141,7 @@ async def test_a_join_from_the_start_begins_with_metadata(
     unnamed = [p async for p in client.runs.join_stream(thread_id, run["run_id"])]  # no Last-Event-ID
     assert unnamed[0].event == "metadata"
     # A rejoin after an event goes on from it: no metadata again.
-    async with httpx.AsyncClient(base_url=stack.api_url) as http, http.stream(
+    async with async_http_client(base_url=stack.api_url) as http, http.stream(
         "GET", f"/threads/{thread_id}/runs/{run['run_id']}/stream", headers={"Last-Event-ID": "1-0"}
     ) as response:
         body = (await response.aread()).decode()
@@ -163,7 +163,7 @@ async def test_concurrent_creates_of_one_thread_id_all_answer_its_metadata(clien
 async def test_openapi_json_and_the_counts(
     client: LangGraphClient, stack: SophosEnv, model: FakeOllama
 ) -> None:
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         served = await http.get("/openapi.json")  # public, as /schema/openapi.json is
         assert served.status_code == 200
         assert served.json() == (await http.get("/schema/openapi.json")).json()
@@ -201,7 +201,7 @@ async def test_run_creation_counts_against_the_submission_rate_limit(stack: Soph
     create a run, per client address (X-Forwarded-For from a trusted proxy, loopback here)."""
     headers = {"X-Forwarded-For": "192.0.2.41"}
     async with get_client(url=stack.api_url, headers=headers) as sdk, \
-            httpx.AsyncClient(base_url=stack.api_url, headers=headers) as http:
+            async_http_client(base_url=stack.api_url, headers=headers) as http:
         thread_id = (await sdk.threads.create())["thread_id"]
         body = {"assistant_id": "no such assistant", "input": said("x")}
         for i in range(60):  # refused (an unknown assistant), but counted all the same
@@ -337,7 +337,7 @@ async def test_the_thread_streaming_sessions_unserved_parts_are_refused_by_name(
             await thread.output.with_timeout(30)
     assert refused.value.rcvd is not None and refused.value.rcvd.code == 4404
     assert "websocket is not served" in refused.value.rcvd.reason
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         answer = await http.post(f"/threads/{thread_id}/commands", json={
             "id": 7, "method": "state.fork", "params": {"checkpoint_id": "x"}})
         assert answer.json() == {"type": "error", "id": 7, "error": "not_supported", "message": (

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
@@ -28,6 +27,7 @@ from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.agent_protocol import busy_thread, said
 from tests.support.client import tool_calls, wait_for_async
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 from tests.support.metrics import parse
 from tests.support.stacks import approval_stack
 
@@ -86,7 +86,7 @@ async def test_a_run_waiting_for_its_thread_is_not_the_workers_backlog(
     model.script(hang, Text("Then this."))
     thread_id, _ = await busy_thread(client, hang)
     second = (await enqueue(client, thread_id, "two"))["run_id"]
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
 
         async def waited_a_second() -> bool:
             return int((await http.get(f"/api/runs/{second}")).json()["waitedMs"]) >= 1000
@@ -118,7 +118,7 @@ async def test_an_enqueued_run_starts_when_the_run_before_it_ends(
     assert (await client.threads.get(thread_id))["status"] == "busy"
     # Everything else keeps the one-run-per-conversation rule: a new message on /api/chat, a
     # run with reject. (A delete cancels the runs, then deletes: tests/test_agent_protocol_defaults.py.)
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         native = await http.post("/api/chat", json={"message": "three", "conversation": thread_id})
     assert native.status_code == 409 and native.json()["error"]["code"] == "SESSION_IN_PROGRESS"
     with pytest.raises(ConflictError):

@@ -21,6 +21,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.agent_protocol import said
 from tests.support.client import wait_for_async
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 from tests.support.js_sdk import run_js
 from tests.support.stacks import Stack, own_redis_stack
 
@@ -172,7 +173,7 @@ async def test_a_run_without_a_thread_has_its_thread_deleted_after_the_api_was_k
     whole.group.start_api(whole.env)  # on the same port: the client's
     await wait_for_async(lambda: gone(client, run["thread_id"]), 60, interval=0.2,
                          message="the thread of the run without a thread deleted by the worker")
-    async with httpx.AsyncClient(base_url=whole.api, trust_env=False) as http:  # its history with it
+    async with async_http_client(base_url=whole.api, trust_env=False) as http:  # its history with it
         assert (await http.get(f"/api/conversations/{run['thread_id']}")).status_code == 404
     # ``keep``: its thread is still there once its run ended.
     await client.runs.join(kept["thread_id"], kept["run_id"])
@@ -289,7 +290,7 @@ async def test_a_delayed_run_waits_its_time_across_a_restart(
     with pytest.raises((httpx.HTTPStatusError, APIStatusError)) as busy:  # it holds the thread meanwhile
         await client.runs.create(thread_id, "agent", input=said("now"), multitask_strategy="reject")
     assert status_of(busy.value)[0] == 409
-    async with httpx.AsyncClient(base_url=whole.api) as http:  # it waits for its time, not a worker
+    async with async_http_client(base_url=whole.api) as http:  # it waits for its time, not a worker
         shown = (await http.get(f"/api/runs/{run['run_id']}")).json()
         assert shown["waitedMs"] == 0, shown
 
@@ -303,7 +304,7 @@ async def test_a_delayed_run_waits_its_time_across_a_restart(
     values: Any = await client.runs.join(thread_id, run["run_id"])
     assert [m["content"] for m in values["messages"]] == ["in a while", "Later."]
     assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
-    async with httpx.AsyncClient(base_url=whole.api) as http:  # started once due, not before
+    async with async_http_client(base_url=whole.api) as http:  # started once due, not before
         shown = (await http.get(f"/api/runs/{run['run_id']}")).json()
     waited = datetime.fromisoformat(shown["startedAt"]) - datetime.fromisoformat(shown["enqueuedAt"])
     assert waited.total_seconds() >= DELAY - 0.01, shown

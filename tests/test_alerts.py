@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from redis.asyncio import Redis
@@ -35,6 +34,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Status, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, require_approval
 from tests.support.faults import execute
+from tests.support.http import http_client
 from tests.support.metrics import Key, Scrape, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +293,7 @@ def test_approvals_waiting(
     assert read_sse(api, conversation)[-1].data["status"] == "waiting"
     waiting = scraped_when(api, "sophos_conversations_waiting", 1)
     [request] = get_json(api, f"/api/conversations/{conversation}")["pendingApproval"]
-    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10, trust_env=False) as http:
         decided = http.post("/api/chat", json={
             "conversation": conversation, "decisions": [{"id": request["id"], "action": "approve"}],
         })

@@ -22,6 +22,7 @@ from api import store
 from tests.fakes.ollama import FakeOllama, Hang
 from tests.support.client import post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client, http_client
 from tests.support.metrics import gauge
 
 
@@ -73,7 +74,7 @@ async def test_reads_in_flight_survive_the_database_vanishing_and_coming_back(
             flips += 1
         return flips
 
-    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
         readers = [asyncio.create_task(reader(http, n)) for n in range(8)]
         flips = await toggle()
         stop.set()
@@ -84,7 +85,7 @@ async def test_reads_in_flight_survive_the_database_vanishing_and_coming_back(
     # 404: a conversation asked for while the file was away; 503: a read the vanishing file broke.
     assert set(statuses) <= {200, 404, 503}, statuses
     # And the store is healthy afterwards.
-    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
         for conversation in conversations:
             assert (await http.get(f"/api/conversations/{conversation}")).status_code == 200
 
@@ -130,7 +131,7 @@ def test_last_event_id_beyond_what_a_stream_can_hold_is_refused_before_the_strea
     conversation, _ = chat(api, "a running run")
     slow.wait_started()
     url = f"{api}/api/chat"
-    with httpx.Client(timeout=10, trust_env=False) as http:
+    with http_client(timeout=10, trust_env=False) as http:
         for raw in (
             "99999999999999999999",
             "9223372036854775808",

@@ -32,6 +32,7 @@ from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, wait_for, wait_for_async
 from tests.support.env import SophosEnv, require_approval
 from tests.support.faults import DatabaseLock
+from tests.support.http import http_client
 from tests.support.procs import ServiceProcess, descendant_pids, pid_alive
 
 #: SQLite's busy timeout on the API's read-only connections (api/store.py, ``timeout=5.0``):
@@ -195,7 +196,7 @@ def test_a_read_past_read_timeout_answers_503_and_frees_its_reader(
     # More reads of the slow thread than there are readers: each is answered within the bound
     # (the one that waited for a free reader too), none holds a reader afterwards.
     paths = [f"/api/conversations/{slow}"] * READER_PROCESSES + [f"/api/conversations/{slow}/export"]
-    with ThreadPoolExecutor(len(paths)) as pool, httpx.Client(base_url=url, timeout=60, trust_env=False) as h:
+    with ThreadPoolExecutor(len(paths)) as pool, http_client(base_url=url, timeout=60, trust_env=False) as h:
         answers = list(pool.map(h.get, paths))
     for answer in answers:
         assert answer.status_code == 503, answer.text
@@ -252,7 +253,7 @@ def test_reads_and_a_decision_answer_while_another_process_holds_the_write_lock(
     # Ready means LangGraph is loaded: no read pays for importing it (api/store.py READER_MODULES).
     assert all(_loaded_langgraph(pid) for pid in readers)
     timings: dict[str, float] = {}
-    with DatabaseLock(sophos_env.database_path) as lock, httpx.Client(
+    with DatabaseLock(sophos_env.database_path) as lock, http_client(
         base_url=api.url or "", timeout=2 * BUSY_TIMEOUT_SECONDS, trust_env=False
     ) as http:
 

@@ -18,6 +18,7 @@ import pytest
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import chat, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, require_approval
+from tests.support.http import http_client
 from tests.support.metrics import gauge
 from tests.support.stacks import approval_stack
 
@@ -41,7 +42,7 @@ def stack(shared_stack: SophosEnv) -> SophosEnv:
 def decide(
     api_url: str, conversation: str, decisions: list[dict[str, Any]], **headers: str
 ) -> httpx.Response:
-    with httpx.Client(base_url=api_url, timeout=10.0, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10.0, trust_env=False) as http:
         return http.post(
             "/api/chat", json={"conversation": conversation, "decisions": decisions}, headers=headers
         )

@@ -23,6 +23,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import get_json, read_sse, read_sse_async, tool_calls, tool_log, wait_for
 from tests.support.env import SophosEnv
 from tests.support.faults import DatabaseLock, accepted
+from tests.support.http import http_client
 
 #: The contract (DESIGN.md, docs/api.md "Cancelling"): from the cancel request to the run's
 #: ``end`` event, at most this long. A generous bound, not a speed figure: the cut
@@ -39,7 +40,7 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
 
 
 def cancel(api_url: str, run_id: str) -> httpx.Response:
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
         return http.post(f"/api/runs/{run_id}/cancel")
 
 

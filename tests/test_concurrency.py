@@ -15,13 +15,13 @@ import collections
 import signal
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Hang, Reply, Text, ToolCalls
 from tests.support.client import get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, integrity, queue_is_clean, transcript
+from tests.support.http import http_client
 from tests.support.procs import wait_worker_ready
 
 N = 4
@@ -47,7 +47,7 @@ def start_both(env: SophosEnv, start_worker, start_api, worker_env: SophosEnv | 
 
 
 def cancel(api_url: str, run: str) -> int:
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
         return http.post(f"/api/runs/{run}/cancel").status_code
 
 

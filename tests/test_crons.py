@@ -17,7 +17,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
@@ -36,6 +35,7 @@ from tests.fakes.ollama import FakeOllama, Hang, ToolCalls
 from tests.support.agent_protocol import said
 from tests.support.client import chat, wait_for_async
 from tests.support.env import SophosEnv, require_approval
+from tests.support.http import async_http_client
 from tests.support.ports import free_port
 from tests.support.procs import ServiceProcess
 from worker.schedule.crons.jobs import create, update
@@ -201,7 +201,7 @@ async def test_a_tick_on_a_busy_thread_is_skipped_and_said_so(
         # Never queued: the thread's only run is the one holding it.
         assert [r["run_id"] for r in await client.runs.list(thread_id)] == [holder]
         assert worker.wait_for_log(lambda line: "cron.tick_skipped" in line and holder in line)
-        async with httpx.AsyncClient() as http:
+        async with async_http_client() as http:
             metrics = (await http.get(f"{api.url}/metrics")).text
         counted = [line for line in metrics.splitlines() if line.startswith(SKIPPED_METRIC)]
         assert len(counted) == 1 and float(counted[0].split()[-1]) >= 2
@@ -465,7 +465,7 @@ async def test_a_cron_created_while_no_worker_runs_is_stored_once_one_is_back(
     sophos_env: SophosEnv, start_worker: StartService, start_api: StartService, model: FakeOllama
 ) -> None:
     api = start_api(sophos_env)
-    async with get_client(url=api.url) as client, httpx.AsyncClient(base_url=api.url or "") as http:
+    async with get_client(url=api.url) as client, async_http_client(base_url=api.url or "") as http:
         thread = await client.threads.create()
         cron = as_cron(await client.crons.create_for_thread(
             thread["thread_id"], "agent", schedule="0 9 * * *", input=said("later"),

@@ -21,6 +21,7 @@ from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import chat, get_json, read_sse, tool_calls, wait_for, wait_for_async
 from tests.support.env import SophosEnv, require_approval
+from tests.support.http import async_http_client
 from tests.test_approvals import decide, wait_approval
 
 
@@ -145,7 +146,7 @@ async def test_a_switch_cancelled_before_it_started_records_the_branch_it_follow
 
     worker.signal(signal.SIGSTOP)  # it takes the switch only after the cancel
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+        async with async_http_client(base_url=url, timeout=30, trust_env=False) as http:
             response = await http.post(f"/api/conversations/{conversation}/branch",
                                        json={"message": two["id"]})
         assert response.status_code == 202, response.text

@@ -35,6 +35,7 @@ from tests.support.client import (
     wait_for_async,
 )
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 from worker.run import events as events_module
 from worker.run.events import FLUSH_TIMEOUT, EventPublisher
 
@@ -78,7 +79,7 @@ async def no_blocking_read(redis: Redis, pid: int) -> bool:
 
 
 async def run_info(api_url: str, run: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=api_url, trust_env=False) as http:
+    async with async_http_client(base_url=api_url, trust_env=False) as http:
         answer = await http.get(f"/api/runs/{run}")
     assert answer.status_code == 200, answer.text
     info: dict[str, Any] = answer.json()
@@ -403,7 +404,7 @@ async def test_200_subscribers_on_one_process_all_receive_every_event(
     idle_rss = rss_kib(api.pid)
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=api.url, timeout=30, limits=limits, trust_env=False) as http:
+    async with async_http_client(base_url=api.url, timeout=30, limits=limits, trust_env=False) as http:
 
         caught_up = 0  # clients that have the first token, published before any of them came
 
@@ -632,7 +633,7 @@ async def test_a_run_can_be_named_so_its_ids_are_never_taken_for_another_runs(
     assert key(named) == key(second)
     # A run of another conversation, or no run at all, is not found; a bad id is refused.
     other, _ = await chat_async(api.url, "three")
-    async with httpx.AsyncClient(base_url=api.url, trust_env=False) as http:
+    async with async_http_client(base_url=api.url, trust_env=False) as http:
         for params, status in (
             ({"conversation": other, "run": run1}, 404),
             ({"conversation": conversation, "run": str(uuid.uuid4())}, 404),
@@ -824,7 +825,7 @@ async def test_kill_9_between_coalesced_tokens_and_reconnects_inside_an_entry(
     # A client cut inside an entry of tokens resumes; so does one after every id of that entry
     # (from the one before it), the last token and the start.
     a, b = next((a, b) for a, b, t in written if t == "token" and b > a)
-    async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+    async with async_http_client(base_url=api.url, timeout=30) as http:
         cut = await read_sse_async(api.url, conversation, stop_after=a + 1, http=http)
         assert key(cut) == key(full[:a + 1])
         for after in sorted({0, len(full) - 1, *range(a - 1, b + 1)}):

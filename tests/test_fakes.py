@@ -46,6 +46,7 @@ from tests.support.client import (
     wait_for_async,
 )
 from tests.support.env import TOOLS_SERVER, SophosEnv, with_fetch
+from tests.support.http import http_client
 from tests.support.loopback import serving
 from tests.support.procs import ProcessGroup, ProcessStartError, pid_alive
 from tests.support.redis_server import RedisServer
@@ -215,7 +216,7 @@ async def test_hang_ends_on_release_reset_or_client_leaving(model: FakeOllama) -
 
 
 def test_tags_and_other_endpoints(model: FakeOllama) -> None:
-    with httpx.Client(base_url=model.url, trust_env=False) as http:
+    with http_client(base_url=model.url, trust_env=False) as http:
         tags = http.get("/api/tags").json()
         assert [m["name"] for m in tags["models"]] == ["test-model:latest"]
         assert tags["models"][0]["model"] == "test-model:latest"
@@ -286,6 +287,97 @@ async def test_tools_server_over_stdio(tmp_path: Path) -> None:
     # Each execution logs the idempotency key it was sent in `_meta` (none through the adapters).
     slow = {"tool": "slow", "args": {"seconds": 0.05}, "pid": pids.pop(), "key": None}
     assert tool_calls(log, "slow") == [slow]
+
+
+def _exchange(tmp_path: Path, *options: str) -> list[dict[str, object]]:
+    """One session with the fake tools server over stdio, as MCP's client speaks it: its answers,
+    in the order they came (a slow call is answered after a quick one sent behind it, and a
+    cancelled call is answered as cancelled)."""
+    import subprocess
+
+    log = tmp_path / f"tools{len(options)}.log"
+    process = subprocess.Popen(
+        [sys.executable, str(TOOLS_SERVER), *options], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env={"TOOLS_LOG": str(log)}, text=True,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    def send(message: dict[str, object]) -> None:
+        stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        stdin.flush()
+
+    def answer() -> dict[str, object]:
+        return dict(json.loads(stdout.readline()))
+
+    def call(number: int, name: str, arguments: dict[str, object]) -> None:
+        params = {"name": name, "arguments": arguments, "_meta": {"sophos/idempotency-key": f"key-{number}"}}
+        send({"id": number, "method": "tools/call", "params": params})
+
+    def initialize(number: int, version: str) -> None:
+        client = {"name": "t", "version": "1"}
+        send({"id": number, "method": "initialize",
+              "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": client}})
+
+    answers = []
+    try:
+        initialize(1, "2025-06-18")
+        answers.append(answer())
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/list", "params": {}})
+        answers.append(answer())
+        calls = [("echo", {"text": "héllo"}), ("add", {"a": 2, "b": 40}), ("add", {"a": "2", "b": 3.0}),
+                 ("fail", {"message": "nope"}), ("add", {"a": "x", "b": 1}), ("add", {"a": 1}),
+                 ("echo", {"text": 5}), ("add", {"a": 1.5, "b": 1}), ("nope", {})]
+        for number, (name, arguments) in enumerate(calls, start=10):
+            call(number, name, arguments)
+            answers.append(answer())
+        call(30, "slow", {"seconds": 0.3})
+        call(31, "echo", {"text": "first"})
+        answers += [answer(), answer()]
+        call(32, "slow", {"seconds": 30})
+        wait_for(lambda: any(e.get("key") == "key-32" for e in tool_log(log)), timeout=20)  # it runs
+        send({"method": "notifications/cancelled", "params": {"requestId": 32, "reason": "test"}})
+        answers.append(answer())
+        send({"id": 40, "method": "ping"})
+        answers.append(answer())
+        initialize(41, "1999-01-01")
+        answers.append(answer())
+    finally:
+        stdin.close()
+        process.wait(10)
+    return answers
+
+
+def _validation_first_line(answer: dict[str, object]) -> dict[str, object]:
+    """pydantic's wording of a refused argument, which the standard library's server does not copy,
+    cut to its first line ("Error executing tool add: 1 validation error for addArguments")."""
+    result = answer.get("result")
+    if isinstance(result, dict) and result.get("isError"):
+        text = result["content"][0]["text"]
+        return {**answer, "result": {**result, "content": [{"type": "text", "text": text.split("\n")[0]}]}}
+    return answer
+
+
+def test_the_stdio_tools_server_answers_as_fastmcp_does(tmp_path: Path) -> None:
+    """tests/fakes/tools_server.py serves stdio with the standard library (a second of CPU less per
+    worker start than FastMCP's import): every answer, in order, is FastMCP's own, but for the
+    wording of pydantic's validation errors; and the protocol versions are the mcp package's."""
+    from mcp.shared.version import SUPPORTED_PROTOCOL_VERSIONS
+
+    from tests.fakes import tools_server
+
+    assert list(tools_server.PROTOCOL_VERSIONS) == SUPPORTED_PROTOCOL_VERSIONS
+    ours, fastmcp = _exchange(tmp_path), _exchange(tmp_path, "--fastmcp")
+    assert [_validation_first_line(a) for a in ours] == [_validation_first_line(a) for a in fastmcp]
+    assert [a["id"] for a in ours[-5:]] == [31, 30, 32, 40, 41]  # a quick call passes a slow one
+    assert ours[-3] == {"jsonrpc": "2.0", "id": 32, "error": {"code": 0, "message": "Request cancelled"}}
+    # The same executions, with the same keys, in the same order (each server its own pid).
+    logged = [tool_log(tmp_path / f"tools{n}.log") for n in (0, 1)]
+    assert [{k: v for k, v in e.items() if k != "pid"} for e in logged[0]] == [
+        {k: v for k, v in e.items() if k != "pid"} for e in logged[1]
+    ]
+    assert len(logged[0]) == 8 and logged[0][0]["key"] == "key-10"
 
 
 class _SiteHandler(BaseHTTPRequestHandler):

@@ -27,6 +27,7 @@ from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import SseEvent, SseParser, get_json, post_chat, read_sse, tool_calls, wait_for
 from tests.support.env import FAKES_DIR, SophosEnv, mcp_servers
 from tests.support.faults import DatabaseLock, accepted, integrity, queue_is_clean
+from tests.support.http import http_client
 from tests.support.metrics import gauge
 from tests.support.procs import pid_alive
 from worker.store import connect, end_failed_transaction
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.fault
 
 def run_stream(api_url: str, conversation: str, run: str) -> list[SseEvent]:
     """The events of one run (``GET /api/chat?conversation=&run=``), up to its terminal one."""
-    with httpx.Client(base_url=api_url, trust_env=False, timeout=30) as http:
+    with http_client(base_url=api_url, trust_env=False, timeout=30) as http:
         response = http.get("/api/chat", params={"conversation": conversation, "run": run})
     assert response.status_code == 200, response.text
     events = list(SseParser().feed_lines(response.text.splitlines()))
@@ -410,7 +411,7 @@ def test_api_sigterm_ends_its_streams_cleanly_and_clients_resume_elsewhere(
 
     events: list[SseEvent] = []
     with (
-        httpx.Client(base_url=leaving.url, trust_env=False, timeout=30) as http,
+        http_client(base_url=leaving.url, trust_env=False, timeout=30) as http,
         http.stream("GET", "/api/chat", params={"conversation": conversation}) as response,
     ):
         parser = SseParser()

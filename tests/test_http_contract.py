@@ -14,6 +14,7 @@ from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, post_chat, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.support.http import http_client
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> str:
@@ -25,7 +26,7 @@ def error_of(response: httpx.Response, status: int, code: str) -> str:
 
 
 def raw_post(api_url: str, content: bytes, content_type: str = "application/json") -> httpx.Response:
-    with httpx.Client(base_url=api_url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api_url, trust_env=False, timeout=10) as http:
         return http.post("/api/chat", content=content, headers={"Content-Type": content_type})
 
 
@@ -55,7 +56,7 @@ def test_bad_requests_name_the_problem(api_only: SophosEnv) -> None:
     error_of(post_chat(url, conversation=unknown, resume=True), 404, "NOT_FOUND")
     error_of(raw_post(url, b'{"message": "' + b"a" * 5000 + b'"}'), 413, "PAYLOAD_TOO_LARGE")
 
-    with httpx.Client(base_url=url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=url, trust_env=False, timeout=10) as http:
         error_of(http.get("/api/conversations/nope"), 400, "BAD_REQUEST")
         error_of(http.get(f"/api/conversations/{unknown}"), 404, "NOT_FOUND")
         error_of(http.get(f"/api/conversations/{unknown}/export"), 404, "NOT_FOUND")

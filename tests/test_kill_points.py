@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
@@ -51,6 +50,7 @@ from tests.support.faults import (
     ledger_rows,
     recorded_after_crash,
 )
+from tests.support.http import http_client
 from tests.support.procs import ServiceProcess, wait_worker_ready
 from tests.support.redis_server import RedisServer
 from tests.support.tool_servers import RemoteTools, task_endings
@@ -257,7 +257,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
             workers.append(start_worker(env))
             detail = get_json(api, f"/api/conversations/{conversation}")
             assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == requests
-        with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
+        with http_client(base_url=api, timeout=10.0, trust_env=False) as http:
             decided = http.post("/api/chat", json={
                 "conversation": conversation, "decisions": [{"id": ids[target], "action": "approve"}],
             })

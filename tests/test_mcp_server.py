@@ -31,6 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.fakes.ollama import Drop, FakeOllama, Hang, Text, ToolCalls
 from tests.support.client import wait_for, wait_for_async
+from tests.support.http import async_http_client
 from tests.support.stacks import Stack, own_redis_stack
 from tests.support.users import add_user
 
@@ -71,7 +72,7 @@ def people(tmp_path_factory: pytest.TempPathFactory, fake_ollama: FakeOllama) ->
 
 def client_of(headers: dict[str, str]) -> httpx.AsyncClient:
     """An HTTP client as the manual's example makes it: a run may take a while to answer."""
-    return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
+    return async_http_client(headers=headers, timeout=httpx.Timeout(30, read=300))
 
 
 @asynccontextmanager
@@ -86,7 +87,7 @@ async def session(url: str, key: str | None, **more: str) -> AsyncIterator[Clien
 
 async def ask(method: str, url: str, key: str | None = None, **kwargs: Any) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key is not None else {}
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with async_http_client(timeout=30) as http:
         return await http.request(method, url, headers={**headers, **kwargs.pop("headers", {})}, **kwargs)
 
 
@@ -240,7 +241,7 @@ async def test_a_call_counts_against_the_submission_rate_limit(people: People, m
     # From an address of its own (127.0.0.1 is a trusted proxy): the module's other calls keep theirs.
     address = {"X-Forwarded-For": "192.0.2.77"}
     headers = {"authorization": f"Bearer {people.bob}", **address}
-    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
+    async with async_http_client(timeout=30, headers=headers) as http:
         for _ in range(LIMIT + 1):  # every authenticated POST /api/chat counts, refused or not
             chat = await http.post(f"{people.stack.api}/api/chat", json={})
             if chat.status_code == 429:

@@ -29,6 +29,7 @@ from shared.contracts.protocol import ASSISTANT_ID
 from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import read_sse
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 from tests.support.procs import ServiceProcess
 from tests.support.users import add_user
 
@@ -144,7 +145,7 @@ def mcp_text(result: types.CallToolResult) -> str:
 
 async def over_mcp(url: str, key: str, thread_id: str) -> tuple[set[str], str, str]:
     """Through /mcp: the caller's tools, and a call on ``thread_id`` and on a thread nobody has."""
-    http = httpx.AsyncClient(headers={"authorization": f"Bearer {key}"}, timeout=httpx.Timeout(30, read=300))
+    http = async_http_client(headers={"authorization": f"Bearer {key}"}, timeout=httpx.Timeout(30, read=300))
     async with http, streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _), \
             ClientSession(read, write) as session:
         await session.initialize()

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -28,6 +27,7 @@ from shared.storage.sqlite import migrate
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import get_json, post_chat, read_sse
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ async def test_a_long_queue_is_paged_by_window_with_every_runs_position(
     assert get_json(api, f"/api/runs/{run}")["position"] == 150
     alone = get_json(api, "/api/runs", conversation=conversation)["runs"]
     assert [(r["id"], r["position"]) for r in alone] == [(run, 150)]
-    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
         scraped = (await http.get("/metrics")).text
     assert "sophos_runs_queued 300.0" in scraped
     assert "sophos_runs_waiting_for_thread 0.0" in scraped

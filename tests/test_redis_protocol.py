@@ -16,7 +16,6 @@ import time
 import uuid
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 
 from shared.contracts.events import body, event_type, terminal_event
@@ -26,6 +25,7 @@ from shared.redis.queue import submit_run
 from tests.fakes.ollama import FakeOllama, Hang, Status, Text
 from tests.support.client import chat, read_sse, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
+from tests.support.http import async_http_client, http_client
 from worker.upkeep.sweep import SWEEP_SECONDS
 
 STREAM_TIMEOUT = 30.0
@@ -44,7 +44,7 @@ async def scripting_calls(redis: Redis) -> dict[str, int]:
 
 
 def delete_conversation(api_url: str, conversation: str) -> int:
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
         return http.delete(f"/api/conversations/{conversation}").status_code
 
 
@@ -151,7 +151,7 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     # Queued behind the busy run (the worker takes one job at a time): cancelled by the script.
     queued = _job()
     assert await submit_run(redis, queued, title="hello") is None
-    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
         assert (await http.post(f"/api/runs/{queued.run_id}/cancel")).status_code == 200
     # Its job record lost, as arq's expiry would: the live worker's sweep drops it.
     expired = _job()
@@ -162,7 +162,7 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     sweep_script = await _terminal_entry(redis, expired.run_id)
 
     # The worker's: a running run cancelled, a failed one, a completed one.
-    async with httpx.AsyncClient(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
         assert (await http.post(f"/api/runs/{busy}/cancel")).status_code == 202
     worker_cancelled = await _terminal_entry(redis, busy)
     failed_conversation, failed = chat(api, "fail", busy_conversation)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sqlite3
 
-import httpx
 import redis as redis_sync
 
 from shared.redis.keys import ACTIVE_RUNS
 from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, read_sse, wait_for
 from tests.support.env import SophosEnv
+from tests.support.http import http_client
 from tests.support.procs import ServiceProcess
 from tests.test_delete import chat, thread_rows
 from tests.test_operators import metrics
@@ -29,7 +29,7 @@ def _age(env: SophosEnv, conversation: str, days: int) -> None:
 
 
 def _status(api: str, conversation: str) -> int:
-    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10, trust_env=False) as http:
         return http.get(f"/api/conversations/{conversation}").status_code
 
 

@@ -39,6 +39,7 @@ from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import SseParser, get_json, read_sse, tool_calls
 from tests.support.env import SYSTEM_PROMPT, SophosEnv
 from tests.support.faults import accepted
+from tests.support.http import async_http_client, http_client
 from worker.agent.graph import build_graph
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pre-delta.db"
@@ -307,7 +308,7 @@ class Exporter(threading.Thread):
         self.seconds: list[float] = []
 
     def run(self) -> None:
-        with httpx.Client(base_url=self.api_url, trust_env=False, timeout=120) as http:
+        with http_client(base_url=self.api_url, trust_env=False, timeout=120) as http:
             while not self.stopped.is_set():
                 for query in ("?format=jsonl", ""):
                     started = time.monotonic()
@@ -330,7 +331,7 @@ async def relay_ms(
     parser = SseParser()
     latencies: list[float] = []
     # No timeout: the stream stays open until the test has its samples.
-    async with httpx.AsyncClient(base_url=api_url, trust_env=False, timeout=None) as http:  # noqa: SIM117, S113
+    async with async_http_client(base_url=api_url, trust_env=False, timeout=None) as http:  # noqa: SIM117
         async with http.stream(
             "GET", "/api/chat", params={"conversation": conversation},
             headers={"Last-Event-ID": str(first_id - 1)},

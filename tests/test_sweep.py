@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -45,6 +44,7 @@ from tests.fakes.ollama import FakeOllama, Hang, Text
 from tests.support.client import get_json, read_sse_async, wait_for_async
 from tests.support.env import SophosEnv
 from tests.support.faults import accepted
+from tests.support.http import http_client
 from worker.store import RunStore
 from worker.upkeep.sweep import SWEEP_SECONDS, ClaimSweep
 
@@ -54,7 +54,7 @@ SWEPT_WITHIN = SWEEP_SECONDS * 4
 
 def run_info(api_url: str, run_id: str) -> dict[str, Any] | None:
     """``GET /api/runs/{id}``; None while it answers 404."""
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
         response = http.get(f"/api/runs/{run_id}")
     if response.status_code == 404:
         return None

@@ -14,13 +14,13 @@ import sqlite3
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.fakes.ollama import FakeOllama, Text, ToolCalls
 from tests.support.client import get_json, read_sse, tool_calls, wait_for
 from tests.support.env import SophosEnv, mcp_servers, not_safe_to_repeat
 from tests.support.faults import accepted, ledger_rows
+from tests.support.http import http_client
 
 pytestmark = [pytest.mark.fault, pytest.mark.backends]
 
@@ -66,7 +66,7 @@ def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation
     model.script(Text("kept"))
     other, _ = accepted(api, "another conversation")
     read_sse(api, other)
-    with httpx.Client(base_url=api, timeout=15, trust_env=False) as http:
+    with http_client(base_url=api, timeout=15, trust_env=False) as http:
         response = http.delete(f"/api/conversations/{conversation}")
     assert response.status_code in (202, 204), response.text
     wait_for(lambda: ledger_rows(env, conversation) == [], timeout=15, message="ledger rows deleted")

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from langchain_core.tools import ToolException
 
@@ -40,6 +39,7 @@ from tests.support.faults import (
     ledger_rows,
     recorded_after_crash,
 )
+from tests.support.http import http_client
 from tests.support.redis_server import RedisServer
 from tests.support.tool_servers import RemoteTools, server_alone, task_endings
 from tests.support.tool_stacks import ToolStack, tool_stack
@@ -141,7 +141,7 @@ def test_cancelling_a_run_cancels_its_task_on_the_server(tasks: ToolStack, model
     conversation, run = accepted(api, "a task to cancel")
     task_id = wait_for(lambda: (t := _tasks_of(env, conversation)) and t["far__long"]["task_id"], timeout=30,
                        message="the call made as a task")
-    with httpx.Client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10, trust_env=False) as http:
         assert http.post(f"/api/runs/{run}/cancel").status_code == 202
     assert read_sse(api, conversation)[-1].data["status"] == "cancelled"
     wait_for(lambda: task_endings(env.tools_log, task_id) == ["cancelled"], timeout=10,

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from shared import compat
+from tests.support.http import async_http_client
 from worker.queue import compat as worker_compat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,7 +178,7 @@ def test_the_postgres_savers_cursor_and_connection() -> None:
 def test_an_httpx_clients_default_transport() -> None:
     import httpx
 
-    client = httpx.AsyncClient()
+    client = async_http_client()
     assert isinstance(client._transport, httpx.AsyncHTTPTransport)
     replacement = httpx.AsyncHTTPTransport()
     compat.replace_default_transport(client, replacement)

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis as redis_sync
 
 from shared.redis.keys import ACTIVE_RUNS, QUEUE_NAME
 from tests.fakes.ollama import FakeOllama
 from tests.support.client import SseEvents, chat, get_json, read_sse, tool_calls, wait_for
+from tests.support.http import http_client
 from tests.support.metrics import scrape
 
 #: The one ``chat()`` helper, under the name the fault tests use: POST /api/chat, assert 202,
@@ -224,7 +224,7 @@ def execute(database: Path, sql: str) -> None:
 
 def decide(api: str, conversation: str, decisions: list[dict[str, str]]) -> SseEvents:
     """Send the decisions on the calls a waiting conversation asks about; the decision run's events."""
-    with httpx.Client(base_url=api, timeout=10.0, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10.0, trust_env=False) as http:
         decided = http.post("/api/chat", json={"conversation": conversation, "decisions": decisions})
     assert decided.status_code == 202, decided.text
     return read_sse(api, conversation)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.http import http_client
+
 #: a sample: its name and its labels, sorted (``()`` for an unlabelled one)
 Key = tuple[str, tuple[tuple[str, str], ...]]
 Scrape = dict[Key, float]
@@ -14,7 +16,7 @@ Scrape = dict[Key, float]
 def fetch(api_url: str, token: str | None = None) -> httpx.Response:
     """``GET /metrics`` (with the bearer ``token``), which must answer 200."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
         response = http.get("/metrics", headers=headers)
     assert response.status_code == 200, response.text
     return response

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import redis
 
+from tests.support.http import http_client
 from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
 
@@ -311,7 +312,7 @@ def wait_api_ready(proc: ServiceProcess, timeout: float = READY_TIMEOUT) -> None
     """Wait until ``GET /api/healthz`` answers 200."""
     assert proc.url
     deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=proc.url, timeout=2, trust_env=False) as http:
+    with http_client(base_url=proc.url, timeout=2, trust_env=False) as http:
         while True:
             if not proc.alive:
                 raise ProcessStartError(
