@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,27 @@ def test_every_test_has_a_timeout(pytestconfig: pytest.Config) -> None:
     """A hung test fails after ten minutes (pytest-timeout, pyproject.toml) instead of holding CI."""
     assert pytestconfig.pluginmanager.hasplugin("timeout")
     assert float(pytestconfig.getini("timeout")) == 600
+
+
+def test_the_projects_modules_are_compiled_once_before_the_tiers(tmp_path: Path) -> None:
+    """Every process a test starts reads the project's bytecode instead of compiling its sources
+    (no process writes it where PYTHONDONTWRITEBYTECODE is set, as on the CI machine)."""
+    from tests.support.tiers import compiled
+
+    (tmp_path / "worker").mkdir()
+    (tmp_path / "worker" / "mod.py").write_text("X = 1\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "mod.py").write_text("X = 1\n")
+    compiled(tmp_path)
+    assert list((tmp_path / "worker" / "__pycache__").glob("mod.*.pyc"))
+    assert not (tmp_path / "elsewhere" / "__pycache__").exists()
+
+
+def test_only_the_plugins_the_tests_use_are_loaded() -> None:
+    """Entry-point plugins are not loaded (nor their packages' modules rewritten: langsmith's, anyio's
+    and schemathesis's were, in every pytest process); the ones the tests use are named."""
+    config = tomllib.loads((tiers.ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    options = config["addopts"].split()
+    assert "--disable-plugin-autoload" in options
+    named = {options[i + 1] for i, option in enumerate(options) if option == "-p"}
+    assert named == {"xdist", "asyncio", "timeout", "hypothesispytest", "schemathesis"}

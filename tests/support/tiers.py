@@ -25,6 +25,7 @@ no tiers, no workers. A tier with no test to run (pytest's exit 5) is not a fail
 
 from __future__ import annotations
 
+import compileall
 import os
 import subprocess
 import sys
@@ -161,11 +162,32 @@ def worker_options(args: Sequence[str], environ: dict[str, str] | os._Environ[st
     return ["-n", str(count), "--dist", "loadgroup"]
 
 
+#: The project's packages, compiled once before the tiers (:func:`compiled`).
+PACKAGES = ("api", "worker", "shared", "sophos_cli", "bench", "scripts", "tests")
+
+
+def compiled(root: Path = ROOT) -> None:
+    """Write the bytecode of the project's own modules once, before any test starts a process.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (as on the CI machine) no process writes it, so every
+    worker, API, reader and CLI the tests start (about a thousand) compiled the modules it
+    imports from source: about 0.3 s of CPU each, on a tier that is CPU-bound. The installed
+    packages are compiled at install (``--compile-bytecode``, ./sophos). A module edited later is
+    recompiled by whoever imports it, as always (the bytecode records its source's time and size).
+    """
+    for package in PACKAGES:
+        if (root / package).is_dir():
+            compileall.compile_dir(root / package, quiet=1)
+
+
 def _pytest(args: Sequence[str]) -> int:
-    return subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT)
+    # pytest caches its rewritten test modules only where bytecode may be written.
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return subprocess.call([sys.executable, "-m", "pytest", *args], cwd=ROOT, env=environ)
 
 
 def run_tiers(args: Sequence[str]) -> int:
+    compiled()
     expression, rest = split_marker(args)
     tiers = [
         ("fast tier (pure logic, no process)",
