@@ -7,6 +7,7 @@ import ollama
 from langchain_ollama import ChatOllama
 
 from shared.settings import Settings
+from shared.tls import default_context
 
 
 def build_model(settings: Settings, model: str | None = None) -> ChatOllama:
@@ -15,7 +16,8 @@ def build_model(settings: Settings, model: str | None = None) -> ChatOllama:
         base_url=settings.ollama_host,
         model=model or settings.ollama_model,
         reasoning=settings.ollama_think,
-        client_kwargs={"timeout": settings.model_timeout},
+        # (ChatOllama passes them to its sync and its async client alike.)
+        client_kwargs={"timeout": settings.model_timeout, "verify": default_context()},
     )
 
 

@@ -13,13 +13,14 @@ import structlog
 from shared.model_probe import ModelCheck, ModelState, describe, probe
 from shared.redaction import redact_url
 from shared.settings import Settings
+from shared.tls import default_context
 
 log = structlog.get_logger(__name__)
 
 
 async def report_model(settings: Settings) -> ModelCheck:
     """Look at OLLAMA_HOST for OLLAMA_MODEL and log what is wrong (``model.missing``), with the fix."""
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with httpx.AsyncClient(trust_env=False, verify=default_context()) as http:
         check = await probe(http, settings.ollama_host, settings.ollama_model)
     if check.ready:
         log.info("model.ready", host=check.host, model=check.model)
