@@ -276,53 +276,71 @@ async def answers(messages: Any) -> list[str]:
     return [str(await m.text) for m in [m async for m in messages]]
 
 
+#: How long any one wait of the session test may take (a run here takes well under a second): the
+#: SDK's own read timeout is 300 s, so an unbounded wait that misses its run held CI for ten minutes.
+SESSION_WAIT = 60
+
+
+async def subscribed(projection: Any) -> asyncio.Future[list[str]]:
+    """``answers(projection)``, subscribed before the caller starts a run: the SDK ends a projection
+    such as ``thread.messages`` on a run's terminal lifecycle event, and one that subscribes after a
+    fast run has ended waits for the next run's (it registers its subscription before its first
+    await, so one turn of the loop is enough)."""
+    reading = asyncio.ensure_future(answers(projection))
+    await asyncio.sleep(0)
+    return reading
+
+
+async def within(awaitable: Any) -> Any:
+    return await asyncio.wait_for(awaitable, timeout=SESSION_WAIT)
+
+
 @shared_stack
 async def test_the_sdks_thread_streaming_session(
     client: LangGraphClient, stack: SophosEnv, model: FakeOllama
 ) -> None:
     """``client.threads.stream`` (docs/agent-protocol.md "The thread streaming session"): runs
-    started and answered through the session, their messages and values streamed back."""
+    started and answered through the session, their messages and values streamed back. Every
+    projection is subscribed before its run starts, as a client that wants all of it must, and
+    every wait is bounded, so a regression fails instead of holding the suite."""
     thread_id = (await client.threads.create())["thread_id"]
     model.script(Text("Hello there."))
     async with client.threads.stream(thread_id, assistant_id="agent") as thread:
-        started = await thread.run.start(input=said("hi"))
-        assert await answers(thread.messages) == ["Hello there."]
-        assert texts(await thread.output) == ["hi", "Hello there."]
+        replies = await subscribed(thread.messages)
+        started = await within(thread.run.start(input=said("hi")))
+        assert await within(replies) == ["Hello there."]
+        assert texts(await within(thread.output)) == ["hi", "Hello there."]
         run = await client.runs.get(thread_id, started["run_id"])
         assert run["status"] == "success"
 
         # A second run on the same session: its values, after each step, end with its answer.
-        # Subscribed before the run starts, as a client that wants all of them does: the SDK ends
-        # the iteration on the run's terminal lifecycle event, and a run that ends before the
-        # subscription would leave it waiting for the next run's.
         model.script(Text("Again."))
         values_of_run = aiter(thread.values)
-        current = await anext(values_of_run)  # the thread's values now: subscribed
+        current = await within(anext(values_of_run))  # the thread's values now: subscribed
         assert texts(current) == ["hi", "Hello there."]
-        await thread.run.start(input=said("again"))
-        values = await asyncio.wait_for(_all(values_of_run), timeout=60)
+        await within(thread.run.start(input=said("again")))
+        values = await within(_all(values_of_run))
         assert texts(values[-1]) == ["hi", "Hello there.", "again", "Again."]
 
         # An approval: an interrupt, answered through the session with the decisions.
         model.script(ToolCalls([("tools__add", {"a": 2, "b": 3})]), Text("The sum is 5."))
-        await thread.run.start(input=said("add 2 and 3"))
+        await within(thread.run.start(input=said("add 2 and 3")))
         await wait_for_async(lambda: thread.interrupted, timeout=30, message="the interrupt")
         [asked] = thread.interrupts
         assert asked["value"]["action_requests"][0]["args"] == {"a": 2, "b": 3}
-        # Subscribed first again (the SDK registers a subscription before its first await).
-        resumed = asyncio.ensure_future(answers(thread.messages))
-        await asyncio.sleep(0)
-        await thread.run.respond({"decisions": [{"type": "approve"}]})
-        assert (await asyncio.wait_for(resumed, timeout=60))[-1] == "The sum is 5."
+        resumed = await subscribed(thread.messages)
+        await within(thread.run.respond({"decisions": [{"type": "approve"}]}))
+        assert (await within(resumed))[-1] == "The sum is 5."
     assert texts((await client.threads.get_state(thread_id))["values"])[-1] == "The sum is 5."
 
     # No thread id: the SDK mints one, and the first run.start creates the thread, the caller's.
     model.script(Text("A new thread."))
+    # (Its projections cannot subscribe before that run: the thread is not there yet. The output
+    # reads the state once the run has ended, whether before or after it asks.)
     async with client.threads.stream(assistant_id="agent") as fresh:
-        await fresh.run.start(input=said("new"))
-        assert await answers(fresh.messages) == ["A new thread."]
+        await within(fresh.run.start(input=said("new")))
+        assert texts(await within(fresh.output)) == ["new", "A new thread."]
     assert (await client.threads.get(fresh.thread_id))["metadata"]["owner"] == "local"
-
 
 
 @shared_stack
