@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,20 @@ def cli(env: Mapping[str, str], *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _read_aside(process: subprocess.Popen[str]) -> list[str]:
+    """What ``process`` writes on stdout, as it comes (read by a thread; ``""`` last, at its end)."""
+    shown: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        while chunk := process.stdout.read(1):
+            shown.append(chunk)
+        shown.append("")
+
+    threading.Thread(target=read, name="cli-stdout", daemon=True).start()
+    return shown
+
+
 def stop_and_check_nothing_is_left(launched: Launched) -> None:
     children = launched.descendants()
     assert children, "the launcher has no children to stop"
@@ -161,12 +176,15 @@ def test_a_killed_worker_is_restarted_the_api_stays_up_and_the_conversation_resu
     thinking = Hang(text="Let me think")
     model.script(thinking)
     watcher = cli(env, "chat", "think hard", "--url", env.api_url)
+    shown = _read_aside(watcher)
     try:
         thinking.wait_started(timeout=UP_TIMEOUT)
         conversation = wait_for(lambda: get_json(env.api_url, "/api/conversations", token="launch-secret")
                                 ["conversations"], message="the conversation")[0]["id"]
-        # Killed once the first token is out (in the run's event log), not merely produced.
-        read_sse(env.api_url, conversation, token="launch-secret", stop_after=1)
+        # Killed once the CLI shows the first token (so it is in the run's event log, and the CLI is
+        # on the stream when the run ends), not merely produced.
+        wait_for(lambda: "".join(shown).startswith("Let me think"), timeout=UP_TIMEOUT,
+                 message=lambda: f"the CLI showing the first token, it showed {''.join(shown)!r}")
         launched.descendants()  # the worker's MCP servers, orphaned by the kill below
         os.kill(worker, signal.SIGKILL)
 
@@ -179,13 +197,16 @@ def test_a_killed_worker_is_restarted_the_api_stays_up_and_the_conversation_resu
                  message="the restarted worker's heartbeat")
 
         # The CLI waiting on the stream is told the run was interrupted, and how to resume it.
-        out, err = watcher.communicate(timeout=UP_TIMEOUT)
+        watcher.wait(timeout=UP_TIMEOUT)
     finally:
         if watcher.poll() is None:
             watcher.kill()
-            watcher.communicate()
+            watcher.wait()
+    assert watcher.stderr is not None
+    err = watcher.stderr.read()
     assert watcher.returncode == 1, err
-    assert out.startswith("Let me think")
+    wait_for(lambda: shown[-1:] == [""], timeout=10, message="the CLI's output read to its end")
+    assert "".join(shown).startswith("Let me think")
     # As it was run, with its --url (sophos_cli/invocation.py).
     client = shlex.join([sys.executable, "-m", "sophos_cli"])
     assert f"resume it with: {client} chat --resume --conversation {conversation} --url {env.api_url}" in err
