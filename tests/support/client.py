@@ -431,6 +431,22 @@ async def read_sse_async(
 # --- waiting ------------------------------------------------------------------------------
 
 
+#: Polls of :func:`wait_for` come every ``interval`` for the first second, then further apart, by
+#: half each time, up to this: a long wait polled 20 times a second (each poll most often a request
+#: to the API, which logs it) cost the CPU-bound real-process tier CPU that the services needed.
+POLL_CAP = 0.25
+STEADY_FOR = 1.0
+
+
+def poll_intervals(interval: float) -> Iterator[float]:
+    """The sleeps between polls, ``interval`` first (a caller's longer interval is kept as it is)."""
+    started = time.monotonic()
+    while True:
+        yield interval
+        if time.monotonic() - started >= STEADY_FOR and interval < POLL_CAP:
+            interval = min(POLL_CAP, interval * 1.5)
+
+
 def wait_for(
     predicate: Callable[[], T],
     timeout: float = DEFAULT_TIMEOUT,
@@ -438,8 +454,10 @@ def wait_for(
     interval: float = 0.05,
     message: str | Callable[[], str] = "condition",
 ) -> T:
-    """Call ``predicate`` until it returns something truthy; return that. Bounded by ``timeout``."""
+    """Call ``predicate`` until it returns something truthy; return that. Bounded by ``timeout``;
+    polled every ``interval`` for a second, then less often (:func:`poll_intervals`)."""
     deadline = time.monotonic() + timeout
+    sleeps = poll_intervals(interval)
     while True:
         value = predicate()
         if value:
@@ -447,7 +465,7 @@ def wait_for(
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
             raise TimeoutError(f"timed out after {timeout}s waiting for {text} (last value {value!r})")
-        time.sleep(interval)
+        time.sleep(next(sleeps))
 
 
 @overload
@@ -479,6 +497,7 @@ async def wait_for_async(
 ) -> Any:
     """:func:`wait_for` for async tests; ``predicate`` may be a coroutine function."""
     deadline = time.monotonic() + timeout
+    sleeps = poll_intervals(interval)
     while True:
         value = predicate()
         if inspect.isawaitable(value):
@@ -488,7 +507,7 @@ async def wait_for_async(
         if time.monotonic() > deadline:
             text = message() if callable(message) else message
             raise TimeoutError(f"timed out after {timeout}s waiting for {text} (last value {value!r})")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(next(sleeps))
 
 
 # --- the fake tools' execution log --------------------------------------------------------
