@@ -169,6 +169,15 @@ async def _drain_then_stop(
                     log.warning("worker.runs_abandoned", runs=abandoned)
                 except TimeoutError:
                     log.error("worker.abandon_timeout", timeout=_ABANDON_SECONDS)
+            # Cut the steps still going, and let each finish what must outlive it before arq closes
+            # the stores and the tool sessions under them: a call made as an MCP task sends its
+            # cancel and records the answer (worker/tools/tasks.py, CANCEL_TIMEOUT at most). arq
+            # would cancel them next all the same, without waiting: the ledger still said working.
+            from worker.tools.tasks import CANCEL_TIMEOUT
+
+            for task in late:
+                task.cancel()
+            await asyncio.wait(late, timeout=CANCEL_TIMEOUT + 1)
     worker.handle_sig(sig)
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-#: Workers for the real-process tiers on the 2-core CI machine: its tests mostly wait
-#: (on processes, signals, deadlines), so more workers than cores pays (README, "Tests").
+#: Workers for the real-process tiers on the 2-core CI machine: each test waits on processes,
+#: signals and deadlines, so more workers than cores keep both cores busy (the tier has no idle
+#: time on 4; docs/contributing.md).
 DEFAULT_WORKERS = 4
 WORKERS_VARIABLE = "SOPHOS_TEST_WORKERS"
 NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
