@@ -335,11 +335,13 @@ async def test_the_sdks_thread_streaming_session(
 
     # No thread id: the SDK mints one, and the first run.start creates the thread, the caller's.
     model.script(Text("A new thread."))
-    # (Its projections cannot subscribe before that run: the thread is not there yet. The output
-    # reads the state once the run has ended, whether before or after it asks.)
+    # (Its projections, `output` among them, cannot subscribe before that run: the thread is not
+    # there yet, and a fast run ends before they do. The run is joined and the state read instead.)
     async with client.threads.stream(assistant_id="agent") as fresh:
-        await within(fresh.run.start(input=said("new")))
-        assert texts(await within(fresh.output)) == ["new", "A new thread."]
+        first = await within(fresh.run.start(input=said("new")))
+        await within(client.runs.join(fresh.thread_id, first["run_id"]))
+    state = await client.threads.get_state(fresh.thread_id)
+    assert texts(state["values"]) == ["new", "A new thread."]
     assert (await client.threads.get(fresh.thread_id))["metadata"]["owner"] == "local"
 
 
