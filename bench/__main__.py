@@ -17,8 +17,8 @@ retention`` for figure 27 (the retention deleting old conversations beside live 
 ``--retention-conversations N`` for another number).
 
 Full mode takes a few minutes on a 2-core machine; ``--quick`` (about three minutes, most of it
-starting the stacks of its twenty-odd figures) only checks that everything works (CI): it never judges speed, and it
-writes no results file unless ``--results`` is given. The exit status is non-zero
+starting the stacks of its twenty-odd figures) only checks that everything works (CI): it never
+judges speed, and it writes no results file unless ``--results`` is given. The exit status is non-zero
 only when the service misbehaves (a run fails, a stream breaks), never because a
 target is missed.
 """
