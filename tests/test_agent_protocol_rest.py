@@ -123,7 +123,9 @@ async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama)
     model.script(Text("Waited."))
     values: Any = await client.runs.wait(None, "agent", input=said("hi"))
     assert [m["content"] for m in values["messages"]] == ["hi", "Waited."]
-    await wait_for_async(lambda: _count_is(client, before), message="the temporary thread deleted")
+    # At most as many as before: a temporary thread an earlier test of this module left may be
+    # deleted meanwhile too (the worker's to delete, later under load), which an exact count missed.
+    await wait_for_async(lambda: _count_at_most(client, before), message="the temporary thread deleted")
 
     model.script(Text("Kept."))
     parts = [p async for p in client.runs.stream(
@@ -152,6 +154,10 @@ async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama)
 
 async def _count_is(client: LangGraphClient, count: int) -> bool:
     return await client.threads.count() == count
+
+
+async def _count_at_most(client: LangGraphClient, count: int) -> bool:
+    return await client.threads.count() <= count
 
 
 @shared_stack
