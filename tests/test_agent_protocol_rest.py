@@ -152,10 +152,6 @@ async def test_runs_without_a_thread(client: LangGraphClient, model: FakeOllama)
     assert await client.threads.count() == before + 1
 
 
-async def _count_is(client: LangGraphClient, count: int) -> bool:
-    return await client.threads.count() == count
-
-
 async def _count_at_most(client: LangGraphClient, count: int) -> bool:
     return await client.threads.count() <= count
 

@@ -25,9 +25,9 @@ that outlives any worker: every request must carry
 Over stdio (what nearly every test's worker starts, once per worker start) the server is
 :func:`serve_stdio`, MCP's JSON-RPC over stdin and stdout with the standard library alone:
 importing the ``mcp`` package's FastMCP cost each worker start about a second of CPU, most of
-the fake's start. It answers what FastMCP answers, byte for byte (``--fastmcp`` runs FastMCP
-over stdio instead, and tests/test_fakes.py holds the two to the same answers); over HTTP the
-server is FastMCP's own.
+the fake's start. It answers what FastMCP answers, but for the wording of pydantic's validation
+errors (``--fastmcp`` runs FastMCP over stdio instead, and tests/test_fakes.py holds the two to
+the same answers); over HTTP the server is FastMCP's own.
 """
 
 from __future__ import annotations
