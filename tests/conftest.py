@@ -26,9 +26,12 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from tests.fakes.ollama import FakeOllama
+from tests.support import forkserver
+from tests.support import procs as procs_module
 from tests.support.agent_protocol import client  # noqa: F401 - a fixture
 from tests.support.browser import browser, offline, playwright, service  # noqa: F401 - fixtures
 from tests.support.env import SophosEnv, make_sophos_env
+from tests.support.forkserver import ForkServers
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.procs import ProcessGroup, ServiceProcess
@@ -127,6 +130,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.nodeid} is marked fast, but the fast tier does not collect {path.name}: mark it "
                 f"with pytest.{FAST_MARK} in its file or list it in FAST_ELSEWHERE (tests/support/tiers.py)"
             )
+
+
+# --- service processes ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServers | None]:
+    """Workers and APIs forked ready imported (tests/support/forkserver.py), unless
+    ``SOPHOS_TEST_FORK=0``; a server starts at its module's first request."""
+    if not forkserver.enabled():
+        yield None
+        return
+    servers = ForkServers(tmp_path_factory.mktemp("forkservers"))
+    procs_module.FORK_SERVERS = servers
+    try:
+        yield servers
+    finally:
+        procs_module.FORK_SERVERS = None
+        servers.close()
 
 
 # --- Redis ---------------------------------------------------------------------------------

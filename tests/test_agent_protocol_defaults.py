@@ -337,12 +337,17 @@ async def test_the_sdks_thread_streaming_session(
     model.script(Text("A new thread."))
     # (Its projections, `output` among them, cannot subscribe before that run: the thread is not
     # there yet, and a fast run ends before they do. The run is joined and the state read instead.)
-    async with client.threads.stream(assistant_id="agent") as fresh:
-        first = await within(fresh.run.start(input=said("new")))
-        await within(client.runs.join(fresh.thread_id, first["run_id"]))
-    state = await client.threads.get_state(fresh.thread_id)
+    # The session's close is bounded too: once in a dozen runs under load it held for good.
+    async def a_fresh_thread() -> str:
+        async with client.threads.stream(assistant_id="agent") as fresh:
+            first = await fresh.run.start(input=said("new"))
+            await client.runs.join(fresh.thread_id, first["run_id"])
+        return fresh.thread_id
+
+    fresh_id = await within(a_fresh_thread())
+    state = await client.threads.get_state(fresh_id)
     assert texts(state["values"]) == ["new", "A new thread."]
-    assert (await client.threads.get(fresh.thread_id))["metadata"]["owner"] == "local"
+    assert (await client.threads.get(fresh_id))["metadata"]["owner"] == "local"
 
 
 @shared_stack

@@ -1,8 +1,9 @@
 """The worker and the API as real processes, killed with real signals.
 
-Each process runs ``python -m worker`` or ``python -m api`` in a session of its
-own (so teardown can kill it together with its MCP children), with stdout and
-stderr in one log file. :class:`ProcessGroup` (the ``procs`` fixture) keeps every
+Each process runs ``python -m worker`` or ``python -m api`` (or is forked, ready imported,
+from a fork server that runs the module as ``python -m`` would: tests/support/forkserver.py)
+in a session of its own (so teardown can kill it together with its MCP children), with stdout
+and stderr in one log file. :class:`ProcessGroup` (the ``procs`` fixture) keeps every
 process a test started and kills them all at teardown.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import redis
 
+from tests.support.forkserver import ForkedProcess, ForkServers
 from tests.support.http import http_client
 from tests.support.lifetime import die_with_test_run
 from tests.support.ports import free_port
@@ -39,6 +41,9 @@ MEASURING_COVERAGE = "COVERAGE_PROCESS_CONFIG" in os.environ
 #: How long teardown waits for SIGTERMed processes before SIGKILL, when measuring coverage.
 COVERAGE_STOP_SECONDS = 3.0
 LOG_TAIL_CHARS = 20_000
+#: Where workers and APIs are forked from (tests/support/forkserver.py): set for the test session
+#: by tests/conftest.py; ``None`` (the benchmark, a plain import) starts each with ``python -m``.
+FORK_SERVERS: ForkServers | None = None
 
 
 class ProcessStartError(RuntimeError):
@@ -68,6 +73,12 @@ class ServiceProcess:
         # sessions of their own, and once we are dead they can only be found here.
         self._seen: set[tuple[int, int]] = set()
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        forked = None
+        if FORK_SERVERS is not None and not MEASURING_COVERAGE:
+            forked = FORK_SERVERS.spawn(module, args, self.env, cwd, log_path)
+        if forked is not None:
+            self.popen: subprocess.Popen[bytes] | ForkedProcess = forked
+            return
         with open(log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 die_with_test_run(self.argv),
