@@ -167,8 +167,7 @@ def _engine(engine: str, sizes: Sizes, pg: PostgresServer | None, keep: bool,
         done.fill_s = filled.seconds
         all_ids = [str(r[0]) for r in _ids(count)]
         filled_ids, idle_ids = all_ids[:sizes.conversations], all_ids[sizes.conversations:]
-        stack.start_worker(**retention)
-        stack.start_api()
+        stack.start(**retention)
         # Before: the same stack, its store as big, nothing old yet.
         done.before_ms = asyncio.run(_runs(stack.api_url, sizes.runs_before, None))
         # Give up below 1 a second (the pace before the retention clocked itself was 2).
