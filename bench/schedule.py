@@ -3,7 +3,9 @@
 The full mode measures each figure alone, so that no figure's load falls on another's times. The
 smoke mode only checks that each figure can be measured, and most of a figure's time there is
 waiting (on a process starting, a sweep's next pass, a slow fake model), so it runs up to
-``lanes`` figures at once, each in a thread of its own with its own stacks and event loop.
+``lanes`` figures at once, each in a thread of its own with its own stacks and event loop. What a
+figure counts in this process (figure 18's thread hops, figure 22's floor) then counts the other
+figures' work too, and its times are the shared machine's: the smoke mode reads neither.
 """
 
 from __future__ import annotations
