@@ -16,9 +16,10 @@ figure 26 (1,000 open streams on one API process; ``--streams N`` for another nu
 retention`` for figure 27 (the retention deleting old conversations beside live runs;
 ``--retention-conversations N`` for another number).
 
-Full mode takes a few minutes on a 2-core machine; ``--quick`` (about three minutes, most of it
-starting the stacks of its twenty-odd figures) only checks that everything works (CI): it never
-judges speed, and it writes no results file unless ``--results`` is given. The exit status is non-zero
+Full mode takes a few minutes on a 2-core machine, one figure after another; ``--quick`` (under a
+minute: 40 to 47 s on a shared 2-core machine, four figures at a time, most of it starting the
+stacks of its twenty-odd figures) only checks that everything works (CI): it never judges speed,
+and it writes no results file unless ``--results`` is given. The exit status is non-zero
 only when the service misbehaves (a run fails, a stream breaks), never because a
 target is missed.
 """
