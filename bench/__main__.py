@@ -584,8 +584,8 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     return 0
 
 
-#: figures measured at once in the smoke mode (bench/schedule.py): on 2 cores, 4 took 40 s, 3 took
-#: 46 s, 2 took 57 s, one after another 84 s
+#: figures measured at once in the smoke mode (bench/schedule.py): on the shared 2-core machine, one
+#: run after another, 4 took 40 s, 3 took 46 s, 2 took 57 s (it is CPU-bound by then: the stacks' starts)
 QUICK_LANES = 4
 #: the figures that spend most of the smoke mode waiting (on the sweep's next pass, idle spells, a
 #: fake model that takes its time): started first, so that the others use the cores meanwhile
