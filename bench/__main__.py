@@ -16,9 +16,10 @@ figure 26 (1,000 open streams on one API process; ``--streams N`` for another nu
 retention`` for figure 27 (the retention deleting old conversations beside live runs;
 ``--retention-conversations N`` for another number).
 
-Full mode takes a few minutes on a 2-core machine; ``--quick`` (about three minutes, most of it
-starting the stacks of its twenty-odd figures) only checks that everything works (CI): it never
-judges speed, and it writes no results file unless ``--results`` is given. The exit status is non-zero
+Full mode takes a few minutes on a 2-core machine, one figure after another; ``--quick`` (under a
+minute: 40 to 47 s on a shared 2-core machine, four figures at a time, most of it starting the
+stacks of its twenty-odd figures) only checks that everything works (CI): it never judges speed,
+and it writes no results file unless ``--results`` is given. The exit status is non-zero
 only when the service misbehaves (a run fails, a stream breaks), never because a
 target is missed.
 """
@@ -37,8 +38,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -87,6 +90,7 @@ from bench.runs import (
     worker_cycle,
 )
 from bench.scaling import more_runs_at_once
+from bench.schedule import run_all
 from bench.stack import Stack, code_version, describe_machine, load_average, rss_bytes, running_stack
 from bench.storage import LARGE, Storage, exports, pages, relay_beside_exports, seed_conversations
 from bench.streams import api_streams, relay
@@ -580,6 +584,111 @@ def only(args: argparse.Namespace, overrides: dict[str, str], command: str) -> i
     return 0
 
 
+#: figures measured at once in the smoke mode (bench/schedule.py): on the shared 2-core machine, one
+#: run after another, 4 took 40 s, 3 took 46 s, 2 took 57 s (it is CPU-bound by then: the stacks' starts)
+QUICK_LANES = 4
+#: the figures that spend most of the smoke mode waiting (on the sweep's next pass, idle spells, a
+#: fake model that takes its time): started first, so that the others use the cores meanwhile
+QUICK_FIRST = ("27", "16", "11", "13")
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One figure of figures 11 to 27, measured: a field of :class:`Results`, or a section."""
+
+    elapsed_s: float
+    field: str = ""
+    value: object = None
+    section: str = ""
+
+    def add_to(self, results: Results) -> None:
+        if self.field:
+            setattr(results, self.field, self.value)
+        if self.section:
+            results.sections.append(self.section)
+        results.elapsed_s += self.elapsed_s
+
+
+def first_stack(sizes: Sizes, args: argparse.Namespace, overrides: dict[str, str]) -> Results:
+    """Figures 1 to 10, on one stack."""
+    with running_stack(overrides=overrides, keep=args.keep) as stack:
+        return asyncio.run(measure(stack, sizes, args))
+
+
+def later_figures(
+    sizes: Sizes, args: argparse.Namespace, overrides: dict[str, str], command: str
+) -> dict[str, Callable[[], Figure]]:
+    """Figures 11 to 27 by number, each on stacks of its own or in this process, in the full mode's
+    order."""
+
+    def scaling() -> Figure:
+        say("figure 11: more runs at once, a stack of its own with a slow model")
+        result = more_runs_at_once(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
+        return Figure(result.elapsed_s, "scaling", result)
+
+    def switches() -> Figure:
+        say("figure 12: the speed switches, a stack per variant")
+        result = variants.measure(
+            quick=args.quick, clients=sizes.clients, rng=random.Random(args.seed), overrides=overrides,
+            keep=args.keep, say=say,
+        )
+        return Figure(result.elapsed_s, "switches", result)
+
+    def postgres() -> Figure:
+        say("figure 13: PostgreSQL, stacks of their own")
+        result = on_postgres(
+            quick=args.quick, rng=random.Random(args.seed), single=sizes.single, overrides=overrides,
+            keep=args.keep, say=say,
+        )
+        return Figure(result.elapsed_s, "postgres", result)
+
+    def ledger_figure() -> Figure:
+        result = ledger_phase(args, overrides, command)
+        return Figure(result.elapsed_s, "ledger", result)
+
+    def tracing_figure() -> Figure:
+        result = tracing_phase(args, overrides, command)
+        return Figure(result.elapsed_s, "tracing", result)
+
+    def memory_figure() -> Figure:
+        say("figure 16: the process tree's memory, a stack of its own")
+        result = memory_phase(args, overrides, command)
+        return Figure(result.elapsed_s, "memory", result)
+
+    def section(phase: Callable[[], tuple[Any, str]], saying: str = "") -> Callable[[], Figure]:
+        def figure() -> Figure:
+            if saying:
+                say(saying)
+            result, text = phase()
+            return Figure(result.elapsed_s, section=text)
+
+        return figure
+
+    def servers_figure() -> Figure:
+        if not servers.available():
+            return Figure(0.0, section=servers.not_measured())
+        return section(lambda: servers_phase(args, overrides, command),
+                       "figure 19: the API under uvicorn and under Granian, stacks of their own")()
+
+    return {
+        "11": scaling, "12": switches, "13": postgres, "14": ledger_figure, "15": tracing_figure,
+        "16": memory_figure,
+        "17": section(lambda: solo_phase(args, overrides, command),
+                      "figure 17: one run at a time at WORKER_CONCURRENCY 1 and 4, stacks of their own"),
+        "18": section(lambda: hops_phase(args, command),
+                      "figure 18: thread hops per run, counted in process"),
+        "19": servers_figure,
+        "20": section(lambda: fairness_phase(args, overrides, command)),
+        "21": section(lambda: identity_phase(args, overrides, command)),
+        "22": section(lambda: crossing_phase(args, overrides, command)),
+        "23": section(lambda: remote_phase(args, command)),
+        "24": section(lambda: growth_phase(args, overrides, command)),
+        "25": section(lambda: pruning_phase(args, command)),
+        "27": section(lambda: retention_phase(args, command)),
+        "26": section(lambda: streams_phase(args, command)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     base = QUICK if args.quick else FULL
@@ -605,73 +714,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     load_start = load_average()
+    started = time.monotonic()
+    # Profiles sample the processes of one figure at a time: with --profile, one after another.
+    lanes = QUICK_LANES if args.quick and args.profile is None else 1
+    figures = later_figures(sizes, args, overrides, command)
+    names = ["1-10", *figures]
     try:
-        with running_stack(overrides=overrides, keep=args.keep) as stack:
-            results = asyncio.run(measure(stack, sizes, args))
-        say("figure 11: more runs at once, a stack of its own with a slow model")
-        results.scaling = more_runs_at_once(quick=args.quick, overrides=overrides, keep=args.keep, say=say)
-        results.elapsed_s += results.scaling.elapsed_s
-        say("figure 12: the speed switches, a stack per variant")
-        results.switches = variants.measure(
-            quick=args.quick, clients=sizes.clients, rng=random.Random(args.seed), overrides=overrides,
-            keep=args.keep, say=say,
-        )
-        results.elapsed_s += results.switches.elapsed_s
-        say("figure 13: PostgreSQL, stacks of their own")
-        results.postgres = on_postgres(
-            quick=args.quick, rng=random.Random(args.seed), single=sizes.single, overrides=overrides,
-            keep=args.keep, say=say,
-        )
-        results.elapsed_s += results.postgres.elapsed_s
-        results.ledger = ledger_phase(args, overrides, command)
-        results.elapsed_s += results.ledger.elapsed_s
-        results.tracing = tracing_phase(args, overrides, command)
-        results.elapsed_s += results.tracing.elapsed_s
-        say("figure 16: the process tree's memory, a stack of its own")
-        results.memory = memory_phase(args, overrides, command)
-        results.elapsed_s += results.memory.elapsed_s
-        say("figure 17: one run at a time at WORKER_CONCURRENCY 1 and 4, stacks of their own")
-        solo_result, solo_text = solo_phase(args, overrides, command)
-        results.sections.append(solo_text)
-        results.elapsed_s += solo_result.elapsed_s
-        say("figure 18: thread hops per run, counted in process")
-        hops_result, hops_text = hops_phase(args, command)
-        results.sections.append(hops_text)
-        results.elapsed_s += hops_result.elapsed_s
-        if servers.available():
-            say("figure 19: the API under uvicorn and under Granian, stacks of their own")
-            servers_result, servers_text = servers_phase(args, overrides, command)
-            results.sections.append(servers_text)
-            results.elapsed_s += servers_result.elapsed_s
-        else:
-            results.sections.append(servers.not_measured())
-        fairness_result, fairness_text = fairness_phase(args, overrides, command)
-        results.sections.append(fairness_text)
-        results.elapsed_s += fairness_result.elapsed_s
-        identity_result, identity_text = identity_phase(args, overrides, command)
-        results.sections.append(identity_text)
-        results.elapsed_s += identity_result.elapsed_s
-        crossing_result, crossing_text = crossing_phase(args, overrides, command)
-        results.sections.append(crossing_text)
-        results.elapsed_s += crossing_result.elapsed_s
-        remote_result, remote_text = remote_phase(args, command)
-        results.sections.append(remote_text)
-        results.elapsed_s += remote_result.elapsed_s
-        growth_result, growth_text = growth_phase(args, overrides, command)
-        results.sections.append(growth_text)
-        results.elapsed_s += growth_result.elapsed_s
-        pruning_result, pruning_text = pruning_phase(args, command)
-        results.sections.append(pruning_text)
-        results.elapsed_s += pruning_result.elapsed_s
-        retention_result, retention_text = retention_phase(args, command)
-        results.sections.append(retention_text)
-        results.elapsed_s += retention_result.elapsed_s
-        streams_result, streams_text = streams_phase(args, command)
-        results.sections.append(streams_text)
-        results.elapsed_s += streams_result.elapsed_s
+        results, *later = run_all([lambda: first_stack(sizes, args, overrides), *figures.values()],
+                                  lanes=lanes, first=[names.index(name) for name in QUICK_FIRST])
     except BenchError as exc:
         say(f"FAILED: {exc}")
         return 1
+    assert isinstance(results, Results)
+    for figure in later:
+        assert isinstance(figure, Figure)
+        figure.add_to(results)
+    if lanes > 1:  # the figures overlapped: their times add up to more than it took
+        results.elapsed_s = time.monotonic() - started
     results.command = command
     results.load_start, results.load_end, results.code = load_start, load_average(), code_version()
     results.date = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()

@@ -335,8 +335,7 @@ def _engine(
     with running_stack(overrides=overrides, keep=keep) as stack:
         where = overrides.get("DATABASE_URL") or str(stack.database_path)
         settings = bigstore.settings_for(engine, where)
-        stack.start_worker()
-        stack.start_api()
+        stack.start()
         asyncio.run(_measure_side(stack, done.empty, sizes, rng))
         stack.stop_worker()
         if stack.api is not None:
@@ -349,8 +348,7 @@ def _engine(
         started = time.perf_counter()
         longs = _long_conversations(engine, where, settings, export_lengths(sizes.export_messages))
         filled_s = time.perf_counter() - started
-        stack.start_worker()
-        stack.start_api()
+        stack.start()
         asyncio.run(_measure_side(stack, done.big, sizes, rng))
         for messages, checkpoints, conversation in longs:
             say(f"figure 24: {engine}, exporting {messages} messages ({checkpoints} checkpoints), both ways")

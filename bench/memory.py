@@ -54,11 +54,13 @@ class Sizes:
     #: how long a reader may stay idle in this figure's stack (READER_IDLE_SECONDS): shorter than
     #: ``idle_wait``, so the "readers idle" phase sees them stopped; code without that setting ignores it
     reader_idle: float
+    #: how long the tree must stay as it is to be taken as settled (:func:`settled`)
+    settle: float = 1.0
 
 
 FULL = Sizes(runs=1000, clients=16, streams=200, idle_wait=8.0, reader_idle=5.0)
 #: the smoke run's waits are the same steps, scaled down: each phase is still taken once
-QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=2.0, reader_idle=1.0)
+QUICK = Sizes(runs=20, clients=8, streams=50, idle_wait=0.6, reader_idle=0.3, settle=0.25)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +131,13 @@ def tree(stack: Stack) -> list[Proc]:
     return procs
 
 
-async def settled(stack: Stack, *, within: float = 30.0) -> list[Proc]:
-    """The tree once no process of it has started or grown for a second (a reader process still
-    importing, a spare on its way), or as it is after ``within`` seconds."""
+async def settled(stack: Stack, *, still: float, within: float = 30.0) -> list[Proc]:
+    """The tree once no process of it has started or grown for ``still`` seconds (a reader process
+    still importing, a spare on its way), or as it is after ``within`` seconds."""
     deadline = time.monotonic() + within
     last = tree(stack)
     while time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(still)
         now = tree(stack)
         same = [p.pid for p in now] == [p.pid for p in last]
         if same and all(abs(a.rss - b.rss) < KIB * KIB for a, b in zip(now, last, strict=True)):
@@ -168,16 +170,16 @@ async def _page_reads(api_url: str, conversation: str) -> None:
 
 async def _phases(stack: Stack, sizes: Sizes, result: Memory, say: Callable[[str], None]) -> None:
     assert stack.worker is not None and stack.api is not None
-    await settled(stack)  # started: a reader started with the API, if any, ready
+    await settled(stack, still=sizes.settle)  # started: a reader started with the API, if any, ready
     await asyncio.sleep(sizes.idle_wait)
-    result.phases["at rest"] = await settled(stack)
+    result.phases["at rest"] = await settled(stack, still=sizes.settle)
     say(f"figure 16: {sizes.runs} runs, {sizes.clients} clients")
     async with http_client(stack.api_url, connections=sizes.clients + 4) as http:
         last = await _runs(http, sizes.runs, sizes.clients)
     await _page_reads(stack.api_url, last)
-    result.phases["after the runs"] = await settled(stack)
+    result.phases["after the runs"] = await settled(stack, still=sizes.settle)
     await asyncio.sleep(sizes.idle_wait)
-    result.phases["readers idle"] = await settled(stack)
+    result.phases["readers idle"] = await settled(stack, still=sizes.settle)
     say(f"figure 16: {sizes.streams} open streams, the worker paused")
     redis = Redis.from_url(stack.redis.url, decode_responses=True)
     snapshot: list[Proc] = []

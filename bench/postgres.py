@@ -65,15 +65,17 @@ class Postgres:
 
 
 def runs_for(workers: int, quick: bool) -> int:
-    return max(4, 3 * workers) if quick else max(24, 16 * workers)
+    return 2 * workers if quick else max(24, 16 * workers)
 
 
-async def _single(sides: dict[str, Stack], n: int, rng: random.Random) -> dict[str, list[float]]:
+async def _single(
+    sides: dict[str, Stack], n: int, rng: random.Random, warm: int
+) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in sides}
     async with http_client(sides["sqlite"].api_url) as lite, http_client(sides["postgresql"].api_url) as pg:
         clients = {"sqlite": lite, "postgresql": pg}
         for name in sides:  # warm-up: the first run of each pays for imports and connections
-            for _ in range(3):
+            for _ in range(warm):
                 await chat_once(clients[name], MESSAGE)
         order = [name for name in sides for _ in range(n)]
         rng.shuffle(order)
@@ -147,7 +149,7 @@ def on_postgres(
         ) as pg:
             sides = {"sqlite": lite, "postgresql": pg}
             start_side_by_side(*sides.values())
-            result.single_ms = asyncio.run(_single(sides, single, rng))
+            result.single_ms = asyncio.run(_single(sides, single, rng, warm=1 if quick else 3))
         levels = QUICK_WORKERS if quick else FULL_WORKERS
         shared = {**base, "DATABASE_URL": server.create_database()}
         with running_stack(overrides=shared, keep=keep, model_latency=MODEL_LATENCY) as stack:

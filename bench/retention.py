@@ -22,6 +22,7 @@ time of the fill, so none is old yet):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -51,13 +52,17 @@ class Sizes:
     runs_before: int
     #: drained afterwards with no live run beside
     idle: int
+    #: seconds between two live runs during the drain (0: back to back)
+    pause: float = 0.0
 
 
 #: 1,000: beside runs sent back to back the batches adapt to one delete (about 4 a second on
 #: SQLite, 2.6 on PostgreSQL, as measured), so a drain of 4 to 7 minutes an engine, with hundreds of
 #: live runs beside it; then 1,000 with no live run (full batches, under a minute)
 FULL = Sizes(conversations=1000, runs_before=30, idle=1000)
-QUICK = Sizes(conversations=10, runs_before=3, idle=10)
+#: the drain waits for the sweep's next pass (worker/upkeep/sweep.py: up to 5 s) whatever its size:
+#: the smoke run's live runs are paced beside it, a few dozen instead of hundreds
+QUICK = Sizes(conversations=10, runs_before=3, idle=10, pause=0.1)
 
 
 @dataclass
@@ -137,12 +142,14 @@ class _Count:
             conn.close()
 
 
-async def _runs(url: str, n: int | None, done: threading.Event | None) -> list[float]:
-    """Live runs one at a time: ``n`` of them, or until ``done`` is set."""
+async def _runs(url: str, n: int | None, done: threading.Event | None, pause: float = 0.0) -> list[float]:
+    """Live runs one at a time, ``pause`` seconds apart: ``n`` of them, or until ``done`` is set."""
     client = http_client(url)
     out: list[float] = []
     while (n is not None and len(out) < n) or (done is not None and not done.is_set()):
         out.append((await chat_once(client, MESSAGE, None)).total_ms)
+        if pause:
+            await asyncio.sleep(pause)
     return out
 
 
@@ -160,8 +167,7 @@ def _engine(engine: str, sizes: Sizes, pg: PostgresServer | None, keep: bool,
         done.fill_s = filled.seconds
         all_ids = [str(r[0]) for r in _ids(count)]
         filled_ids, idle_ids = all_ids[:sizes.conversations], all_ids[sizes.conversations:]
-        stack.start_worker(**retention)
-        stack.start_api()
+        stack.start(**retention)
         # Before: the same stack, its store as big, nothing old yet.
         done.before_ms = asyncio.run(_runs(stack.api_url, sizes.runs_before, None))
         # Give up below 1 a second (the pace before the retention clocked itself was 2).
@@ -192,7 +198,7 @@ def _engine(engine: str, sizes: Sizes, pg: PostgresServer | None, keep: bool,
         poller = threading.Thread(target=poll, name="retention-poll", daemon=True)
         poller.start()
         try:
-            done.during_ms = asyncio.run(_runs(stack.api_url, None, drained))
+            done.during_ms = asyncio.run(_runs(stack.api_url, None, drained, sizes.pause))
         finally:
             drained.wait()
             poller.join()
@@ -219,7 +225,7 @@ def measure(*, quick: bool, keep: bool = False, conversations: int | None = None
     started = time.perf_counter()
     sizes = QUICK if quick else FULL
     if conversations is not None:
-        sizes = Sizes(conversations, sizes.runs_before, sizes.idle)
+        sizes = dataclasses.replace(sizes, conversations=conversations)
     result = Retention(sizes)
     result.engines.append(_engine("sqlite", sizes, None, keep, say))
     server = PostgresServer()
@@ -246,7 +252,8 @@ def section(r: Retention, *, stamp: str = "") -> str:
         f"stored messages each, none old yet): {r.sizes.runs_before} live runs one at a time (*before*); "
         f"then the filled conversations' `created_at`/`updated_at` set {AGE_DAYS} days back and the "
         "worker's sweep deleting them (worker/upkeep/retention.py, worker/upkeep/deletion.py) while live "
-        "runs go on one at a time (*during*) until the database holds no old conversation (counted every "
+        f"runs go on one at a time{f', {r.sizes.pause:g} s apart' if r.sizes.pause else ''} (*during*) "
+        "until the database holds no old conversation (counted every "
         f"{POLL_SECONDS} s). Throughput: the conversations deleted over the time from their aging to "
         f"none left. Then *idle*: {r.sizes.idle:,} more (filled with the others) made old with no live "
         f"run, drained and timed the same way. The retention queues up to {BATCH} deletes at a time, "

@@ -33,7 +33,7 @@ QUICK_LEVELS = (1, 4)
 
 def runs_at(concurrency: int, quick: bool) -> int:
     """Runs measured at one level: enough waves of N runs to swamp the start and the tail."""
-    return max(4, 3 * concurrency) if quick else max(24, 16 * concurrency)
+    return 2 * concurrency if quick else max(24, 16 * concurrency)
 
 
 @dataclass

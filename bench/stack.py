@@ -146,9 +146,10 @@ class Stack:
         self.api = self.procs.start_api(self.env)
         return self.api
 
-    def start(self) -> tuple[ServiceProcess, ServiceProcess]:
-        """The worker and the API, started side by side (:func:`start_side_by_side`)."""
-        start_side_by_side(self)
+    def start(self, **worker_changes: str) -> tuple[ServiceProcess, ServiceProcess]:
+        """The worker (``worker_changes``: its environment only) and the API, started side by side
+        (:func:`start_side_by_side`)."""
+        start_side_by_side(self, worker_changes=worker_changes)
         assert self.worker is not None and self.api is not None
         return self.worker, self.api
 
@@ -182,11 +183,12 @@ class Stack:
         return {**self.env, **changes}
 
 
-def start_side_by_side(*stacks: Stack) -> None:
+def start_side_by_side(*stacks: Stack, worker_changes: Mapping[str, str] | None = None) -> None:
     """Start every stack's worker and API at once, none waiting for another to be ready (their
-    start-ups overlap), then wait until each is."""
+    start-ups overlap), then wait until each is. ``worker_changes``: environment of the workers only."""
     for stack in stacks:
-        stack.worker = stack.procs.start_worker(stack.env, wait_ready=False)
+        env = stack.env.with_(**worker_changes) if worker_changes else stack.env
+        stack.worker = stack.procs.start_worker(env, wait_ready=False)
         stack.api = stack.procs.start_api(stack.env, wait_ready=False)
     for stack in stacks:
         assert stack.worker is not None and stack.api is not None
