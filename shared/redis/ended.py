@@ -128,11 +128,28 @@ async def recorded(redis: Redis, run_id: str, read_row: ReadRow) -> Recorded | N
 
     Without a row, one round trip reads both Redis records: the description (which also says
     a run is still ``queued``), and the stream's last entry, the ending alone where the
-    description is gone. Database and Redis errors are the caller's to handle.
+    description is gone. When Redis says the run ended, the row is read once more (a run can
+    start and end between the first read and Redis's). Database and Redis errors are the
+    caller's to handle.
     """
     row = await read_row(run_id)
     if row is not None:
         return Recorded(row, stored=True)
+    found = await _in_redis(redis, run_id)
+    if found is not None and found.ended:
+        # The run may have been taken, run and ended between the two reads: its terminal event
+        # is in Redis, and its row, written before it (persist, then notify), now in the
+        # database. Read once more, so such a run is never taken for one that ended without a
+        # row, ended at no known time (a relay would take its stream as expired). A row still
+        # missing now is missing for good.
+        row = await read_row(run_id)
+        if row is not None:
+            return Recorded(row, stored=True)
+    return found
+
+
+async def _in_redis(redis: Redis, run_id: str) -> Recorded | None:
+    """What Redis records of ``run_id``, a run without a row."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(run_key(run_id))
         pipe.xrevrange(events_key(run_id), count=1)
@@ -141,8 +158,10 @@ async def recorded(redis: Redis, run_id: str, read_row: ReadRow) -> Recorded | N
     if described is not None and status_of(described.status) is not RunStatus.QUEUED:
         return Recorded(described, stored=False)
     if newest:
-        # Ended, and the description no longer says so (it expired, or was never written:
-        # the worker could not reach Redis then): the terminal event is the record.
+        # Ended, and the description does not say so (it expired, or was never written: the
+        # worker could not reach Redis then; or the worker ran the run, whose row is its
+        # record, and the caller's read of it came before the row was written): the terminal
+        # event is the record.
         ending = from_terminal_event(run_id, newest[0][1], described.enqueued_at if described else None)
         if ending is not None:
             return Recorded(ending, stored=False)
