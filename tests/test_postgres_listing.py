@@ -145,3 +145,16 @@ def test_a_copy_gone_when_read_is_told(conn: psycopg.Connection[Any]) -> None:
         with pytest.raises(DatabaseUnavailable, match="changed while it was read"):
             _ = copy.value
         raise psycopg.Rollback
+
+
+def test_the_benchs_side_by_side_lists_the_same_checkpoints_each_way(
+    postgres_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m bench.listing`` on PostgreSQL (bench/RESULTS.md, figure 24's reading): the
+    reader's listing and the saver's list the same checkpoints, and the export's lines read on
+    each are the same bytes (it fails otherwise)."""
+    from bench import listing
+
+    [counts] = listing.postgresql(postgres_server.create_database(), lengths=(6,))
+    assert len(counts) == 3 and len(set(counts.values())) == 1 and next(iter(counts.values())) > 6
+    assert "export lines" in capsys.readouterr().out
