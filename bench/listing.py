@@ -55,7 +55,7 @@ def _side_by_side(
     listed = max(counts.values())
     each = first * 1000 / max(listed, 1)
     print(f"{engine}: {turns} turns, {listed:,} {unit}s: {shown} ({first / second:.2f}×; "
-          f"the first {each:,.0f} µs a {unit})", flush=True)
+          f"the first {each:,.0f} µs each)", flush=True)
     return counts
 
 

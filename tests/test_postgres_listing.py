@@ -125,7 +125,12 @@ def test_a_checkpoint_of_an_older_format_is_listed_by_the_saver(conn: psycopg.Co
     with conn.transaction():
         sql = "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{v}', %s) WHERE checkpoint_id = %s"
         conn.execute(sql, ("3", newest))
-        ours = list(LazyPostgresSaver(conn).list(config, limit=3))
+        saver = LazyPostgresSaver(conn)
+        ours = []
+        for saved in saver.list(config, limit=3):
+            # Given with the saver's lock free: a copy listed before may be read meanwhile.
+            assert not saver.lock.locked()
+            ours.append(saved)
         expected = PostgresSaver(conn).list(config, limit=3)
         assert [comparable(s) for s in ours] == [comparable(s) for s in expected]
         assert ours[0].checkpoint["v"] == 3

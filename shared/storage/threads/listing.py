@@ -61,7 +61,9 @@ class LazyPostgresSaver(PostgresSaver):
     ) -> Iterator[CheckpointTuple]:
         listed = postgres_listing(self, config, filter=filter, before=before, limit=limit, wanted=_read_now)
         if listed is None:
-            yield from super().list(config, filter=filter, before=before, limit=limit)
+            # Whole before the first is given: the saver's own yields with its lock held, which
+            # a copy listed before, read meanwhile, would wait for forever.
+            yield from list(super().list(config, filter=filter, before=before, limit=limit))
             return
         for saved, left in listed:
             for channel, (key, kind, head) in left.items():
