@@ -3,8 +3,12 @@
 Not a figure of the run: an in-process side by side for figure 24's reading of the export
 (bench/RESULTS.md). One thread of :func:`bench.bigstore.template` per length, written through
 LangGraph's saver into a fresh SQLite file and a fresh PostgreSQL database (the machine's server,
-when one answers), then listed whole with the reader's serializer (a stored full copy of the
-messages decoded only when read) and with the strict eager one, alternated, medians of three.
+when one answers), then listed whole, each way in turn, medians of three: on SQLite with the
+reader's serializer (a stored full copy of the messages decoded only when read) and with the
+strict eager one; on PostgreSQL by the reader's listing (shared/storage/threads/listing.py: a
+copy fetched only when read) and by LangGraph's saver with each serializer. On PostgreSQL the
+JSON Lines export's lines (from the writes, ``api.chat.branches.lines``) are read on the
+reader's listing and on the saver's too, and must be the same bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +37,34 @@ SERIALIZERS: dict[str, Callable[[], Any]] = {
 }
 
 
-def _side_by_side(engine: str, turns: int, thread: str, saver_with: Callable[[Any], Any]) -> dict[str, int]:
-    """List ``thread`` with each serializer in turn, :data:`ROUNDS` times; print the medians.
-    Returns how many checkpoints each serializer listed (the same, or the comparison is void)."""
-    times: dict[str, list[float]] = {name: [] for name in SERIALIZERS}
+def _side_by_side(
+    engine: str, turns: int, ways: Mapping[str, Callable[[], int]], unit: str = "checkpoint"
+) -> dict[str, int]:
+    """Each way in turn, :data:`ROUNDS` times; print the medians, the first against the second.
+    Returns how many of ``unit`` each way read (the same, or the comparison is void)."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
     counts: dict[str, int] = {}
     for _ in range(ROUNDS):
-        for name, make in SERIALIZERS.items():
-            saver = saver_with(make())
+        for name, way in ways.items():
             started = time.perf_counter()
-            counts[name] = sum(1 for _ in saver.list(thread_at(thread)))
+            counts[name] = way()
             times[name].append(time.perf_counter() - started)
     medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
-    ratio = medians["decoded when read"] / medians["eager"]
+    first, second = list(medians.values())[:2]
     shown = ", ".join(f"{name} {ms:,.0f} ms" for name, ms in medians.items())
     listed = max(counts.values())
-    print(f"{engine}: {turns} turns, {listed:,} checkpoints: {shown} ({ratio:.2f}×)", flush=True)
+    each = first * 1000 / max(listed, 1)
+    print(f"{engine}: {turns} turns, {listed:,} {unit}s: {shown} ({first / second:.2f}×; "
+          f"the first {each:,.0f} µs each)", flush=True)
     return counts
 
 
-def _saver(kind: Any, conn: Any, serde: Any) -> Any:
-    return kind(conn, serde=serde)
+def _listed(saver: Any, thread: str) -> int:
+    return sum(1 for _ in saver.list(thread_at(thread)))
+
+
+def _listed_with(kind: Any, conn: Any, serde: Callable[[], Any], thread: str) -> int:
+    return _listed(kind(conn, serde=serde()), thread)
 
 
 async def _write(saver: Any, turns: int, thread: str) -> None:
@@ -84,23 +95,57 @@ def sqlite(root: Path, lengths: tuple[int, ...] = TURNS) -> list[dict[str, int]]
         asyncio.run(_write_sqlite(path, turns, thread))
         conn = sqlite3.connect(path, check_same_thread=False)
         try:
-            saver_with = functools.partial(_saver, SqliteSaver, conn)
-            listed.append(_side_by_side("sqlite", turns, thread, saver_with))
+            ways = {name: functools.partial(_listed_with, SqliteSaver, conn, make, thread)
+                    for name, make in SERIALIZERS.items()}
+            listed.append(_side_by_side("sqlite", turns, ways))
         finally:
             conn.close()
     return listed
 
 
-def postgresql(url: str) -> None:
+def postgresql(url: str, lengths: tuple[int, ...] = TURNS) -> list[dict[str, int]]:
+    """Per length: the reader's listing against the saver's (each serializer), then the export's
+    lines read on each; returns how many checkpoints each way of listing listed."""
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 
-    for turns in TURNS:
+    from shared.storage.threads.listing import LazyPostgresSaver
+
+    listed = []
+    for turns in lengths:
         thread = f"t{turns}-{uuid.uuid4().hex[:6]}"
         asyncio.run(_write_postgresql(url, turns, thread))
         with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
-            _side_by_side("postgresql", turns, thread, functools.partial(_saver, PostgresSaver, conn))
+            ours = functools.partial(_listed_with, LazyPostgresSaver, conn, DecodedOnce, thread)
+            ways = {
+                "the reader's listing": ours,
+                **{f"the saver's, {name}": functools.partial(_listed_with, PostgresSaver, conn, make, thread)
+                   for name, make in SERIALIZERS.items()},
+            }
+            listed.append(_side_by_side("postgresql", turns, ways))
+            lines: dict[str, bytes] = {}
+            exports = {
+                "on the reader's listing": functools.partial(_export, LazyPostgresSaver, conn, thread, lines),
+                "on the saver's": functools.partial(_export, PostgresSaver, conn, thread, lines),
+            }
+            _side_by_side("postgresql", turns, exports, "export line")
+            if len(set(lines.values())) != 1:
+                raise AssertionError(f"the export's lines differ between the listings ({turns} turns)")
+    return listed
+
+
+def _export(kind: Any, conn: Any, thread: str, lines: dict[str, bytes]) -> int:
+    """The JSON Lines export's lines read from the writes on a saver of ``kind`` (as a reader
+    reads them: its serializer); kept in ``lines`` by kind. Returns how many lines."""
+    import msgspec
+
+    from api.chat import branches
+    from shared.storage.threads.snapshot import ThreadStates
+
+    found = branches.lines(False, ThreadStates(kind(conn, serde=DecodedOnce())), thread_at(thread))[0]
+    lines[kind.__name__] = msgspec.json.encode(found)
+    return len(found)
 
 
 def main() -> int:

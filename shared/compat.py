@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -352,6 +352,125 @@ async def postgres_saver_connection(conn: Any) -> AsyncIterator[psycopg.AsyncCon
 
     async with _ainternal.get_connection(conn) as connection:
         yield connection
+
+
+# --- langgraph-checkpoint-postgres 3.2.0: its tables read directly (shared/storage/threads/listing.py) --
+# ``PostgresSaver.list`` selects each checkpoint with every stored value of every channel it names
+# (``SELECT_SQL``: ``checkpoint_blobs`` joined on the checkpoint's ``channel_versions``, a hash of
+# all the thread's values built again for each checkpoint) and its writes, then builds each tuple
+# with the private ``_load_checkpoint_tuple``. :func:`postgres_listing` selects the same
+# checkpoints and writes (the same SQL, less the values), then the keys and heads (first bytes) of
+# the values they name, then only the values ``wanted``, in one repeatable-read transaction; the
+# rest it leaves out of the tuples, for the caller to read (:func:`postgres_stored_value`) or not.
+
+#: ``SELECT_SQL`` but its ``channel_values`` column (tests/fast/test_compat.py compares the two,
+#: whitespace aside)
+POSTGRES_CHECKPOINTS_SQL = """
+select
+    thread_id,
+    checkpoint,
+    checkpoint_ns,
+    checkpoint_id,
+    parent_checkpoint_id,
+    metadata,
+    (
+        select
+        array_agg(array[cw.task_id::text::bytea, cw.channel::bytea, cw.type::bytea, cw.blob,
+            convert_to(cw.task_path, 'UTF8'), cw.idx::text::bytea])
+        from checkpoint_writes cw
+        where cw.thread_id = checkpoints.thread_id
+            and cw.checkpoint_ns = checkpoints.checkpoint_ns
+            and cw.checkpoint_id = checkpoints.checkpoint_id
+    ) as pending_writes
+from checkpoints """
+
+#: the stored values of the keys given (four arrays: threads, namespaces, channels, versions);
+#: ``{}``: each whole (``blob``) or its first bytes (``substring(blob from 1 for 16)``)
+_POSTGRES_VALUES_SQL = """
+select bl.thread_id, bl.checkpoint_ns, bl.channel, bl.version, bl.type, {} as blob
+from unnest(%s::text[], %s::text[], %s::text[], %s::text[]) as k(thread_id, checkpoint_ns, channel, version)
+join checkpoint_blobs bl
+    on bl.thread_id = k.thread_id and bl.checkpoint_ns = k.checkpoint_ns
+    and bl.channel = k.channel and bl.version = k.version
+"""
+#: how many first bytes of a value :func:`postgres_listing` shows ``wanted``
+POSTGRES_HEAD = 16
+
+#: a stored value's key: (thread, namespace, channel, version)
+StoredKey = tuple[str, str, str, str]
+
+
+def postgres_listing(
+    saver: Any, config: Any, *, filter: dict[str, Any] | None, before: Any, limit: int | None,
+    wanted: Callable[[str, bytes | None], bool],
+) -> list[tuple[Any, dict[str, tuple[StoredKey, str, bytes | None]]]] | None:
+    """What ``PostgresSaver.list(config, filter=, before=, limit=)`` lists, newest first, each
+    checkpoint's tuple with only the stored values ``wanted(type, head)`` says to read, and by
+    channel the key, type and head of each value left out (its tuple has the inline value there,
+    if any: the caller sets what it reads instead). None where the saver's own listing must be
+    used: a checkpoint of a format before 4 with a parent (its Sends are its parent's writes)."""
+    where, params = saver._search_where(config, filter, before)
+    query = POSTGRES_CHECKPOINTS_SQL + where + " ORDER BY checkpoint_id DESC"
+    if limit is not None:
+        query += " LIMIT %s"
+        params = [*params, int(limit)]
+    with _postgres_snapshot(saver) as cur:
+        cur.execute(query, params)
+        rows = cur.fetchall()
+        if any(row["checkpoint"]["v"] < 4 and row["parent_checkpoint_id"] for row in rows):
+            return None
+        named = {key for row in rows for key in _stored_keys(row)}
+        heads = _postgres_values(cur, named, f"substring(bl.blob from 1 for {POSTGRES_HEAD})")
+        read = {key for key, (kind, head) in heads.items() if wanted(kind, head)}
+        values = _postgres_values(cur, read, "bl.blob")
+    listed = []
+    for row in rows:
+        keys = [(key, key[2]) for key in _stored_keys(row) if key in heads]
+        row["channel_values"] = [
+            (channel.encode(), values[key][0].encode(), values[key][1])
+            for key, channel in keys if key in values
+        ]
+        left = {channel: (key, *heads[key]) for key, channel in keys if key not in values}
+        listed.append((saver._load_checkpoint_tuple(row), left))
+    return listed
+
+
+def postgres_stored_value(saver: Any, key: StoredKey) -> tuple[str, bytes | None] | None:
+    """The stored value of ``key`` (its type and bytes), None if there is none (any more)."""
+    with saver._cursor() as cur:
+        return _postgres_values(cur, {key}, "bl.blob").get(key)
+
+
+def _stored_keys(row: Any) -> list[StoredKey]:
+    thread, namespace = row["thread_id"], row["checkpoint_ns"]
+    return [(thread, namespace, c, v) for c, v in row["checkpoint"]["channel_versions"].items()]
+
+
+def _postgres_values(
+    cur: Any, keys: set[StoredKey], column: str
+) -> dict[StoredKey, tuple[str, bytes | None]]:
+    if not keys:
+        return {}
+    cur.execute(_POSTGRES_VALUES_SQL.format(column), [list(part) for part in zip(*keys, strict=True)])
+    return {
+        (r["thread_id"], r["checkpoint_ns"], r["channel"], r["version"]): (r["type"], r["blob"])
+        for r in cur.fetchall()
+    }
+
+
+@contextmanager
+def _postgres_snapshot(saver: Any) -> Iterator[Any]:
+    """The saver's cursor (its lock held) in one transaction that reads one snapshot: a
+    repeatable-read one of its own, or the connection's own transaction if one is open."""
+    from psycopg.pq import TransactionStatus
+
+    with saver._cursor() as cur:
+        conn = cur.connection
+        idle = conn.info.transaction_status == TransactionStatus.IDLE
+        with conn.transaction():
+            if idle:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield cur
 
 
 # --- httpx 0.29.0: a client's default transport (worker/tools/fetch_server.py) --------------------

@@ -175,6 +175,70 @@ def test_the_postgres_savers_cursor_and_connection() -> None:
     ), "AsyncPostgresSaver._cursor changed: compare it with shared/compat.py PostgresWriteCursor"
 
 
+#: the postgres saver's code the listing of our own (shared/compat.py ``postgres_listing``) is
+#: read from, or calls: a change in any is read there before the hash is updated
+POSTGRES_LISTING_SOURCE_HASHES = {
+    "PostgresSaver.list": "bfbfaf061d1a11e7f617d9fc10096d2d2ec63e583edf95e31d07bb727a8be3c8",
+    "PostgresSaver._load_checkpoint_tuple": (
+        "668ab75160e0104b9c55bb94814d536a47daa21cbeab657c896400c36ab9ff51"
+    ),
+    "PostgresSaver._load_blobs": "61f019778911621d424b2fa692b1aa821eccbe034e716f19e7e224ac247bef4c",
+    "PostgresSaver._load_writes": "24ba219534a7839c40bce63dbbb152dec490dcb9c4087d14e81106bef13d53f4",
+    "PostgresSaver._search_where": "3d346321306bc45bec30c9a2496053b64d4a03f551b9f5da4e6fda0a09ecedc3",
+    "PostgresSaver._cursor": "3e7f6f63d0285f7e81926cf8a14f5f779568a35efaeba52823b653b366ec72d7",
+}
+#: the tables, as the saver's migrations make them (``MIGRATIONS``, joined)
+POSTGRES_TABLES_HASH = "b61d83ce19b67141d851d7fa29a73ecc6f5cd8e9d45c1aa0f6b6f9ebe50f26bf"
+
+
+@pytest.mark.parametrize("name", sorted(POSTGRES_LISTING_SOURCE_HASHES))
+def test_the_postgres_saver_code_the_listing_reads_is_unchanged(name: str) -> None:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    found = _sha256(getattr(PostgresSaver, name.partition(".")[2]))
+    assert found == POSTGRES_LISTING_SOURCE_HASHES[name], (
+        f"LangGraph's {name} changed: compare it with shared/compat.py postgres_listing"
+    )
+
+
+def test_the_postgres_savers_tables_and_query_are_the_listings() -> None:
+    """The listing selects what the saver's ``SELECT_SQL`` selects but the stored values, from
+    the tables the saver's migrations make."""
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.base import MIGRATIONS, SELECT_SQL
+
+    assert hashlib.sha256("\n".join(MIGRATIONS).encode()).hexdigest() == POSTGRES_TABLES_HASH, (
+        "LangGraph's checkpoint tables changed: compare them with shared/compat.py postgres_listing"
+    )
+    start = SELECT_SQL.index("    (\n        select array_agg(array[bl.")
+    values = SELECT_SQL[start : SELECT_SQL.index("    (\n        select\n")]
+    assert values.rstrip().endswith(") as channel_values,")
+    assert PostgresSaver.SELECT_SQL == SELECT_SQL
+    words = " ".join(SELECT_SQL.replace(values, "").split())
+    assert words == " ".join(compat.POSTGRES_CHECKPOINTS_SQL.split())
+
+
+def test_a_stored_copys_head_tells_it_and_its_length() -> None:
+    """What the listing reads of a stored value's first bytes (shared/storage/threads/decoding.py
+    ``snapshot_head``) is what decoding the whole value gives: a full copy, of that length."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.serde.types import _DeltaSnapshot
+
+    from shared.storage.threads.decoding import DecodedOnce, snapshot_head
+
+    eager = JsonPlusSerializer(allowed_msgpack_modules=None)
+    lists = ([], [1], ["x" * 300], ["m"] * 15, ["m"] * 16, ["m" * 20] * 3000, [0] * 70_000)
+    for value in (*lists, {"a": 1}, "t"):
+        kind, blob = eager.dumps_typed(_DeltaSnapshot(value))
+        lazy = DecodedOnce().loads_typed((kind, blob))
+        head = blob[: compat.POSTGRES_HEAD]
+        assert snapshot_head(kind, head) == (True, lazy.length), value
+        assert snapshot_head(kind, head)[1] == (len(value) if isinstance(value, list) else None)
+        assert snapshot_head(*eager.dumps_typed(value)) == (False, None)
+    assert snapshot_head("empty", None) == (False, None)
+    assert snapshot_head("bytes", eager.dumps_typed(_DeltaSnapshot([1]))[1]) == (False, None)
+
+
 def test_an_httpx_clients_default_transport() -> None:
     import httpx
 

@@ -82,6 +82,26 @@ def _list_length(data: bytes) -> int | None:
     return None
 
 
+#: a msgpack ext value's header: its first byte → (bytes before its code, bytes before its data)
+_EXT_HEADS = {
+    **dict.fromkeys((0xD4, 0xD5, 0xD6, 0xD7, 0xD8), (1, 2)),  # fixext 1, 2, 4, 8, 16
+    0xC7: (2, 3), 0xC8: (3, 4), 0xC9: (5, 6),  # ext 8, 16, 32
+}
+
+
+def snapshot_head(kind: str, head: bytes | None) -> tuple[bool, int | None]:
+    """Whether a stored value of type ``kind`` whose first bytes are ``head`` is a DeltaChannel's
+    full copy (a ``_DeltaSnapshot``, msgpack ext code :func:`shared.compat.delta_snapshot_code`),
+    and if so its length as :func:`lazy_snapshot_ext_hook` reads it from the whole value (None if
+    not a list, or ``head`` too short to tell)."""
+    if kind != "msgpack" or not head or head[0] not in _EXT_HEADS:
+        return False, None
+    code_at, data_at = _EXT_HEADS[head[0]]
+    if len(head) <= code_at or head[code_at] != delta_snapshot_code():
+        return False, None
+    return True, _list_length(head[data_at:])
+
+
 def _decode_later(data: bytes, hook: ExtHook) -> Any:
     try:
         return ormsgpack.unpackb(data, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)

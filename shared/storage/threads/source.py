@@ -4,8 +4,9 @@ Its own module, importing only the standard library at the top: a reader process
 :class:`ThreadSource` with each read, which imports this module, and should load no more than
 the read needs (shared/storage/reading.py, the API's side, imports aiosqlite, anyio and
 structlog). :meth:`ThreadSource.read` opens LangGraph's saver for the engine, the one way the
-API reads checkpoints (DESIGN.md, "Layout"), and turns the engine's errors into
-DATABASE_UNAVAILABLE.
+API reads checkpoints (DESIGN.md, "Layout"; on PostgreSQL one whose listing fetches a stored
+full copy of the messages only when it is read: shared/storage/threads/listing.py), and turns the
+engine's errors into DATABASE_UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ class ThreadSource:
 
     def _read_postgres(self, serde: SerializerProtocol, read: Callable[[BaseCheckpointSaver[Any]], T]) -> T:
         import psycopg
-        from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
+
+        from shared.storage.threads.listing import LazyPostgresSaver
 
         try:
             conn = psycopg.connect(self.address, autocommit=True, prepare_threshold=0, row_factory=dict_row)
@@ -76,6 +78,6 @@ class ThreadSource:
             raise unavailable(exc) from exc
         with conn:
             try:
-                return read(PostgresSaver(conn, serde=serde))
+                return read(LazyPostgresSaver(conn, serde=serde))
             except psycopg.Error as exc:
                 raise unavailable(exc) from exc
