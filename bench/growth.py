@@ -8,12 +8,14 @@ conversation the reads look at; then the read routes (a page of conversations, a
 a detail, a page of the runs view, a ``/metrics`` scrape) are timed in rounds, in a fresh random
 order each round, and a run's POST -> ``end``; the ratio is the big store's p50 over the empty one's.
 
-On SQLite also: a JSON Lines export of a conversation of ``export_messages`` stored messages
-(written with the fill by bigstore's template), its time and the API process's RSS before and
-peak (``VmHWM``) after; and Redis's bytes per finished run's event stream (``MEMORY USAGE``),
-what Redis keeps of a conversation once its runs ended (every key naming it or its run), and
-bytes per queued run (``used_memory`` over ``queued`` runs submitted with the worker stopped, by the
-API's own submit script), and with them queued a page of ``/api/runs`` and a ``/metrics`` scrape.
+On each engine also: the JSON Lines export of conversations of up to ``export_messages`` stored
+messages (written with the fill by bigstore's template), through the API and read both ways in
+this process; and ``queued`` runs submitted with the worker stopped, by the API's own submit
+script, and with them queued a page of ``/api/runs`` and a ``/metrics`` scrape. On SQLite the
+longest export's time and the API process's RSS before and peak (``VmHWM``) after, and Redis's
+bytes (the same on either engine): per finished run's event stream (``MEMORY USAGE``), what Redis
+keeps of a conversation once its runs ended (every key naming it or its run), and per queued run
+(``used_memory`` over the ``queued`` runs).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Engine:
     empty: Side
     big: Side
     skipped: str = ""
+    #: Redis's bytes, and a page of /api/runs and a scrape with ``queued`` runs queued, on this engine
+    queued: RedisBytes | None = None
 
 
 @dataclass
@@ -327,8 +331,9 @@ def _engine(
     say: Callable[[str], None], keep: bool,
 ) -> Engine:
     """One stack: measured on its empty database, then filled (the worker and API stopped) and
-    measured again. On SQLite the long conversation is written with the fill and exported, and
-    Redis's bytes are counted last."""
+    measured again; the long conversations are written with the fill and exported. Last, on each
+    engine, ``queued`` runs queued (a page of /api/runs and a scrape with them), and Redis's bytes
+    (reported once: SQLite's)."""
     sizes = result.sizes
     done = Engine(engine, Side(0), Side(sizes.conversations))
     overrides = {"DATABASE_URL": pg.create_database()} if pg is not None else {}
@@ -360,7 +365,11 @@ def _engine(
             messages, checkpoints, long_one = longs[-1]
             result.export = Export(messages=messages, checkpoints=checkpoints, fill_s=filled_s)
             asyncio.run(_export(stack, long_one, result.export, say))
-            asyncio.run(_redis_bytes(stack, sizes.queued, sizes.rounds, result.redis))
+        say(f"figure 24: {engine}, {sizes.queued:,} runs queued")
+        done.queued = RedisBytes()
+        asyncio.run(_redis_bytes(stack, sizes.queued, sizes.rounds, done.queued))
+        if engine == "sqlite":
+            result.redis = done.queued
     return done
 
 
@@ -490,13 +499,16 @@ def section(g: Growth, *, stamp: str = "") -> str:
         f"run's event stream (`MEMORY USAGE`, kept `EVENT_RETENTION`); a conversation whose runs ended: "
         f"{len(r.idle_keys)} key(s), {r.idle_bytes:,} bytes ({kinds}).\n"
     )
-    sqlite = next((e for e in g.engines if e.name == "sqlite" and not e.skipped), None)
-    if sqlite is not None and r.runs_page_ms:
-        page0, scrape0 = _p50(sqlite.big.ms["runs"]), _p50(sqlite.big.ms["metrics"])
-        page, scrape = _p50(r.runs_page_ms), _p50(r.scrape_ms)
+    for engine in g.engines:
+        q = engine.queued
+        if engine.skipped or q is None or not q.runs_page_ms:
+            continue
+        page0, scrape0 = _p50(engine.big.ms["runs"]), _p50(engine.big.ms["metrics"])
+        page, scrape = _p50(q.runs_page_ms), _p50(q.scrape_ms)
         out.append(
-            f"**With {s.queued:,} runs queued** (SQLite, the big store, the worker stopped): a page of "
-            f"`/api/runs` (50) {page:.1f} ms against {page0:.1f} ms with none queued ({page / page0:.2f}×); "
+            f"**With {s.queued:,} runs queued** ({engine.name}, the big store, the worker stopped): a "
+            f"page of `/api/runs` (50) {page:.1f} ms against {page0:.1f} ms with none queued "
+            f"({page / page0:.2f}×); "
             f"a `/metrics` scrape {scrape:.1f} ms against {scrape0:.1f} ms ({scrape / scrape0:.2f}×).\n"
         )
     out.append(
