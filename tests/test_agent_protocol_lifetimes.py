@@ -83,7 +83,7 @@ async def test_threads_past_their_ttl_or_left_empty_are_deleted_by_the_worker(
     await client.crons.create_for_thread(with_cron, "agent", schedule="0 0 1 1 *", input=said("new year"))
     empty = (await client.threads.create())["thread_id"]  # no ttl, no run: EMPTY_MINUTES
 
-    async with async_http_client(base_url=stack.api_url, trust_env=False) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         for thread_id in (with_ttl, updated, empty):
             await wait_for_async(lambda t=thread_id: _gone(client, t), 60, interval=0.2,
                                  message=f"thread {thread_id} expired")
@@ -221,7 +221,7 @@ async def test_join_stream_follows_every_run_of_the_thread_as_it_comes(
             await rejoined
     assert [p.id for p in resumed] == [p.id for p in third_parts[1:]]
 
-    async with async_http_client(base_url=stack.api_url, trust_env=False) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         lifecycle = await http.get(f"/threads/{thread_id}/stream", params={"stream_mode": "lifecycle"})
         assert lifecycle.status_code == 422 and "lifecycle" in lifecycle.json()["error"]["message"]
         bad_id = await http.get(f"/threads/{thread_id}/stream", headers={"Last-Event-ID": "7-1"})
@@ -265,7 +265,7 @@ async def test_a_cron_fires_no_tick_past_its_end_time_and_crons_are_counted(
     await wait_for_async(fired_past_the_end, message="a tick past the old end_time")
     again = await client.crons.update(cron_id, end_time=datetime.now(UTC) - timedelta(hours=1))
     assert again["next_run_date"] is None
-    async with async_http_client(base_url=stack.api_url, trust_env=False) as http:
+    async with async_http_client(base_url=stack.api_url) as http:
         bad = await http.patch(f"/runs/crons/{cron_id}", json={"end_time": "soon"})
         assert bad.status_code == 422 and "end_time" in bad.json()["error"]["message"]
     await client.crons.delete(cron_id)

@@ -175,7 +175,7 @@ async def test_a_run_without_a_thread_has_its_thread_deleted_after_the_api_was_k
     whole.group.start_api(whole.env)  # on the same port: the client's
     await wait_for_async(lambda: gone(client, run["thread_id"]), 60, interval=0.2,
                          message="the thread of the run without a thread deleted by the worker")
-    async with async_http_client(base_url=whole.api, trust_env=False) as http:  # its history with it
+    async with async_http_client(base_url=whole.api) as http:  # its history with it
         assert (await http.get(f"/api/conversations/{run['thread_id']}")).status_code == 404
     # ``keep``: its thread is still there once its run ended.
     await client.runs.join(kept["thread_id"], kept["run_id"])

@@ -293,7 +293,7 @@ def test_approvals_waiting(
     assert read_sse(api, conversation)[-1].data["status"] == "waiting"
     waiting = scraped_when(api, "sophos_conversations_waiting", 1)
     [request] = get_json(api, f"/api/conversations/{conversation}")["pendingApproval"]
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         decided = http.post("/api/chat", json={
             "conversation": conversation, "decisions": [{"id": request["id"], "action": "approve"}],
         })

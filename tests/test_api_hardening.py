@@ -74,7 +74,7 @@ async def test_reads_in_flight_survive_the_database_vanishing_and_coming_back(
             flips += 1
         return flips
 
-    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10) as http:
         readers = [asyncio.create_task(reader(http, n)) for n in range(8)]
         flips = await toggle()
         stop.set()
@@ -85,7 +85,7 @@ async def test_reads_in_flight_survive_the_database_vanishing_and_coming_back(
     # 404: a conversation asked for while the file was away; 503: a read the vanishing file broke.
     assert set(statuses) <= {200, 404, 503}, statuses
     # And the store is healthy afterwards.
-    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10) as http:
         for conversation in conversations:
             assert (await http.get(f"/api/conversations/{conversation}")).status_code == 200
 
@@ -131,7 +131,7 @@ def test_last_event_id_beyond_what_a_stream_can_hold_is_refused_before_the_strea
     conversation, _ = chat(api, "a running run")
     slow.wait_started()
     url = f"{api}/api/chat"
-    with http_client(timeout=10, trust_env=False) as http:
+    with http_client(timeout=10) as http:
         for raw in (
             "99999999999999999999",
             "9223372036854775808",

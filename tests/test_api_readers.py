@@ -196,7 +196,7 @@ def test_a_read_past_read_timeout_answers_503_and_frees_its_reader(
     # More reads of the slow thread than there are readers: each is answered within the bound
     # (the one that waited for a free reader too), none holds a reader afterwards.
     paths = [f"/api/conversations/{slow}"] * READER_PROCESSES + [f"/api/conversations/{slow}/export"]
-    with ThreadPoolExecutor(len(paths)) as pool, http_client(base_url=url, timeout=60, trust_env=False) as h:
+    with ThreadPoolExecutor(len(paths)) as pool, http_client(base_url=url, timeout=60) as h:
         answers = list(pool.map(h.get, paths))
     for answer in answers:
         assert answer.status_code == 503, answer.text

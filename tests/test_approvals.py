@@ -42,7 +42,7 @@ def stack(shared_stack: SophosEnv) -> SophosEnv:
 def decide(
     api_url: str, conversation: str, decisions: list[dict[str, Any]], **headers: str
 ) -> httpx.Response:
-    with http_client(base_url=api_url, timeout=10.0, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10.0) as http:
         return http.post(
             "/api/chat", json={"conversation": conversation, "decisions": decisions}, headers=headers
         )

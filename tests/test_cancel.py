@@ -40,7 +40,7 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
 
 
 def cancel(api_url: str, run_id: str) -> httpx.Response:
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post(f"/api/runs/{run_id}/cancel")
 
 

@@ -47,7 +47,7 @@ def start_both(env: SophosEnv, start_worker, start_api, worker_env: SophosEnv | 
 
 
 def cancel(api_url: str, run: str) -> int:
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post(f"/api/runs/{run}/cancel").status_code
 
 

@@ -62,7 +62,7 @@ def test_a_bad_origin_stops_the_api_naming_the_variable(sophos_env: SophosEnv) -
 
 def test_listed_origins_are_let_in_without_a_token(sophos_env: SophosEnv, start_api) -> None:
     api = start_api(sophos_env.with_(CORS_ORIGINS=f"{LISTED},{OTHER_LISTED}"))
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         for origin in (LISTED, OTHER_LISTED):
             asked = preflight(http, origin, "POST", "content-type, idempotency-key")
             assert asked.status_code in (200, 204), asked.text
@@ -102,7 +102,7 @@ def test_listed_origins_are_let_in_without_a_token(sophos_env: SophosEnv, start_
         assert rebound.status_code == 403
     # Unset (the default): same origin only, as before the setting existed.
     default = start_api(sophos_env)
-    with http_client(base_url=default.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=default.url, timeout=10) as http:
         asked = preflight(http, LISTED)
         assert asked.status_code == 403 and allowed_origin(asked) is None
         assert http.get("/api/conversations", headers={"Origin": LISTED}).status_code == 403
@@ -113,7 +113,7 @@ def test_with_a_token_the_preflight_needs_none_and_requests_still_do(
 ) -> None:
     api = start_api(sophos_env.with_(CORS_ORIGINS=LISTED, API_TOKEN=TOKEN))
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         # A browser never sends credentials with a preflight: it must pass without the token.
         asked = preflight(http, LISTED, "GET", "authorization, last-event-id")
         assert asked.status_code in (200, 204) and allowed_origin(asked) == LISTED, asked.text

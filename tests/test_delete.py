@@ -26,7 +26,7 @@ def chat(api: str, message: str, conversation: str | None = None) -> tuple[str, 
 
 
 def delete(api: str, conversation: str) -> httpx.Response:
-    with http_client(base_url=api, timeout=15, trust_env=False) as http:
+    with http_client(base_url=api, timeout=15) as http:
         return http.delete(f"/api/conversations/{conversation}")
 
 
@@ -88,7 +88,7 @@ def test_delete_removes_thread_rows_and_events_and_every_route_answers_404(
     assert redis_sync_client.exists(*kept, model_call_key(conversation)) == 0
     assert redis_sync_client.hget(ACTIVE_RUNS, conversation) is None
     assert listed(api) == [other]
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         for path in (
             f"/api/conversations/{conversation}",
             f"/api/conversations/{conversation}/export",
@@ -218,7 +218,7 @@ def test_delete_takes_the_runs_cancelled_while_queued_with_it(
     busy, busy_run = chat(api, "keeps the worker busy")
     slow.wait_started()
     cancelled = []
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         for message in ("never mind", "never mind again"):
             _, run = chat(api, message, conversation)
             assert http.post(f"/api/runs/{run}/cancel").status_code == 200

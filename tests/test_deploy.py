@@ -631,7 +631,7 @@ def test_nginx_answers_in_the_apis_error_envelope(
     assert checked.returncode == 0, checked.stderr
     api = start_api(sophos_env)
     port = start_nginx(int(sophos_env["API_PORT"]))
-    with http_client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http:
+    with http_client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
         assert http.get("/api/healthz").status_code == 200  # through to the API
         limit = 1024 * 1024  # the API's MAX_BODY_BYTES default, and nginx's client_max_body_size
         too_large = http.post(

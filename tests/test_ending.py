@@ -146,7 +146,7 @@ async def test_a_switch_cancelled_before_it_started_records_the_branch_it_follow
 
     worker.signal(signal.SIGSTOP)  # it takes the switch only after the cancel
     try:
-        async with async_http_client(base_url=url, timeout=30, trust_env=False) as http:
+        async with async_http_client(base_url=url, timeout=30) as http:
             response = await http.post(f"/api/conversations/{conversation}/branch",
                                        json={"message": two["id"]})
         assert response.status_code == 202, response.text

@@ -79,7 +79,7 @@ async def no_blocking_read(redis: Redis, pid: int) -> bool:
 
 
 async def run_info(api_url: str, run: str) -> dict[str, Any]:
-    async with async_http_client(base_url=api_url, trust_env=False) as http:
+    async with async_http_client(base_url=api_url) as http:
         answer = await http.get(f"/api/runs/{run}")
     assert answer.status_code == 200, answer.text
     info: dict[str, Any] = answer.json()
@@ -404,7 +404,7 @@ async def test_200_subscribers_on_one_process_all_receive_every_event(
     idle_rss = rss_kib(api.pid)
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with async_http_client(base_url=api.url, timeout=30, limits=limits, trust_env=False) as http:
+    async with async_http_client(base_url=api.url, timeout=30, limits=limits) as http:
 
         caught_up = 0  # clients that have the first token, published before any of them came
 
@@ -633,7 +633,7 @@ async def test_a_run_can_be_named_so_its_ids_are_never_taken_for_another_runs(
     assert key(named) == key(second)
     # A run of another conversation, or no run at all, is not found; a bad id is refused.
     other, _ = await chat_async(api.url, "three")
-    async with async_http_client(base_url=api.url, trust_env=False) as http:
+    async with async_http_client(base_url=api.url) as http:
         for params, status in (
             ({"conversation": other, "run": run1}, 404),
             ({"conversation": conversation, "run": str(uuid.uuid4())}, 404),

@@ -216,7 +216,7 @@ async def test_hang_ends_on_release_reset_or_client_leaving(model: FakeOllama) -
 
 
 def test_tags_and_other_endpoints(model: FakeOllama) -> None:
-    with http_client(base_url=model.url, trust_env=False) as http:
+    with http_client(base_url=model.url) as http:
         tags = http.get("/api/tags").json()
         assert [m["name"] for m in tags["models"]] == ["test-model:latest"]
         assert tags["models"][0]["model"] == "test-model:latest"

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.fault
 
 def run_stream(api_url: str, conversation: str, run: str) -> list[SseEvent]:
     """The events of one run (``GET /api/chat?conversation=&run=``), up to its terminal one."""
-    with http_client(base_url=api_url, trust_env=False, timeout=30) as http:
+    with http_client(base_url=api_url, timeout=30) as http:
         response = http.get("/api/chat", params={"conversation": conversation, "run": run})
     assert response.status_code == 200, response.text
     events = list(SseParser().feed_lines(response.text.splitlines()))
@@ -411,7 +411,7 @@ def test_api_sigterm_ends_its_streams_cleanly_and_clients_resume_elsewhere(
 
     events: list[SseEvent] = []
     with (
-        http_client(base_url=leaving.url, trust_env=False, timeout=30) as http,
+        http_client(base_url=leaving.url, timeout=30) as http,
         http.stream("GET", "/api/chat", params={"conversation": conversation}) as response,
     ):
         parser = SseParser()

@@ -73,7 +73,7 @@ schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 
 def test_the_running_api_serves_the_document_being_fuzzed(stack: SophosEnv) -> None:
-    with http_client(base_url=stack.api_url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=stack.api_url, timeout=10) as http:
         served = http.get("/schema/openapi.json").json()
     assert served == DOCUMENT
     assert len(DOCUMENT["paths"]) >= 8
@@ -116,7 +116,7 @@ def test_generated_requests_get_no_5xx_and_every_4xx_is_an_envelope(case: Any, s
 
 
 def post_raw(env: SophosEnv, content: bytes, content_type: str = "application/json") -> httpx.Response:
-    with http_client(base_url=env.api_url, trust_env=False, timeout=20) as http:
+    with http_client(base_url=env.api_url, timeout=20) as http:
         return http.post("/api/chat", content=content, headers={"Content-Type": content_type})
 
 
@@ -176,7 +176,7 @@ def test_a_huge_body_sent_in_chunks_is_refused_without_reading_it_all(stack: Sop
             yield b"a" * 65536
         yield b'"}'
 
-    with http_client(base_url=stack.api_url, trust_env=False, timeout=30) as http:
+    with http_client(base_url=stack.api_url, timeout=30) as http:
         try:
             response = http.post("/api/chat", content=chunks(), headers={"Content-Type": "application/json"})
         except httpx.TransportError:
@@ -186,7 +186,7 @@ def test_a_huge_body_sent_in_chunks_is_refused_without_reading_it_all(stack: Sop
 
 def test_nothing_is_stored_for_a_refused_request(stack: SophosEnv) -> None:
     """Runs after the generated and hand-written requests: only accepted ones left a trace."""
-    with http_client(base_url=stack.api_url, trust_env=False, timeout=20) as http:
+    with http_client(base_url=stack.api_url, timeout=20) as http:
         conversations = {c["id"] for c in http.get("/api/conversations").json()["conversations"]}
         runs = http.get("/api/runs", params={"limit": 500}).json()["runs"]
     assert conversations <= {conversation for conversation, _ in ACCEPTED}

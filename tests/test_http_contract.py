@@ -26,7 +26,7 @@ def error_of(response: httpx.Response, status: int, code: str) -> str:
 
 
 def raw_post(api_url: str, content: bytes, content_type: str = "application/json") -> httpx.Response:
-    with http_client(base_url=api_url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post("/api/chat", content=content, headers={"Content-Type": content_type})
 
 
@@ -56,7 +56,7 @@ def test_bad_requests_name_the_problem(api_only: SophosEnv) -> None:
     error_of(post_chat(url, conversation=unknown, resume=True), 404, "NOT_FOUND")
     error_of(raw_post(url, b'{"message": "' + b"a" * 5000 + b'"}'), 413, "PAYLOAD_TOO_LARGE")
 
-    with http_client(base_url=url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=url, timeout=10) as http:
         error_of(http.get("/api/conversations/nope"), 400, "BAD_REQUEST")
         error_of(http.get(f"/api/conversations/{unknown}"), 404, "NOT_FOUND")
         error_of(http.get(f"/api/conversations/{unknown}/export"), 404, "NOT_FOUND")

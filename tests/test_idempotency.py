@@ -27,7 +27,7 @@ NO_LIMITS = {"RATE_LIMIT_PER_MINUTE": 0, "MAX_STREAMS_PER_CLIENT": 0}
 def post(api_url: str, key: str | bytes | None = None, message: str | None = None,
          conversation: str | None = None, resume: bool = False) -> httpx.Response:
     headers = {"Idempotency-Key": key} if key is not None else {}
-    with http_client(base_url=api_url, trust_env=False, timeout=20) as http:
+    with http_client(base_url=api_url, timeout=20) as http:
         return http.post("/api/chat", json=chat_body(message, conversation, resume), headers=headers)
 
 

@@ -257,7 +257,7 @@ def test_a_kill_at_each_point_of_a_call_never_repeats_a_finished_call_and_asks_a
             workers.append(start_worker(env))
             detail = get_json(api, f"/api/conversations/{conversation}")
             assert detail["conversation"]["status"] == "waiting" and detail["pendingApproval"] == requests
-        with http_client(base_url=api, timeout=10.0, trust_env=False) as http:
+        with http_client(base_url=api, timeout=10.0) as http:
             decided = http.post("/api/chat", json={
                 "conversation": conversation, "decisions": [{"id": ids[target], "action": "approve"}],
             })

@@ -46,7 +46,7 @@ def ids(listing: dict[str, Any]) -> list[str]:
 
 def cancel(api_url: str, run_id: str, token: str | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post(f"/api/runs/{run_id}/cancel", headers=headers)
 
 
@@ -142,7 +142,7 @@ def test_listing_and_paging_follow_a_queue_of_five_behind_a_slow_run(
     assert ids(runs(api, limit=1)) == [late]
 
     # A rename queued among the runs is no run ahead of the ones behind it.
-    with http_client(base_url=api, timeout=30, trust_env=False) as http:
+    with http_client(base_url=api, timeout=30) as http:
         renamed = http.patch(f"/api/conversations/{first_conversation}", json={"title": "the slow one"})
     assert renamed.status_code == 202, renamed.text  # queued: the worker is busy with the slow run
     _, behind = chat(api, "behind the rename")
@@ -551,7 +551,7 @@ def test_cli_streams_a_run_lists_runs_cancels_and_resumes(
     assert following.stdout.splitlines()[-1] == "ok"
     cancelled = ("sophos_runs_finished_total", (("status", "cancelled"),))
     assert metrics(api, token="operator-secret")[cancelled] == 1
-    with http_client(base_url=api, trust_env=False) as http:
+    with http_client(base_url=api) as http:
         assert http.get("/metrics").status_code == 401
 
     nothing = cli(env, "chat", "--resume", "--url", api, extra_env=as_operator)

@@ -200,7 +200,7 @@ async def test_a_long_queue_is_paged_by_window_with_every_runs_position(
     assert get_json(api, f"/api/runs/{run}")["position"] == 150
     alone = get_json(api, "/api/runs", conversation=conversation)["runs"]
     assert [(r["id"], r["position"]) for r in alone] == [(run, 150)]
-    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10) as http:
         scraped = (await http.get("/metrics")).text
     assert "sophos_runs_queued 300.0" in scraped
     assert "sophos_runs_waiting_for_thread 0.0" in scraped

@@ -53,7 +53,7 @@ async def dropped_run(api_url: str, model: FakeOllama, redis: Redis) -> tuple[st
     await busy.wait_started_async(20)
     _, run = await chat_async(api_url, "dropped", conversation)
     await redis.delete(arq_job_key(run))  # as arq's record would expire
-    async with async_http_client(base_url=api_url, trust_env=False, timeout=10) as http:
+    async with async_http_client(base_url=api_url, timeout=10) as http:
 
         async def failed() -> bool:
             return (await run_info(http, run))["status"] == "failed"
@@ -85,7 +85,7 @@ async def test_a_rowless_run_whose_events_expired_still_ends_its_stream_and_its_
     assert time.monotonic() - began < BOUND_SECONDS
 
     # The Agent Protocol's join and stream of the same run end too, within the bound.
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=BOUND_SECONDS) as http:
+    async with async_http_client(base_url=api.url, timeout=BOUND_SECONDS) as http:
         joined = await http.get(f"/threads/{conversation}/runs/{run}/join")
         assert joined.status_code == 200, joined.text
         assert [m["content"] for m in joined.json()["messages"]][-1] == "first answer"
@@ -96,7 +96,7 @@ async def test_a_rowless_run_whose_events_expired_still_ends_its_stream_and_its_
             body = (await streamed.aread()).decode()
         assert "event: error" in body and "event: end" in body, body
     # What the runs view says of it is what the stream said.
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    async with async_http_client(base_url=api.url, timeout=10) as http:
         info = await run_info(http, run)
     assert info["status"] == "failed" and info["error"]["code"] == events[-1].data["code"]
 
@@ -109,7 +109,7 @@ async def test_a_run_of_which_nothing_is_known_gets_a_clear_answer_after_a_bound
     env = sophos_env.with_(**FAST)
     api = start_api(env)  # no worker: the run stays queued
     conversation, run = await chat_async(api.url, "lost")
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=BOUND_SECONDS + 5) as http:
+    async with async_http_client(base_url=api.url, timeout=BOUND_SECONDS + 5) as http:
         opened = api.log_text().count('"relay.opened"')
         following = asyncio.create_task(
             read_sse_async(api.url, conversation, run=run, timeout=BOUND_SECONDS, allow_drop=True)
@@ -144,7 +144,7 @@ async def test_protocol_joins_waits_and_streams_count_against_the_per_client_str
     conversation, run = await chat_async(api.url, "wait in the queue")
     # The probe: a stream of a run past its end, answered 204 at once, so it holds no slot itself.
     other, cancelled = await chat_async(api.url, "cancelled in the queue")
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    async with async_http_client(base_url=api.url, timeout=10) as http:
         assert (await http.post(f"/api/runs/{cancelled}/cancel")).status_code == 200
     probe = {"conversation": other, "run": cancelled, "lastEventId": "1"}
     thread = f"/threads/{conversation}/runs"
@@ -155,7 +155,7 @@ async def test_protocol_joins_waits_and_streams_count_against_the_per_client_str
         "wait": ("POST", f"{thread}/wait",
                  {"json": {"assistant_id": "agent", "multitask_strategy": "enqueue", "input": message}}),
     }
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    async with async_http_client(base_url=api.url, timeout=10) as http:
         for name, (method, path, options) in held_requests.items():
             held = asyncio.create_task(_hold(http, method, path, options))
             try:

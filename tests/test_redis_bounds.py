@@ -136,7 +136,7 @@ def env(sophos_env: SophosEnv) -> SophosEnv:
 
 
 def run_status(api_url: str, run_id: str) -> str | None:
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         response = http.get(f"/api/runs/{run_id}")
     return None if response.status_code == 404 else str(response.json()["status"])
 
@@ -149,7 +149,7 @@ def wait_status(api_url: str, run_id: str, *statuses: str, timeout: float = 30.0
 
 
 def cancel(api_url: str, run_id: str) -> int:
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post(f"/api/runs/{run_id}/cancel").status_code
 
 
@@ -164,7 +164,7 @@ async def _many_runs(api_url: str, count: int) -> list[tuple[str, str]]:
         assert response.status_code == 202, response.text
         return response.json()["conversation"], response.json()["run"]
 
-    async with async_http_client(base_url=api_url, timeout=30, trust_env=False) as http:
+    async with async_http_client(base_url=api_url, timeout=30) as http:
         return await asyncio.gather(*(one(i, http) for i in range(count)))
 
 

@@ -44,7 +44,7 @@ async def scripting_calls(redis: Redis) -> dict[str, int]:
 
 
 def delete_conversation(api_url: str, conversation: str) -> int:
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.delete(f"/api/conversations/{conversation}").status_code
 
 
@@ -151,7 +151,7 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     # Queued behind the busy run (the worker takes one job at a time): cancelled by the script.
     queued = _job()
     assert await submit_run(redis, queued, title="hello") is None
-    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10) as http:
         assert (await http.post(f"/api/runs/{queued.run_id}/cancel")).status_code == 200
     # Its job record lost, as arq's expiry would: the live worker's sweep drops it.
     expired = _job()
@@ -162,7 +162,7 @@ async def test_every_producer_writes_the_terminal_event_of_one_shape(
     sweep_script = await _terminal_entry(redis, expired.run_id)
 
     # The worker's: a running run cancelled, a failed one, a completed one.
-    async with async_http_client(base_url=api, timeout=10, trust_env=False) as http:
+    async with async_http_client(base_url=api, timeout=10) as http:
         assert (await http.post(f"/api/runs/{busy}/cancel")).status_code == 202
     worker_cancelled = await _terminal_entry(redis, busy)
     failed_conversation, failed = chat(api, "fail", busy_conversation)

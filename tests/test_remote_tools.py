@@ -100,7 +100,7 @@ def test_a_remote_call_completes_with_its_key_and_its_token_is_written_nowhere(
         t: [r["key"]] for t, r in rows.items()
     }
     # Timed like a stdio server's calls.
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         metrics = http.get("/metrics").text
     assert 'tool="remote__echo"' in metrics
     # The token: in no log, no page, no status (it is in the worker's environment only).

@@ -29,7 +29,7 @@ def _age(env: SophosEnv, conversation: str, days: int) -> None:
 
 
 def _status(api: str, conversation: str) -> int:
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         return http.get(f"/api/conversations/{conversation}").status_code
 
 

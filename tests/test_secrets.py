@@ -104,7 +104,7 @@ async def test_the_model_probe_and_a_model_unavailable_message_name_the_host_wit
     pw = secret()
     host = f"http://sophos:{pw}@127.0.0.1:{free_port()}"  # nothing listens there
     checks = [probe_sync(host, "qwen3", timeout=5)]
-    async with async_http_client(trust_env=False) as http:
+    async with async_http_client() as http:
         checks.append(await probe(http, host, "qwen3", 5))
     settings = Settings.from_env({"OLLAMA_HOST": host})
     messages = [
@@ -158,7 +158,7 @@ def test_a_query_token_is_taken_only_by_the_event_stream_and_the_export(
     api = start_api(sophos_env.with_(API_TOKEN=token))
     unknown = str(uuid.uuid4())
     taken = {("GET", "/api/chat"), ("GET", "/api/conversations/{conversation_id}/export")}
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         paths = http.get("/schema/openapi.json").json()["paths"]
         routes = [
             (method.upper(), path)
@@ -267,7 +267,7 @@ async def test_a_name_that_rebinds_between_check_and_connect_never_reaches_loopb
     # stands for a public address (the only one allowed), and a later answer would be refused.
     resolver.answers["pinned.sophos.test"] = [("127.0.0.1",), ("127.0.0.2",)]
     transport = fetch_server.PinnedTransport(allowed=lambda address: address == "127.0.0.1")
-    async with async_http_client(transport=transport, trust_env=False) as http:
+    async with async_http_client(transport=transport) as http:
         response = await http.get(f"http://pinned.sophos.test:{port}/page")
     assert response.status_code == 200 and response.text == "inside\n"
     assert hits == [f"GET /page Host=pinned.sophos.test:{port}"]

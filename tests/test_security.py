@@ -75,7 +75,7 @@ def assert_not_in_logs(procs: list[ServiceProcess], *secrets: str) -> None:
 
 def _api_routes(api_url: str) -> list[tuple[str, str]]:
     """Every (method, path) under /api, from the app's own OpenAPI document."""
-    with http_client(base_url=api_url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         paths = http.get("/schema/openapi.json").json()["paths"]
     return [
         (method.upper(), path)
@@ -103,7 +103,7 @@ def test_token_guards_every_api_route_and_never_reaches_a_log(
     assert len(routes) >= 9, routes
     unknown = str(uuid.uuid4())
     refused = 0
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         for method, path in routes:
             url = re.sub(r"\{[^}]+\}", unknown, path)
             # Otherwise valid requests: what answers is the guard, not validation.
@@ -139,7 +139,7 @@ def test_token_guards_every_api_route_and_never_reaches_a_log(
     events = read_sse(api.url, conversation, token=token)
     assert events.text == "Hello with a token." and events[-1].event == "end"
     with (
-        http_client(base_url=api.url, trust_env=False, timeout=10) as http,
+        http_client(base_url=api.url, timeout=10) as http,
         http.stream("GET", "/api/chat", params={"conversation": conversation, "access_token": token}) as sse,
     ):
         assert sse.status_code == 200
@@ -188,7 +188,7 @@ def test_browsers_cannot_drive_a_local_api_without_a_token(sophos_env: SophosEnv
     api = start_api(sophos_env)  # loopback, no token: the default
     port = sophos_env["API_PORT"]
     body = b'{"message": "sent by a web page"}'
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         # A cross-origin "simple" request: no preflight, so the browser sends it as is.
         for origin in ("http://attacker.example", "null", f"http://127.0.0.1:{int(port) + 1}"):
             response = http.post(
@@ -214,7 +214,7 @@ def test_browsers_cannot_drive_a_local_api_without_a_token(sophos_env: SophosEnv
 def _post_as(api_url: str, client: str | None, message: str) -> httpx.Response:
     # From 127.0.0.1, a trusted proxy by default (FORWARDED_ALLOW_IPS): X-Forwarded-For names the client.
     headers = {"X-Forwarded-For": client} if client else {}
-    with http_client(base_url=api_url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         return http.post("/api/chat", json={"message": message}, headers=headers)
 
 
@@ -245,7 +245,7 @@ async def test_open_event_streams_per_client_are_capped(sophos_env: SophosEnv, s
     conversation, _ = accepted(post_chat(api.url, "wait in the queue"))  # no worker: the stream stays open
     params = {"conversation": conversation}
 
-    async with async_http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    async with async_http_client(base_url=api.url, timeout=10) as http:
 
         async def status_of_stream(headers: dict[str, str] | None = None) -> tuple[int, str]:
             async with http.stream("GET", "/api/chat", params=params, headers=headers) as response:
@@ -396,7 +396,7 @@ def test_crafted_checkpoints_fail_closed(
     _overwrite_checkpoint(env.database_path, via_pickle, checkpoint_id, "pickle", crafted)
 
     # The API reads both; the worker continues the first.
-    with http_client(base_url=api.url, trust_env=False, timeout=10) as http:
+    with http_client(base_url=api.url, timeout=10) as http:
         for conversation in (via_ext, via_pickle):
             for path in (f"/api/conversations/{conversation}", f"/api/conversations/{conversation}/export"):
                 http.get(path)
@@ -501,7 +501,7 @@ def test_fetch_tool_refuses_private_destinations(
     requests = asked.of("approval")[0].data["requests"]
     assert sorted(r["arguments"]["url"] for r in requests) == sorted(urls)
     assert {r["kind"] for r in requests} == {"approval"}
-    with http_client(base_url=api.url, timeout=10.0, trust_env=False) as http:
+    with http_client(base_url=api.url, timeout=10.0) as http:
         approve = [{"id": r["id"], "action": "approve"} for r in requests]
         decided = http.post("/api/chat", json={"conversation": conversation, "decisions": approve})
     assert decided.status_code == 202, decided.text

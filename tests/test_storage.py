@@ -308,7 +308,7 @@ class Exporter(threading.Thread):
         self.seconds: list[float] = []
 
     def run(self) -> None:
-        with http_client(base_url=self.api_url, trust_env=False, timeout=120) as http:
+        with http_client(base_url=self.api_url, timeout=120) as http:
             while not self.stopped.is_set():
                 for query in ("?format=jsonl", ""):
                     started = time.monotonic()
@@ -331,7 +331,7 @@ async def relay_ms(
     parser = SseParser()
     latencies: list[float] = []
     # No timeout: the stream stays open until the test has its samples.
-    async with async_http_client(base_url=api_url, trust_env=False, timeout=None) as http:  # noqa: SIM117
+    async with async_http_client(base_url=api_url, timeout=None) as http:  # noqa: SIM117
         async with http.stream(
             "GET", "/api/chat", params={"conversation": conversation},
             headers={"Last-Event-ID": str(first_id - 1)},

@@ -54,7 +54,7 @@ SWEPT_WITHIN = SWEEP_SECONDS * 4
 
 def run_info(api_url: str, run_id: str) -> dict[str, Any] | None:
     """``GET /api/runs/{id}``; None while it answers 404."""
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         response = http.get(f"/api/runs/{run_id}")
     if response.status_code == 404:
         return None

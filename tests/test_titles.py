@@ -28,7 +28,7 @@ def chat(api: str, message: str) -> str:
 
 
 def rename(api: str, conversation: str, body: Any) -> httpx.Response:
-    with http_client(base_url=api, timeout=15, trust_env=False) as http:
+    with http_client(base_url=api, timeout=15) as http:
         return http.patch(f"/api/conversations/{conversation}", json=body)
 
 
@@ -124,7 +124,7 @@ def test_search_finds_a_part_of_the_title_whatever_its_case_and_wildcards_are_pl
     assert [c["id"] for c in rest["conversations"]] == [trip] and rest["nextCursor"] is None
     slow.release()
 
-    with http_client(base_url=api, timeout=15, trust_env=False) as http:
+    with http_client(base_url=api, timeout=15) as http:
         code, message = error(http.get("/api/conversations", params={"q": "x" * 201}), 400)
         assert code == "BAD_REQUEST" and "q" in message
         code, message = error(http.get("/api/conversations", params={"q": "a\x00b"}), 400)

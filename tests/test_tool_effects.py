@@ -66,7 +66,7 @@ def test_each_call_has_its_key_and_its_ledger_row_which_go_with_the_conversation
     model.script(Text("kept"))
     other, _ = accepted(api, "another conversation")
     read_sse(api, other)
-    with http_client(base_url=api, timeout=15, trust_env=False) as http:
+    with http_client(base_url=api, timeout=15) as http:
         response = http.delete(f"/api/conversations/{conversation}")
     assert response.status_code in (202, 204), response.text
     wait_for(lambda: ledger_rows(env, conversation) == [], timeout=15, message="ledger rows deleted")

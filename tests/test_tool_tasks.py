@@ -141,7 +141,7 @@ def test_cancelling_a_run_cancels_its_task_on_the_server(tasks: ToolStack, model
     conversation, run = accepted(api, "a task to cancel")
     task_id = wait_for(lambda: (t := _tasks_of(env, conversation)) and t["far__long"]["task_id"], timeout=30,
                        message="the call made as a task")
-    with http_client(base_url=api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10) as http:
         assert http.post(f"/api/runs/{run}/cancel").status_code == 202
     assert read_sse(api, conversation)[-1].data["status"] == "cancelled"
     wait_for(lambda: task_endings(env.tools_log, task_id) == ["cancelled"], timeout=10,

@@ -257,7 +257,7 @@ def test_a_decision_links_to_the_run_that_waited_for_it(stack: Stack, model: Fak
     assert asked.attributes["sophos.stopped"] == "GraphInterrupt" and asked.status != 2  # no failure
     assert one(first, "run").attributes["sophos.run.status"] == "waiting"
     [request] = get_json(stack.api, f"/api/conversations/{conversation}")["pendingApproval"]
-    with http_client(base_url=stack.api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=stack.api, timeout=10) as http:
         decided = http.post("/api/chat", json={
             "conversation": conversation, "decisions": [{"id": request["id"], "action": "approve"}],
         })
@@ -275,7 +275,7 @@ def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama)
     hang = Hang(text="thinking")
     model.script(hang)
     caller = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")  # a client's own trace
-    with http_client(base_url=stack.api, timeout=10, trust_env=False) as http:
+    with http_client(base_url=stack.api, timeout=10) as http:
         accepted = http.post("/api/chat", json={"message": "think for ever"},
                              headers={"traceparent": f"00-{caller[0]}-{caller[1]}-01"})
         assert accepted.status_code == 202, accepted.text

@@ -59,7 +59,7 @@ def post_chat(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> httpx.Response:
     """``POST /api/chat``; fields left as None are not sent. Returns the response as is."""
-    with http_client(base_url=api_url, timeout=timeout, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=timeout) as http:
         return http.post("/api/chat", json=chat_body(message, conversation, resume), headers=_headers(token))
 
 
@@ -72,7 +72,7 @@ async def post_chat_async(
     token: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - same signature as post_chat
 ) -> httpx.Response:
-    async with async_http_client(base_url=api_url, timeout=timeout, trust_env=False) as http:
+    async with async_http_client(base_url=api_url, timeout=timeout) as http:
         return await http.post(
             "/api/chat", json=chat_body(message, conversation, resume), headers=_headers(token)
         )
@@ -120,7 +120,7 @@ def get_json(
 ) -> Any:
     """GET ``path``, assert the status (200 unless ``expect``), return the parsed body
     (or its text when ``raw``)."""
-    with http_client(base_url=api_url, timeout=timeout, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=timeout) as http:
         response = http.get(path, params=params or None, headers=_headers(token))
     assert response.status_code == expect, f"GET {path}: {response.status_code} {response.text}"
     return response.text if raw else response.json()
@@ -311,7 +311,7 @@ def read_sse(
     http_timeout = httpx.Timeout(timeout, connect=5.0)
     try:
         with (
-            http_client(base_url=api_url, timeout=http_timeout, trust_env=False) as http,
+            http_client(base_url=api_url, timeout=http_timeout) as http,
             http.stream("GET", "/api/chat", params=params, headers=headers) as response,
         ):
             events.status_code = response.status_code

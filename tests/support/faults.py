@@ -224,7 +224,7 @@ def execute(database: Path, sql: str) -> None:
 
 def decide(api: str, conversation: str, decisions: list[dict[str, str]]) -> SseEvents:
     """Send the decisions on the calls a waiting conversation asks about; the decision run's events."""
-    with http_client(base_url=api, timeout=10.0, trust_env=False) as http:
+    with http_client(base_url=api, timeout=10.0) as http:
         decided = http.post("/api/chat", json={"conversation": conversation, "decisions": decisions})
     assert decided.status_code == 202, decided.text
     return read_sse(api, conversation)

@@ -16,7 +16,7 @@ Scrape = dict[Key, float]
 def fetch(api_url: str, token: str | None = None) -> httpx.Response:
     """``GET /metrics`` (with the bearer ``token``), which must answer 200."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with http_client(base_url=api_url, timeout=10, trust_env=False) as http:
+    with http_client(base_url=api_url, timeout=10) as http:
         response = http.get("/metrics", headers=headers)
     assert response.status_code == 200, response.text
     return response

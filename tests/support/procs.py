@@ -323,7 +323,7 @@ def wait_api_ready(proc: ServiceProcess, timeout: float = READY_TIMEOUT) -> None
     """Wait until ``GET /api/healthz`` answers 200."""
     assert proc.url
     deadline = time.monotonic() + timeout
-    with http_client(base_url=proc.url, timeout=2, trust_env=False) as http:
+    with http_client(base_url=proc.url, timeout=2) as http:
         while True:
             if not proc.alive:
                 raise ProcessStartError(
