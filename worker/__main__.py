@@ -89,8 +89,24 @@ async def serve(settings: Settings, speedups: Speedups) -> None:
     except asyncio.CancelledError:
         pass
     finally:
+        await _jobs_ended(worker)
         await worker.close()
         structlog.get_logger("worker").info("worker.stopped")
+
+
+async def _jobs_ended(worker: WakeableWorker) -> None:
+    """Cut the jobs still going and wait for them, whatever they end with, then forget them.
+
+    arq's ``close`` does the same but gathers them without ``return_exceptions``: a job cut past the
+    shutdown timeout that ends cancelled (its step cut twice, by the drain and by arq) raised its
+    ``CancelledError`` out of ``close`` before the stores and the tool sessions were closed, and
+    the worker exited 1."""
+    jobs = list(worker.tasks.values())
+    for job in jobs:
+        job.cancel()
+    if jobs:
+        await asyncio.gather(*jobs, return_exceptions=True)
+    worker.tasks.clear()
 
 
 def _arq_worker(settings: Settings, speedups: Speedups, ctx: dict[str, object]) -> WakeableWorker:
