@@ -4,6 +4,7 @@ parts, translation and statuses, are in tests/fast/test_agent_protocol_translate
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import re
@@ -230,12 +231,25 @@ async def test_tool_calls_stream_as_updates(client: LangGraphClient, model: Fake
 
 
 @shared_stack
+async def _streamed(client: LangGraphClient, thread_id: str, run_id: str, text: str) -> None:
+    """Return once the run's streamed message chunks add up to ``text``."""
+    got = ""
+    parts = client.runs.join_stream(thread_id, run_id, stream_mode="messages-tuple", last_event_id="-1")
+    async for part in parts:
+        if part.event.startswith("messages") and isinstance(part.data, list) and part.data:
+            got += str(part.data[0].get("content") or "")
+            if got == text:
+                return
+
+
 async def test_cancel_a_running_run(client: LangGraphClient, model: FakeOllama) -> None:
     hang = Hang(text="Thinking about it")
     model.script(hang)
     thread_id = (await client.threads.create())["thread_id"]
     run = await client.runs.create(thread_id, "agent", input=said("slowly"))
     await hang.wait_started_async(20)
+    # The model has sent its text; the cut keeps what the worker has streamed: wait for all of it.
+    await asyncio.wait_for(_streamed(client, thread_id, run["run_id"], "Thinking about it"), 30)
     assert (await client.threads.get(thread_id))["status"] == "busy"
     # One run per thread: a second is refused while the first holds it (multitask_strategy reject;
     # the default, enqueue, is tests/test_agent_protocol_enqueue.py's).
