@@ -30,7 +30,7 @@ class Settings:
     # and any number of workers (shared/storage). None: SQLite, one worker.
     database_url: str | None = None
     # Seconds a worker's lease on a run it executes lasts unless renewed (PostgreSQL only):
-    # a run whose lease lapsed is marked interrupted by any live worker (worker/run/leases.py).
+    # a run whose lease lapsed is marked interrupted by any live worker (worker/run/lifetime/leases.py).
     run_lease_seconds: float = 30.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     ollama_host: str = "http://localhost:11434"

@@ -151,7 +151,7 @@ async def test_the_ending_wakes_the_next_run_on_a_redis_that_forgot_its_scripts(
 ) -> None:
     """A Redis restarted (or new) knows none of the scripts: the ending loads them and sends the
     wake of the next turn again, instead of losing it to "No matching script" (and leaving the
-    waiting run to its 5 s fallback) (worker/run/ending.py)."""
+    waiting run to its 5 s fallback) (worker/run/outcome/ending.py)."""
     hang = Hang(text="First answer.")
     model.script(hang, Text("Second answer."))
     thread_id, _ = await busy_thread(client, hang)

@@ -87,7 +87,7 @@ async def test_a_cancel_mid_answer_ends_the_run_at_once_and_keeps_what_was_strea
     api = start_api(env).url
     conversation, run = accepted(api, "tell me a long story")
     seen = await read_sse_async(api, conversation, stop_after=20, timeout=STREAM_TIMEOUT)
-    # enter, the id the answer is stored under (worker/run/stream.py), then tokens
+    # enter, the id the answer is stored under (worker/run/publish/stream.py), then tokens
     assert seen.types[:2] == ["trace", "trace"] and set(seen.types[2:]) == {"token"}
 
     took, rest = await cancel_and_time(api, conversation, run, seen)

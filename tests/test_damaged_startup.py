@@ -25,7 +25,7 @@ from tests.fakes.ollama import FakeOllama, Text
 from tests.support.client import get_json, read_sse, wait_for
 from tests.support.env import SophosEnv, mcp_servers
 from tests.support.faults import accepted, integrity
-from worker.run.recovery import input_recorded
+from worker.run.lifetime.recovery import input_recorded
 
 pytestmark = pytest.mark.fault
 

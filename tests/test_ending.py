@@ -1,4 +1,5 @@
-"""A run ends in one place (worker/run/ending.py): a pending interrupt means ``waiting``, whatever ended it.
+"""A run ends in one place (worker/run/outcome/ending.py): a pending interrupt means ``waiting``, whatever
+ended it.
 
 Real worker, API, Redis, SQLite and the fake tools server. Each test fails on the
 code before the ending was one: the approval was lost when the decision's run did

@@ -36,8 +36,8 @@ from tests.support.client import (
 )
 from tests.support.env import SophosEnv
 from tests.support.http import async_http_client
-from worker.run import events as events_module
-from worker.run.events import FLUSH_TIMEOUT, EventPublisher
+from worker.run.publish import events as events_module
+from worker.run.publish.events import FLUSH_TIMEOUT, EventPublisher
 
 #: Per-client limits (issue 7) would refuse a test that opens hundreds of streams from 127.0.0.1.
 NO_LIMITS = {"RATE_LIMIT_PER_MINUTE": 0, "MAX_STREAMS_PER_CLIENT": 0}

@@ -51,7 +51,7 @@ async def take(redis: Redis, run_id: str) -> None:
 
 
 async def end(redis: Redis, run: RunJob) -> None:
-    """The worker's ending of a run (worker/run/ending.py), then the wake of the next turn."""
+    """The worker's ending of a run (worker/run/outcome/ending.py), then the wake of the next turn."""
     hook_keys, hook_args = hook_keys_args(run.run_id, run.conversation_id)
     await scripts(redis).end_run(
         keys=[ACTIVE_RUNS, events_key(run.run_id), METRICS_KEY, *hook_keys],

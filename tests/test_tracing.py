@@ -212,7 +212,7 @@ def test_a_run_taken_over_on_postgresql_ends_in_its_own_trace(
     procs: ProcessGroup,
 ) -> None:
     """Two workers on PostgreSQL with a 3 s lease (as tests/test_postgres.py): the one running the
-    run is killed (-9), and the other ends the run when its lease lapses (worker/run/leases.py), with
+    run is killed (-9), and the other ends the run when its lease lapses (worker/run/lifetime/leases.py), with
     the ``recover run`` span of start-up recovery, in the run's trace."""
     redis = start_redis(appendonly=False)  # not the module's: its worker would take these jobs
     with OtlpReceiver() as otlp:
@@ -294,7 +294,7 @@ def test_a_cancelled_run_shows_where_it_was_cut(stack: Stack, model: FakeOllama)
     assert call.parent_id == step.span_id and step.parent_id == job.span_id
     assert step.attributes["sophos.stopped"] == call.attributes["sophos.stopped"] == "CancelledError"
     assert "gen_ai.usage.output_tokens" not in call.attributes  # it never answered
-    # The cut is closed in the thread after the step (worker/run/stopping.py): its writes are in the trace.
+    # The cut is closed in the thread after the step (worker/run/lifetime/stopping.py): its writes traced.
     closing = [s for s in children(spans, job, "checkpoint write") if s.start_ns >= step.end_ns]
     assert closing, "the thread's closing write"
 

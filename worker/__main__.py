@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from shared.speedups import Speedups
     from worker.queue.wakeup import WakeableWorker
-    from worker.run.stopping import LiveRuns
+    from worker.run.lifetime.stopping import LiveRuns
 
 
 #: How long ending the runs a drain could not stop may take (a database write and a Redis script each).
@@ -60,7 +60,7 @@ def main() -> int:
         return copy_to(settings, sys.argv[2:])
     from shared import tracing
 
-    # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (worker/run/leases.py).
+    # SQLite: one writer per file. PostgreSQL: any number, each run under a lease (run/lifetime/leases.py).
     lock = WriterLock(settings.lock_path)
     try:
         if single_writer(settings):

@@ -38,9 +38,9 @@ from worker.agent.model_calls import ModelCalls
 from worker.agent.model_check import report_model
 from worker.faults import Faults
 from worker.metrics import TimedCheckpoints
-from worker.run.leases import Leases
-from worker.run.outcomes import UnrecordedOutcomes
-from worker.run.recovery import reconcile, recover
+from worker.run.lifetime.leases import Leases
+from worker.run.lifetime.recovery import reconcile, recover
+from worker.run.outcome.outcomes import UnrecordedOutcomes
 from worker.run.service import RunService
 from worker.schedule.crons.ticker import CronTicker
 from worker.schedule.deadlines import ApprovalDeadlines
@@ -193,7 +193,7 @@ async def _recover_and_watch(
     stack: AsyncExitStack, settings: Settings, redis: Redis, service: RunService,
     saver: BaseCheckpointSaver[Any],
 ) -> int:
-    """End what a dead worker left (worker/run/recovery.py), then start the loops that keep
+    """End what a dead worker left (worker/run/lifetime/recovery.py), then start the loops that keep
     watching: the sweep (with the approval deadlines, the retention, the threads' expiry and the
     checkpoint pruning), the crons' ticker and, on PostgreSQL, the leases. How many runs were
     recovered."""

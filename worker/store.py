@@ -32,7 +32,7 @@ class RunStore:
     """The runs and conversations one worker records.
 
     On PostgreSQL the worker is one of many: ``owner`` names it, a run it starts is leased to
-    it for ``lease_seconds`` (renewed by worker/run/leases.py), and the outcome it records lands
+    it for ``lease_seconds`` (renewed by worker/run/lifetime/leases.py), and the outcome it records lands
     only while it still holds that lease (else :class:`LeaseLost`: another worker has taken
     the run over and recorded it). On SQLite ``owner`` is None: the writer lock is the owner.
     """

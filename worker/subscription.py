@@ -3,7 +3,7 @@
 Pub/sub keeps nothing for a subscriber that is away (a Redis restart, a dropped connection), so
 its user is told of every subscription, the first and each one after a loss, as well as of every
 message: it then reads again, once, whatever it may have missed. Used by the cancels
-(worker/run/progress.py) and the crons' ticker (worker/schedule/crons/ticker.py).
+(worker/run/publish/progress.py) and the crons' ticker (worker/schedule/crons/ticker.py).
 """
 
 from __future__ import annotations

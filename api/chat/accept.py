@@ -78,7 +78,7 @@ class Acceptance:
         """:meth:`free`'s checks and the run holding the conversation: with ``enqueue`` a held
         conversation is no refusal (the run will wait behind the holder)."""
         # The claim first, then the row: a run records its outcome before it frees the
-        # claim (worker/run/ending.py), so a row read after a free claim is that run's
+        # claim (worker/run/outcome/ending.py), so a row read after a free claim is that run's
         # outcome. Read the other way round, a run turning `waiting` in between would
         # let a message through over its approval.
         holder = await live.active_run(self.redis, conversation_id)

@@ -191,7 +191,7 @@ class Relay:
             raise NotFound(f"run {self.run_id} not found")
         if not found.ended or _finished_for(found.row) < ENDING_PUBLISHED_WITHIN:
             # Not finished, or finished so lately that its events may still be on their way
-            # (the ending records the outcome first, worker/run/ending.py): follow the stream.
+            # (the ending records the outcome first, worker/run/outcome/ending.py): follow the stream.
             return None
         log.info("relay.expired", after=self.after)
         return missed(self.after + 1, None, self.after) + terminal_from_row(found.row, self.after + 1)

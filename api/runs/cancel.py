@@ -17,7 +17,7 @@ conversation whose first run it was never existed in the database.
 start-up recovery after a crash, and the run's ending for ``runs.cancelled_by``) and publishes the
 run's id on ``CANCEL_CHANNEL``, to which the worker is subscribed: it cuts the run where it stands,
 mid-answer or mid-tool, closes the thread (the answer so far kept and marked stopped, tool calls cut
-short answered as stopped), records ``cancelled`` and publishes ``end`` (worker/run/stopping.py). A
+short answered as stopped), records ``cancelled`` and publishes ``end`` (worker/run/lifetime/stopping.py). A
 run that reaches its end first completes normally: the answer is then 409, as for any finished run.
 """
 

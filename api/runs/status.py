@@ -1,6 +1,6 @@
 """A run's and a conversation's status as the API shows them, derived here and nowhere else.
 
-The worker's ending (worker/run/ending.py) records each run's status from its thread: a
+The worker's ending (worker/run/outcome/ending.py) records each run's status from its thread: a
 pending interrupt is ``waiting``, pending tasks are left for a resume. The API adds
 only what Redis knows and the database does not yet: a claimed conversation whose
 run is not recorded is ``queued``. Every route (lists, details, the chat checks, the

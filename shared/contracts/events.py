@@ -4,7 +4,7 @@ stream, as frozen structs: one shape for every producer.
 A run's stream ends with ``end`` (it stopped as it should: completed, cancelled as
 asked, or waiting for a decision) or ``chat-error`` (anything else); a run that
 pauses for an approval publishes ``approval`` just before its ``end``. The worker's
-ending (worker/run/ending.py, through :data:`shared.redis.scripts.END_RUN_LUA`), the
+ending (worker/run/outcome/ending.py, through :data:`shared.redis.scripts.END_RUN_LUA`), the
 scripts that end a run that never started (the queued cancel, the sweep) and the
 relay that rebuilds an ending from a run's row (api/chat/relay.py) all build these
 shapes from here; the Lua side (``END_LUA`` in shared/redis/scripts/ending.py) builds the
@@ -64,7 +64,7 @@ def text_of(content: Any) -> str:
 ENDS_NORMALLY = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.WAITING)
 
 #: A run's events and its terminal event reach Redis within this many seconds of its
-#: outcome being recorded, unless Redis is away (worker/run/ending.py: the pre-commit flush, the
+#: outcome being recorded, unless Redis is away (worker/run/outcome/ending.py: the pre-commit flush, the
 #: publisher's close and the ending's script are each bounded, and their bounds add up to
 #: less). Until then a relay that finds the run finished and its stream short waits for the
 #: stream rather than taking it as expired (api/chat/relay.py).

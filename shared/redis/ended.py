@@ -3,7 +3,7 @@
 A run the worker started has a row, and the row is its record. A run that ended without one
 never reached a worker, or reached it and was refused before it could be recorded: cancelled
 while queued (api/runs/cancel.py), dropped by the sweep, refused by the database or at its
-turn (worker/run/ending.py with ``recorded=False``). Its ending is only in Redis, written by
+turn (worker/run/outcome/ending.py with ``recorded=False``). Its ending is only in Redis, written by
 the same scripts that publish it (shared/redis/scripts/): its ``run_key`` description,
 marked with the status (``cancelled_at`` or ``failed_at`` beside it), kept
 ``ENDED_RECORD_SECONDS``; and the terminal event of its stream, kept ``EVENT_RETENTION``.

@@ -2,7 +2,7 @@
 
 ``DATABASE_URL`` unset: the SQLite file at ``DATABASE_PATH``, one writer (the worker holding
 its lock file, worker/lock.py). Set to ``postgresql://…``: any number of workers, each run
-under a lease (worker/run/leases.py). The rest of the service asks what an engine guarantees
+under a lease (worker/run/lifetime/leases.py). The rest of the service asks what an engine guarantees
 (:func:`single_writer`, ``Database.leases``), never which one it is.
 """
 

@@ -1,7 +1,7 @@
 """The PostgreSQL side (``DATABASE_URL=postgresql://…``): pools, migrations, the fenced saver.
 
 Any number of workers on any hosts write the same database, each run owned by the worker
-holding its lease (``runs.lease_owner`` / ``runs.lease_expires``, worker/run/leases.py). What
+holding its lease (``runs.lease_owner`` / ``runs.lease_expires``, worker/run/lifetime/leases.py). What
 makes that safe is here:
 
 - **Migrations** run under an advisory lock, so workers starting together apply each one

@@ -1,4 +1,4 @@
-"""A run's ending, derived from its thread (worker/run/ending.py), and the events that end a stream."""
+"""A run's ending, from its thread (worker/run/outcome/ending.py), and the events that end a stream."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from langgraph.types import Interrupt, PregelTask, StateSnapshot
 
 from shared.contracts.events import Approval, ChatError, End, EventType, body, event_type, terminal_event
 from shared.contracts.runs import RunErrorCode, RunStatus
-from worker.run.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
+from worker.run.outcome.ending import APPROVAL_PENDING, Outcome, Thread, settle, thread_of
 
 REQUESTS = [{"id": "call-1", "name": "tools__add", "arguments": {"a": 1}, "kind": "approval"}]
 WAITING = Thread(message_count=2, pending=True, requests=REQUESTS)
@@ -98,6 +98,6 @@ def test_the_worker_publishes_an_ending_within_what_the_relay_waits_for() -> Non
     its script, each bounded; a relay that finds the run finished and its stream short waits
     ``ENDING_PUBLISHED_WITHIN`` before it takes the stream as expired (api/chat/relay.py)."""
     from shared.contracts.events import ENDING_PUBLISHED_WITHIN
-    from worker.run.events import FLUSH_TIMEOUT, WRITE_TIMEOUT
+    from worker.run.publish.events import FLUSH_TIMEOUT, WRITE_TIMEOUT
 
     assert FLUSH_TIMEOUT + WRITE_TIMEOUT < ENDING_PUBLISHED_WITHIN

@@ -76,7 +76,7 @@ async def test_a_call_with_an_outcome_is_answered_from_the_ledger_never_sent_aga
 
 async def test_a_result_kept_by_a_cut_is_not_counted_answered_from_the_ledger(tmp_path: Path) -> None:
     """``answered`` counts later attempts answered instead of sent; a cut keeping the outcome of
-    the call's one attempt (worker/run/stopping.py, through ``Ledger.recorded``) is not one."""
+    the call's one attempt (worker/run/lifetime/stopping.py, through ``Ledger.recorded``) is not one."""
     ledger, db, conversation = await ledger_on(tmp_path)
 
     async def send(arguments: dict[str, Any]) -> ToolMessage:

@@ -1,4 +1,4 @@
-"""When a run's latencies leave the worker (worker/run/progress.py): with a task's end a second or
+"""When a run's latencies leave the worker (worker/run/publish/progress.py): with a task's end a second or
 more after the last ones went, and with the run's end; never once per task."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from redis.asyncio import Redis
 
 from shared.redis.metrics import CHECKPOINT_WRITE
-from worker.run import progress
-from worker.run.events import EventPublisher
-from worker.run.progress import METRICS_EVERY_SECONDS, RunTracker
+from worker.run.publish import progress
+from worker.run.publish.events import EventPublisher
+from worker.run.publish.progress import METRICS_EVERY_SECONDS, RunTracker
 
 pytestmark = pytest.mark.fast
 

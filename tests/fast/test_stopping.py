@@ -1,4 +1,4 @@
-"""What a cut leaves in the thread (worker/run/stopping.py), on the real graph with an in-memory saver.
+"""What a cut leaves in the thread (worker/run/lifetime/stopping.py), on the real graph, an in-memory saver.
 
 No model is called: the thread is brought to the state a cut finds with
 ``aupdate_state``, as the run would have left it, and :func:`close_thread` closes it.
@@ -19,7 +19,7 @@ from langgraph.runtime import RunControl
 
 from shared.contracts.runs import STOPPED_MARK
 from worker.agent.graph import AGENT, TOOLS, _unanswered, build_graph
-from worker.run.stopping import STOPPED_TOOL_RESULT, LiveRun, _stopped_results, close_thread
+from worker.run.lifetime.stopping import STOPPED_TOOL_RESULT, LiveRun, _stopped_results, close_thread
 
 START = "__start__"
 

@@ -334,7 +334,7 @@ def _tools_node(
 
 def _with_id(result: ToolMessage) -> ToolMessage:
     """The result with the id it is stored under, set here rather than by the state's reducer, so
-    the run's ``result`` event can name it (worker/run/stream.py): one per call, the same on every
+    the run's ``result`` event can name it (worker/run/publish/stream.py): one per call, the same on every
     attempt of it."""
     if not result.id:
         result.id = f"tool-{result.tool_call_id}"

@@ -1,4 +1,4 @@
-"""A run after its cut (worker/run/stopping.py cuts it): its thread left valid and finished.
+"""A run after its cut (worker/run/lifetime/stopping.py cuts it): its thread left valid and finished.
 
 A checkpoint write the cut left open is rolled back, as a crash would; a fork cut before its
 first checkpoint records nothing; otherwise the thread is closed (:func:`close_thread`) with
@@ -19,11 +19,11 @@ from shared.contracts.jobs import RunJob
 from shared.contracts.runs import RunStatus
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from shared.storage.threads.branch import thread_at
-from worker.run.ending import Outcome
-from worker.run.events import EventPublisher
 from worker.run.inputs import agent_metadata, thread_agent
-from worker.run.stopping import LiveRun, Recorded, close_thread
-from worker.run.stream import FinalState, trace_cut
+from worker.run.lifetime.stopping import LiveRun, Recorded, close_thread
+from worker.run.outcome.ending import Outcome
+from worker.run.publish.events import EventPublisher
+from worker.run.publish.stream import FinalState, trace_cut
 from worker.tools.ledger.calls import Ledger
 from worker.tools.ledger.records import CallRef
 

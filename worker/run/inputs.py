@@ -24,7 +24,7 @@ from shared.contracts.codec import decode, encode
 from shared.contracts.jobs import JobKind, RunJob
 from shared.contracts.runs import RunErrorCode
 from shared.storage.threads.interrupts import resume_value
-from worker.run.ending import APPROVAL_PENDING
+from worker.run.outcome.ending import APPROVAL_PENDING
 
 GraphInput = dict[str, Any] | Command[Any] | None
 

@@ -12,7 +12,7 @@ Orderings that matter, and why:
 * ``durability="sync"``: every step's checkpoint is on disk before the next
   step starts, so a crash repeats at most the step in flight.
 * The graph streams in a task of its own, so a cancel can cut it mid-step
-  (worker/run/stopping.py): the cut is closed in the thread before the outcome.
+  (worker/run/lifetime/stopping.py): the cut is closed in the thread before the outcome.
 * An approval: the graph stops at the interrupt of its ``approval`` node (the
   interrupt is on the checkpoint). The run ends ``waiting``, recorded like any
   outcome, then the conversation is released and the ``approval`` event and
@@ -20,7 +20,7 @@ Orderings that matter, and why:
   worker and no claim. A ``decide`` job resumes it with ``Command(resume=...)``
   only if the interrupt is still pending, so a decision is acted on once.
 * Release and the terminal event come in a ``finally``: whatever the database
-  raised when the outcome was written (kept and retried, worker/run/outcomes.py),
+  raised when the outcome was written (kept and retried, worker/run/outcome/outcomes.py),
   the client is told and the conversation is free.
 
 Where to look, following one run (:meth:`RunService.execute` reads as these steps):
@@ -31,11 +31,11 @@ Where to look, following one run (:meth:`RunService.execute` reads as these step
 * it is checkpointed: :meth:`~RunService._stream` (``durability="sync"``; the saver is
   opened in worker/resources.py);
 * a tool call is recorded: the ledger (worker/tools/ledger/), from the graph's tools node;
-* an event leaves the worker: worker/run/stream.py, through worker/run/events.py;
-* it fails: worker/run/failures.py (the outcome each exception ends it with);
+* an event leaves the worker: worker/run/publish/stream.py, through worker/run/publish/events.py;
+* it fails: worker/run/outcome/failures.py (the outcome each exception ends it with);
 * it is cut: worker/run/cut.py (its thread left valid and finished);
-* it ends: :meth:`~RunService._end`, through the one ending (worker/run/ending.py);
-* a cancel, a drain, a lost lease reach it: ``LiveRuns`` (worker/run/stopping.py).
+* it ends: :meth:`~RunService._end`, through the one ending (worker/run/outcome/ending.py);
+* a cancel, a drain, a lost lease reach it: ``LiveRuns`` (worker/run/lifetime/stopping.py).
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ from shared.storage.threads.branch import thread_at
 from worker.agent.memory import RUN_OWNER
 from worker.metrics import collecting
 from worker.run.cut import close_cut
-from worker.run.ending import Outcome, RunEnding, Thread
-from worker.run.events import EventPublisher
-from worker.run.failures import failure_outcome
 from worker.run.inputs import graph_input, run_config, thread_agent
-from worker.run.outcomes import UnrecordedOutcomes
-from worker.run.progress import RunTracker
+from worker.run.lifetime.stopping import LiveRun, LiveRuns
+from worker.run.outcome.ending import Outcome, RunEnding, Thread
+from worker.run.outcome.failures import failure_outcome
+from worker.run.outcome.outcomes import UnrecordedOutcomes
+from worker.run.publish.events import EventPublisher
+from worker.run.publish.progress import RunTracker
+from worker.run.publish.stream import FinalState, RunStream
 from worker.run.start import RunStart
-from worker.run.stopping import LiveRun, LiveRuns
-from worker.run.stream import FinalState, RunStream
 from worker.run.updates import apply_update
 from worker.store import RunStore
 from worker.tools.ledger.calls import Ledger
@@ -111,7 +111,7 @@ class RunService:
     live: LiveRuns = field(default_factory=LiveRuns)
     #: outcomes the database refused (busy, full, failing), retried until it takes them
     unrecorded: UnrecordedOutcomes = field(default_factory=UnrecordedOutcomes)
-    #: the one place a run ends (worker/run/ending.py)
+    #: the one place a run ends (worker/run/outcome/ending.py)
     ending: RunEnding = field(init=False)
     #: how a run starts: said taken, recorded once (worker/run/start.py)
     start: RunStart = field(init=False)
@@ -252,7 +252,7 @@ class RunService:
     # --- it ends -----------------------------------------------------------------------
 
     async def _end(self, run: Run, outcome: Outcome, final: FinalState | None = None) -> None:
-        """End the run through the one ending (worker/run/ending.py), with what the run knows; once."""
+        """End the run through the one ending (worker/run/outcome/ending.py), with what it knows; once."""
         if run.live.ended:  # abandoned at shutdown: ended already
             return
         run.live.ended = True

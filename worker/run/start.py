@@ -2,7 +2,7 @@
 
 The run row is committed before the graph starts (worker/run/service.py says why). A second
 delivery of a job whose run is recorded is skipped, and a run that cannot be recorded at all is
-ended at once through the one ending (worker/run/ending.py): the client is told and the
+ended at once through the one ending (worker/run/outcome/ending.py): the client is told and the
 conversation freed.
 """
 
@@ -19,8 +19,8 @@ from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.redis.keys import TAKEN_SECONDS, taken_key
 from shared.redis.queue import release_conversation
 from shared.storage.rows import RunRow
-from worker.run.ending import Outcome, RunEnding, Thread
-from worker.run.outcomes import UnrecordedOutcomes
+from worker.run.outcome.ending import Outcome, RunEnding, Thread
+from worker.run.outcome.outcomes import UnrecordedOutcomes
 from worker.store import RunStore, is_database_unavailable
 
 log = structlog.get_logger(__name__)

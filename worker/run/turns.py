@@ -6,16 +6,16 @@ worker takes the job, :func:`take_turn` claims the conversation for it in one sc
 (``CLAIM_TURN_LUA``), only if no run holds it and no run accepted earlier still waits:
 runs enqueued on one thread start in the order they were accepted. Otherwise the job is
 deferred (arq's ``Retry``). The ending of the run before it wakes it (``wake_next_turn``, a
-rider of the ending's round trip, worker/run/ending.py): its job is due at once and an idle
+rider of the ending's round trip, worker/run/outcome/ending.py): its job is due at once and an idle
 worker woken. ``TURN_RETRY_SECONDS`` later it is looked at again all the same, for the ends
-that wake no one: a crash found at start-up (worker/run/recovery.py frees its claim), or an
+that wake no one: a crash found at start-up (worker/run/lifetime/recovery.py frees its claim), or an
 ending that came between the look and the deferral. So the run starts once the run before it
 has ended, whatever ended it.
 
 The thread may have changed while the run waited, so what submission checks is checked
 again here, before the run is recorded: a message behind a run that ended waiting for an
 approval would abandon that approval, and a resume may find nothing left to resume. Such a
-run ends ``failed`` through the one ending (worker/run/ending.py), as a run refused before it
+run ends ``failed`` through the one ending (worker/run/outcome/ending.py), as a run refused before it
 was recorded: its Redis description is its record, its stream ends with ``chat-error``
 naming why, and the conversation (its row, its thread, its pending approval) is untouched. It
 is listed with the runs that ended without a row (``CANCELLED_RUNS``), so the runs of its
@@ -38,7 +38,7 @@ from shared.contracts.runs import RunErrorCode, RunStatus
 from shared.redis.keys import ACTIVE_RUNS, CANCELLED_RUNS, TAKEN_SECONDS, taken_key, waiting_key
 from shared.redis.scripts import scripts
 from shared.storage.threads.branch import thread_config
-from worker.run.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
+from worker.run.outcome.ending import APPROVAL_PENDING, Outcome, RunEnding, Thread
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)

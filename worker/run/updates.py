@@ -17,7 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from shared.contracts.jobs import RunJob
 from shared.storage.threads.branch import thread_at
-from worker.run.stream import FinalState
+from worker.run.publish.stream import FinalState
 
 
 async def apply_update(

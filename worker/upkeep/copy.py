@@ -19,7 +19,7 @@ lock for its duration, so no write can land in the file behind it.
   the copy can simply be run again). The migrations before it are idempotent.
 - **Runs** are copied as they are, leases NULL. A run still ``running`` was a dead
   worker's (the lock was free); a NULL lease counts as lapsed, so the first worker on
-  PostgreSQL records it ``interrupted`` at start-up (worker/run/recovery.py), computing what
+  PostgreSQL records it ``interrupted`` at start-up (worker/run/lifetime/recovery.py), computing what
   recovery on SQLite would have, and the conversation resumes from its checkpoint.
 """
 

@@ -138,7 +138,7 @@ local function live_head(waiting)
 end
 """
 
-# The worker's ending of a run it executed or found orphaned (worker/run/ending.py).
+# The worker's ending of a run it executed or found orphaned (worker/run/outcome/ending.py).
 # KEYS: active hash, events stream, metrics, then hook_run's: protocol record, webhook job,
 #       queue, wake list (shared/contracts/webhooks.py hook_keys_args)
 # ARGV: conversation, run, status, code, message, requests (JSON list, or ''), first event id,

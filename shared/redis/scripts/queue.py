@@ -77,7 +77,7 @@ local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {ready + behind, behind, first[2] or ''}
 """
 
-# A run the start-up recovery gives back to the queue (worker/run/recovery.py): taken by the worker
+# A run the start-up recovery gives back to the queue (worker/run/lifetime/recovery.py): taken by the worker
 # that died, never recorded, its in-progress marker deleted so that it runs after all. Back in the
 # index of queued runs, behind when it waits for its thread (in its waiting list after another, or
 # behind the run holding the conversation). KEYS: the run's description. ARGV: the run's id.

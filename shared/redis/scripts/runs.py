@@ -283,7 +283,7 @@ return score
 
 
 # The first run waiting on a conversation (``enqueue``: worker/run/turns.py) due now, and an idle
-# worker woken: a rider of a run's ending (worker/run/ending.py ``wake_next_turn``).
+# worker woken: a rider of a run's ending (worker/run/outcome/ending.py ``wake_next_turn``).
 # KEYS: the waiting list, arq's queue, the wake list. ARGV: now in ms. 1 if a run was woken.
 WAKE_NEXT_TURN_LUA = QUEUED_INDEX_LUA + f"""
 local head = redis.call('LINDEX', KEYS[1], 0)

@@ -16,7 +16,7 @@ One :class:`CancelSignals` for the worker's life hears cancels: the API sets
 ``cancel_key(run)`` (the record, which start-up recovery reads after a crash) and
 publishes the run's id on ``CANCEL_CHANNEL`` in the same transaction. The worker
 is subscribed once, so a cancel reaches a run in a Redis round trip, without a
-look per token or per step; the run service then cuts the run (worker/run/stopping.py).
+look per token or per step; the run service then cuts the run (worker/run/lifetime/stopping.py).
 A run reads its marker once more before its first step, for a cancel asked
 between being taken from the queue and being listed as in progress.
 
@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 from shared.redis.keys import CANCEL_CHANNEL, cancel_key, progress_key
 from shared.redis.metrics import FIRST_TOKEN, QUEUE_WAIT, MetricBatch, queue_increments
 from worker.metrics import RunClock
-from worker.run.events import EventPublisher
+from worker.run.publish.events import EventPublisher
 from worker.subscription import listen
 
 log = structlog.get_logger(__name__)

@@ -18,8 +18,8 @@ from shared.settings import Settings
 from shared.storage.checkpoints import end_failed_checkpoint_write
 from worker.agent.model import is_model_unavailable
 from worker.agent.model_check import unavailable_message
-from worker.run.ending import Outcome
 from worker.run.inputs import NotResumable
+from worker.run.outcome.ending import Outcome
 from worker.store import is_database_unavailable
 
 log = structlog.get_logger(__name__)

@@ -1,7 +1,7 @@
 """A run's graph stream, told as the run's events: where an event leaves the worker.
 
 The run service streams the graph in three modes (worker/run/service.py) and hands each
-item to :meth:`RunStream.tell`, which publishes at once (worker/run/events.py):
+item to :meth:`RunStream.tell`, which publishes at once (worker/run/publish/events.py):
 
 * ``messages``: each piece of the model's answer, a ``token``; before its first, a ``trace``
   ``message`` naming the id the answer is stored under (the Agent Protocol's streamed chunks
@@ -21,9 +21,9 @@ from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 
 from shared.contracts.events import text_of
 from worker.agent.graph import AGENT, TOOLS
-from worker.run.events import EventPublisher
-from worker.run.progress import RunTracker
-from worker.run.stopping import Closed, LiveRun
+from worker.run.lifetime.stopping import Closed, LiveRun
+from worker.run.publish.events import EventPublisher
+from worker.run.publish.progress import RunTracker
 
 
 @dataclass(slots=True)
@@ -120,7 +120,7 @@ class RunStream:
 
 
 async def trace_cut(events: EventPublisher, live: LiveRun, step: int, closed: Closed) -> None:
-    """What a cut wrote (worker/run/stopping.py), as the trace events a step would have published."""
+    """What a cut wrote (worker/run/lifetime/stopping.py), as the trace events a step would have published."""
     for result in closed.tool_results:
         await events.trace(step, TOOLS, "result", result.name or "", {
             "name": result.name, "result": text_of(result.content),

@@ -3,7 +3,7 @@
 Whatever ends a run calls it, and only says why (the *cause*): completion, an
 approval, a failure, a cancel or a cut (worker/run/service.py), a run the database
 refused to record, an orphan found at start-up or a lapsed lease taken over
-(worker/run/recovery.py), SIGTERM past ``SHUTDOWN_TIMEOUT`` or arq cancelling the job.
+(worker/run/lifetime/recovery.py), SIGTERM past ``SHUTDOWN_TIMEOUT`` or arq cancelling the job.
 The ending then, in this order:
 
 1. **Derives the status from the thread** (:func:`settle`): a pending interrupt
@@ -15,7 +15,7 @@ The ending then, in this order:
    and, for a run ``cancelled``, who asked (its cancel marker, ``cancel_key``), through the storage
    interface (fenced on PostgreSQL: a worker that lost its lease records nothing, :class:`LeaseLost`
    reaches the caller). A database that refuses keeps the write for a retry
-   (worker/run/outcomes.py); the client is told all the same. A run that has no row (the database
+   (worker/run/outcome/outcomes.py); the client is told all the same. A run that has no row (the database
    refused to record its start) is described in its Redis hash instead.
 3. **Notifies**, persist-then-notify: in one Redis script (``END_RUN_LUA``) the claim
    is compared-and-deleted, the ``approval`` and terminal events appended after the
@@ -67,8 +67,8 @@ from shared.settings import Settings
 from shared.storage.rows import Breakdown
 from shared.storage.threads.branch import thread_config
 from shared.storage.threads.interrupts import interrupt_requests
-from worker.run.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
-from worker.run.outcomes import UnrecordedOutcomes
+from worker.run.outcome.outcomes import UnrecordedOutcomes
+from worker.run.publish.events import GIVE_UP_SECONDS, WRITE_TIMEOUT, EventPublisher
 from worker.store import RunStore
 
 log = structlog.get_logger(__name__)

@@ -4,7 +4,7 @@ Runs before the worker takes any job. On SQLite there is exactly one worker (it
 holds the writer lock), so every ``running`` row and every arq in-progress marker
 found now belongs to a worker that died. On PostgreSQL other workers may be
 running: only a run whose lease lapsed is a dead worker's, taken over first (and
-every live worker keeps doing the same, worker/run/leases.py).
+every live worker keeps doing the same, worker/run/lifetime/leases.py).
 
 Such a run is recorded ``interrupted``, unless an operator had asked to cancel it
 (its ``cancel_key`` is set): the worker died before the step boundary where it
@@ -46,7 +46,7 @@ from shared.redis.keys import (
 from shared.redis.queue import queued_job, requeued
 from shared.storage import checkpoints
 from shared.storage.threads.branch import thread_at
-from worker.run.ending import Outcome, RunEnding
+from worker.run.outcome.ending import Outcome, RunEnding
 from worker.store import RunRow, RunStore, is_database_unavailable
 from worker.upkeep.sweep import ClaimSweep
 
@@ -87,7 +87,8 @@ async def input_recorded(saver: BaseCheckpointSaver[Any], thread: RunnableConfig
 async def reconcile(
     redis: Redis, store: RunStore, ending: RunEnding, saver: BaseCheckpointSaver[Any], run: RunRow,
 ) -> None:
-    """End one orphaned run (worker/run/ending.py), then clear its job and what its worker left in Redis.
+    """End one orphaned run (worker/run/outcome/ending.py), then clear its job and what its worker left
+    in Redis.
 
     With tracing, the ending is a span in the run's own trace (its job, still in arq's keeping,
     carries its traceparent): the trace of a run whose worker died shows how it ended.

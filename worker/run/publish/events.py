@@ -186,7 +186,7 @@ class EventPublisher:
         """Stop publishing: wait (bounded) for what is queued, drop what could not be written.
 
         Returns the id the next event would have had: the run's ending
-        (worker/run/ending.py) writes its terminal event in a script of its own, after it.
+        (worker/run/outcome/ending.py) writes its terminal event in a script of its own, after it.
         """
         if self._pending or self._formed:
             await self.flush(FLUSH_TIMEOUT)

@@ -1,8 +1,8 @@
 """A cancel cuts a run where it stands; what the cut leaves in the thread.
 
 The run service runs a run's ``astream`` in a task of its own (:attr:`LiveRun.task`)
-and cancels that task the moment a cancel is heard (worker/run/progress.py,
-:class:`~worker.run.progress.CancelSignals`): in the middle of the model's answer, of
+and cancels that task the moment a cancel is heard (worker/run/publish/progress.py,
+:class:`~worker.run.publish.progress.CancelSignals`): in the middle of the model's answer, of
 a tool call, or between two steps. LangGraph's own step bookkeeping unwinds with
 the cancellation (the node's HTTP request or MCP call is abandoned, background
 checkpoint writes already started are awaited), so the thread's last checkpoint
@@ -35,7 +35,7 @@ conversation is not resumable into the step that was cut. Anything else found
 is, as a crash would leave it: the conversation is then resumable.
 
 The runs in progress are listed in :class:`LiveRuns` for as long as their graph streams
-(worker/run/service.py): the cancel subscription, the leases (worker/run/leases.py), the
+(worker/run/service.py): the cancel subscription, the leases (worker/run/lifetime/leases.py), the
 sweep and a shutdown (worker/__main__.py) reach them there alone.
 """
 
@@ -56,7 +56,7 @@ from redis.asyncio import Redis
 
 from shared.contracts.runs import STOPPED_MARK
 from worker.agent.graph import AGENT, TOOLS
-from worker.run.progress import CancelSignals
+from worker.run.publish.progress import CancelSignals
 
 log = structlog.get_logger(__name__)
 
@@ -80,12 +80,12 @@ class LiveRun:
     task: asyncio.Task[Any] | None = None
     #: a cancel was heard: the run is being cut
     stopping: bool = False
-    #: another worker took the run over (PostgreSQL, worker/run/leases.py): cut, nothing recorded
+    #: another worker took the run over (PostgreSQL, worker/run/lifetime/leases.py): cut, nothing recorded
     lease_lost: bool = False
     #: the tasks the stream has seen start and not finish (task id → node); a tools step
     #: has one per tool call (worker/agent/graph.py)
     running: dict[str, str] = field(default_factory=dict)
-    #: the run has ended (worker/run/ending.py): whatever happens to its task now records nothing
+    #: the run has ended (worker/run/outcome/ending.py): whatever happens to its task now records nothing
     ended: bool = False
     #: ends the run ``interrupted`` now, whatever its step does (SIGTERM past SHUTDOWN_TIMEOUT)
     abandon: Callable[[], Awaitable[None]] | None = None
@@ -185,7 +185,7 @@ class LiveRuns:
         return len(late)
 
     def lose(self, run_id: str) -> None:
-        """Drop ``run_id``: its lease is another worker's now (worker/run/leases.py); nothing more is
+        """Drop ``run_id``: its lease is another worker's now (worker/run/lifetime/leases.py); nothing more is
         written."""
         live = self._runs.get(run_id)
         if live is not None:

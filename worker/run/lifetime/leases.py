@@ -12,7 +12,7 @@ third of a lease:
   lease (shared/storage/postgres.py, worker/store.py), so nothing of it could land anyway;
 * **takes over** every run whose lease lapsed (its worker died, or hangs): leases it to
   itself, then records it ``interrupted`` exactly as start-up recovery does for SQLite
-  (worker/run/recovery.py), frees its conversation and ends its stream. The lapsed run is never
+  (worker/run/lifetime/recovery.py), frees its conversation and ends its stream. The lapsed run is never
   executed again by itself; it is resumable like any interrupted run.
 
 A run is therefore marked interrupted within the lease plus one pass after its worker died.
@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from shared.storage import is_database_unavailable
-from worker.run.stopping import LiveRuns
+from worker.run.lifetime.stopping import LiveRuns
 from worker.store import RunRow, RunStore
 
 log = structlog.get_logger(__name__)
@@ -37,7 +37,7 @@ class Leases:
     def __init__(
         self, store: RunStore, live: LiveRuns, reconcile: Callable[[RunRow], Awaitable[None]],
     ) -> None:
-        """``reconcile`` ends a run taken over (worker/run/recovery.py)."""
+        """``reconcile`` ends a run taken over (worker/run/lifetime/recovery.py)."""
         self.store = store
         self.live = live
         self.reconcile = reconcile
